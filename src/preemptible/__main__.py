@@ -1,0 +1,5 @@
+import sys
+
+from preemptible.cli import main
+
+sys.exit(main())

@@ -1,0 +1,96 @@
+"""Errors raised by preemptible.
+
+One base class, and each subclass also inherits the builtin a caller already catches, so code written
+against ``FileNotFoundError`` or ``ValueError`` keeps working. Messages say what was expected, what was
+found and what to do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class PreemptibleError(Exception):
+    """Base class of every error raised by preemptible."""
+
+
+class CheckpointNotFoundError(PreemptibleError, FileNotFoundError):
+    """A requested checkpoint (or the root itself) does not exist or is not committed."""
+
+    def __init__(self, message: str, *, path: str, step: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.step = step
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class CheckpointCorruptError(PreemptibleError, ValueError):
+    """A committed checkpoint failed verification (checksum, size, format, manifest).
+
+    Attributes:
+        path: the checkpoint directory (or root, when every checkpoint failed).
+        step: the step of the failing checkpoint, or None when this lists several.
+        failures: ``(step, reason)`` for every checkpoint that failed, newest first.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str,
+        step: int | None = None,
+        failures: Sequence[tuple[int, str]] = (),
+    ) -> None:
+        super().__init__(message)
+        self.path = path
+        self.step = step
+        self.failures = list(failures)
+
+
+class StateMismatchError(PreemptibleError, ValueError):
+    """The checkpoint's keys, shapes or dtypes differ from the live objects it should load into.
+
+    Attributes:
+        differences: one line per difference, e.g. ``model/fc.weight: shape [4, 8] in checkpoint, [4, 9] live``.
+    """
+
+    def __init__(self, message: str, *, path: str, step: int, differences: Sequence[str]) -> None:
+        super().__init__(message)
+        self.path = path
+        self.step = step
+        self.differences = list(differences)
+
+
+class UnsupportedStateError(PreemptibleError, TypeError):
+    """A state leaf is neither a tensor/array nor JSON-representable, or a tensor's dtype cannot be stored.
+
+    Attributes:
+        key: the key path of the offending leaf, e.g. ``optimizer/param_groups/0/my_hook``.
+    """
+
+    def __init__(self, message: str, *, key: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class SaveError(PreemptibleError, OSError):
+    """A save failed; nothing was committed and earlier checkpoints are intact.
+
+    Attributes:
+        path: the directory of the checkpoint that was being written.
+        step: its step.
+    """
+
+    def __init__(self, message: str, *, path: str, step: int) -> None:
+        super().__init__(message)
+        self.path = path
+        self.step = step
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class NoticeSourceError(PreemptibleError, ValueError):
+    """A notice source was named or configured wrongly (unknown name, bad signal, wrong thread)."""

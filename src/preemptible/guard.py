@@ -1,0 +1,147 @@
+"""Guard: runs the notice sources and answers "stop now?" at step boundaries.
+
+The guard never knows which cloud spoke: sources record `Notice` objects on a `NoticeBoard`; the guard reads
+the board. Whether *this* boundary is the stop is the `Agreement`'s call (one process: the first boundary after
+a notice; several ranks: the agreed step, see ``dist.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from types import TracebackType
+
+from preemptible import dist
+from preemptible.errors import NoticeSourceError
+from preemptible.notice import Clock, Notice, NoticeBoard, NoticeKind, NoticeSource
+from preemptible.sources import detect
+from preemptible.sources.signals import DEFAULT_GRACE_S
+
+log = logging.getLogger("preemptible")
+
+
+class Guard:
+    """Watches for the end of the machine and says when to stop.
+
+    Args:
+        sources: None to auto-detect (signals always, a cloud's metadata service when the machine is on that
+            cloud; ``$PREEMPTIBLE_SOURCES`` overrides), a comma-separated string such as ``"signal"``, or a list
+            of names and `NoticeSource` objects. An empty list watches nothing (use `trigger`).
+        grace: seconds from a signal to the hard kill; the deadline of signal notices. Default 30.
+        clock: epoch seconds; injected by tests.
+        agreement: the cross-rank stop-step protocol; default: one process.
+
+    Use as a context manager, or call `start` and `close`. Handlers and threads exist only in between.
+    """
+
+    def __init__(
+        self,
+        sources: str | Iterable[str | NoticeSource] | None = None,
+        *,
+        grace: float | None = DEFAULT_GRACE_S,
+        clock: Clock = time.time,
+        agreement: dist.Agreement | None = None,
+    ) -> None:
+        self._clock = clock
+        self.sources = detect.resolve(sources, grace=grace, clock=clock)
+        self.board = NoticeBoard()
+        self._agreement = agreement if agreement is not None else dist.LocalAgreement()
+        self._started: list[NoticeSource] = []
+
+    def __repr__(self) -> str:
+        return f"Guard(sources={[s.name for s in self.sources]}, notice={self.notice})"
+
+    # lifecycle -------------------------------------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        return bool(self._started) or (not self.sources and self._entered)
+
+    _entered = False
+
+    def start(self) -> Guard:
+        """Install handlers and start pollers. Idempotent."""
+        if self._started or self._entered:
+            return self
+        self._entered = True
+        try:
+            for source in self.sources:
+                source.start(self.board.record)
+                self._started.append(source)
+        except BaseException:
+            self.close()
+            raise
+        log.debug("guard started with sources %s", [s.name for s in self.sources])
+        return self
+
+    def close(self) -> None:
+        """Remove handlers, stop pollers (in reverse order of starting). Idempotent."""
+        while self._started:
+            source = self._started.pop()
+            try:
+                source.close()
+            except Exception:  # a failing close must not hide the others
+                log.exception("closing notice source %s failed", source.name)
+        self._agreement.close()
+        self._entered = False
+
+    def __enter__(self) -> Guard:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # queries ---------------------------------------------------------------------------------------------
+    @property
+    def notice(self) -> Notice | None:
+        """The first notice that calls for a stop, or None."""
+        return self.board.first
+
+    @property
+    def notices(self) -> list[Notice]:
+        """Every notice recorded so far, advisory ones and repeats included, in arrival order."""
+        return list(self.board.notices)
+
+    @property
+    def advisory(self) -> Notice | None:
+        """The first advisory notice (e.g. an AWS rebalance recommendation), or None."""
+        for n in self.board.notices:
+            if n.kind.advisory:
+                return n
+        return None
+
+    def should_stop(self, step: int) -> bool:
+        """At a step boundary: must training stop now? ``step`` is the number of completed steps.
+
+        Cheap without a notice (a flag read). Every rank that gets True gets it at the same ``step``.
+        """
+        return self._agreement.should_stop(step, self.board.event.is_set())
+
+    @property
+    def stop_step(self) -> int | None:
+        """The agreed stop step once known."""
+        return self._agreement.stop_step
+
+    def remaining(self) -> float | None:
+        """Seconds until the notice's deadline (negative once past); None without a notice or a deadline."""
+        notice = self.notice
+        return notice.remaining(self._clock()) if notice is not None else None
+
+    def trigger(
+        self,
+        notice: Notice | None = None,
+        *,
+        source: str = "manual",
+        kind: NoticeKind = NoticeKind.TERMINATE,
+        grace: float | None = DEFAULT_GRACE_S,
+        detail: str = "",
+    ) -> Notice:
+        """Record a notice by hand (from your own watcher, a callback or a test). Safe from any thread."""
+        if notice is None:
+            if not source:
+                raise NoticeSourceError("expected a non-empty source name for a manual notice")
+            notice = Notice.at(source=source, kind=kind, now=self._clock(), grace=grace, detail=detail)
+        self.board.record(notice)
+        return notice

@@ -1,0 +1,106 @@
+"""The journal: what happened to a run, as JSON lines, one file per rank and process start.
+
+``<root>/journal/<start-utc>-r<rank>.jsonl``. Every event has ``t`` (UTC ISO 8601), ``event``, ``step`` and
+``rank``. On a local file system each event is appended and flushed at once, so the journal survives a
+``kill -9`` up to the last event; ``diagnose`` and ``drill`` read it after the fact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from preemptible.notice import Clock
+from preemptible.store import layout
+from preemptible.store.io import Storage
+
+log = logging.getLogger("preemptible")
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: non-finite floats become strings, unknown objects their str()."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+class Journal:
+    """Appends events for one process. Thread-safe; a failing journal never stops training (it logs once)."""
+
+    def __init__(self, storage: Storage, *, rank: int = 0, clock: Clock = time.time) -> None:
+        self._storage = storage
+        self._clock = clock
+        self.rank = rank
+        stamp = layout.now_iso(clock()).replace("-", "").replace(":", "")
+        directory = storage.join(storage.root, layout.JOURNAL_DIR)
+        self.path = storage.join(directory, f"{stamp}-r{rank}.jsonl")
+        self._lock = threading.Lock()
+        self._file: Any = None
+        self._failed = False
+        self._directory = directory
+
+    def event(self, event: str, step: int | None, **fields: Any) -> dict[str, Any]:
+        record: dict[str, Any] = {"t": layout.now_iso(self._clock()), "event": event, "step": step, "rank": self.rank}
+        record.update(_clean(fields))
+        line = json.dumps(record, allow_nan=False) + "\n"
+        with self._lock:
+            if self._failed:
+                return record
+            try:
+                if self._file is None:
+                    self._storage.makedirs(self._directory)
+                    self._file = self._storage.append_text(self.path)
+                self._file.write(line)
+                self._file.flush()
+            except OSError as e:
+                self._failed = True
+                log.warning("journal %s cannot be written (%s); training continues without it", self.path, e)
+        return record
+
+    def sync(self) -> None:
+        """Force the journal to stable storage (called at exit and after saves)."""
+        with self._lock:
+            if self._file is not None and not self._failed:
+                try:
+                    self._file.flush()
+                    os.fsync(self._file.fileno())
+                except (OSError, AttributeError, ValueError):
+                    pass
+
+    def close(self) -> None:
+        self.sync()
+        with self._lock:
+            if self._file is not None:
+                with contextlib.suppress(OSError):
+                    self._file.close()
+                self._file = None
+
+
+def read(storage: Storage) -> Iterator[dict[str, Any]]:
+    """Every event under ``<root>/journal``, files in name (start-time) order, skipping torn last lines."""
+    directory = storage.join(storage.root, layout.JOURNAL_DIR)
+    for name in storage.listdir(directory):
+        if not name.endswith(".jsonl"):
+            continue
+        raw = storage.read_bytes(storage.join(directory, name), 1 << 30)
+        for line in raw.decode("utf-8", errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # a line torn by kill -9
+            if isinstance(record, dict):
+                record.setdefault("file", name)
+                yield record

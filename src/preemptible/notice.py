@@ -1,0 +1,160 @@
+"""What a termination notice is, and how sources hand one over.
+
+A source (a signal handler, a metadata poller) only *records* a notice: it builds a frozen `Notice` and passes
+it to a `NoticeSink`, which stores it and sets an event. Everything that takes time (journal, save, exit) happens
+later, on the main thread, at a step boundary.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Protocol, runtime_checkable
+
+Clock = Callable[[], float]
+"""Seconds since the epoch (``time.time`` in production, a fake in tests)."""
+
+
+class NoticeKind(str, enum.Enum):
+    """What the platform is about to do."""
+
+    TERMINATE = "terminate"  # the machine or process goes away (signals, AWS terminate, GCP preempted)
+    STOP = "stop"  # AWS spot stop: the instance stops, its disks survive
+    HIBERNATE = "hibernate"  # AWS spot hibernate: no 2-minute lead
+    PREEMPT = "preempt"  # Azure Scheduled Events Preempt
+    MAINTENANCE = "maintenance"  # GCP TERMINATE_ON_HOST_MAINTENANCE
+    REBALANCE = "rebalance"  # AWS rebalance recommendation: advisory, save early but keep training
+
+    @property
+    def advisory(self) -> bool:
+        """True for hints that call for an early save rather than a stop."""
+        return self is NoticeKind.REBALANCE
+
+
+def utc_from_timestamp(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, tz=timezone.utc)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Notice:
+    """A termination notice as one source saw it.
+
+    Attributes:
+        source: who spoke: ``signal``, ``aws``, ``gcp``, ``azure`` (or a custom source's name).
+        kind: what the platform is about to do.
+        received_at: when this process saw it (UTC).
+        deadline: when the machine or process goes away (UTC), or None when unknown.
+        detail: provider specifics, e.g. ``SIGTERM`` or the AWS action document.
+    """
+
+    source: str
+    kind: NoticeKind
+    received_at: datetime
+    deadline: datetime | None
+    detail: str = ""
+
+    def remaining(self, now: float) -> float | None:
+        """Seconds from ``now`` (epoch seconds) to the deadline; negative once past; None without one."""
+        if self.deadline is None:
+            return None
+        return self.deadline.timestamp() - now
+
+    def to_json(self) -> dict[str, str | None]:
+        return {
+            "source": self.source,
+            "kind": self.kind.value,
+            "received_at": self.received_at.isoformat(),
+            "deadline": self.deadline.isoformat() if self.deadline else None,
+            "detail": self.detail,
+        }
+
+    @classmethod
+    def at(
+        cls,
+        *,
+        source: str,
+        kind: NoticeKind,
+        now: float,
+        grace: float | None,
+        detail: str = "",
+    ) -> Notice:
+        """A notice received at ``now`` whose deadline is ``grace`` seconds later (None: unknown)."""
+        received = utc_from_timestamp(now)
+        deadline = received + timedelta(seconds=grace) if grace is not None else None
+        return cls(source=source, kind=kind, received_at=received, deadline=deadline, detail=detail)
+
+
+NoticeSink = Callable[[Notice], None]
+"""What a source calls with each notice. Safe to call from a signal handler or any thread."""
+
+
+@runtime_checkable
+class NoticeSource(Protocol):
+    """Something that can tell that the end is coming: a signal, a metadata endpoint, a file.
+
+    ``start`` begins watching and hands every notice to ``sink``; ``close`` stops watching and undoes whatever
+    ``start`` did (restores signal handlers, joins threads). Both are called from the main thread.
+    """
+
+    name: str
+
+    def start(self, sink: NoticeSink) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Flag:
+    """A set-once event that a signal handler may set even while it interrupts a thread inside ``wait``/``set``.
+
+    ``threading.Event`` guards its state with a plain Lock: a handler that calls ``set()`` while the main thread
+    it interrupted holds that lock deadlocks. Here the lock is reentrant, so the handler always gets through.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.RLock())
+        self._flag = False
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def set(self) -> None:
+        with self._cond:
+            self._flag = True
+            self._cond.notify_all()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        with self._cond:
+            if not self._flag:
+                self._cond.wait(timeout)
+            return self._flag
+
+
+@dataclass
+class NoticeBoard:
+    """Where sources record notices; the only state a signal handler touches.
+
+    IMPORTANT: ``record`` runs inside signal handlers and poller threads. It does no I/O and takes only the
+    reentrant lock of a `Flag`; list.append is atomic under the GIL.
+    """
+
+    event: Flag = field(default_factory=Flag)
+    advisory: Flag = field(default_factory=Flag)
+    notices: list[Notice] = field(default_factory=list)
+
+    def record(self, notice: Notice) -> None:
+        self.notices.append(notice)
+        if notice.kind.advisory:
+            self.advisory.set()
+        else:
+            self.event.set()
+
+    @property
+    def first(self) -> Notice | None:
+        """The first notice that is not advisory."""
+        for n in list(self.notices):
+            if not n.kind.advisory:
+                return n
+        return None

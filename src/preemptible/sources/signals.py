@@ -1,0 +1,113 @@
+"""Notices delivered as POSIX signals: SIGTERM (Kubernetes, GCP, docker, scancel, torchrun), SIGINT (Ctrl-C)
+and SIGUSR1 (SLURM ``--signal``).
+
+The handler only records the notice. Previous handlers are kept and put back on ``close``. A repeated SIGTERM
+or SIGUSR1 is recorded and otherwise ignored, so it cannot interrupt a save already under way; a second SIGINT
+raises ``KeyboardInterrupt`` at once ("Ctrl-C twice means exit now": the save in progress is abandoned, never
+committed, and the previous checkpoint stays the newest).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterable
+from types import FrameType
+from typing import Any
+
+from preemptible.errors import NoticeSourceError
+from preemptible.notice import Clock, Notice, NoticeKind, NoticeSink
+
+DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+DEFAULT_GRACE_S = 30.0
+
+
+def parse_signal(value: str | int | signal.Signals) -> signal.Signals:
+    """``"TERM"``, ``"SIGTERM"``, ``"sigterm"``, ``15`` and ``signal.SIGTERM`` all name SIGTERM."""
+    if isinstance(value, signal.Signals):
+        return value
+    if isinstance(value, int):
+        try:
+            return signal.Signals(value)
+        except ValueError:
+            raise NoticeSourceError(f"expected a signal number, found {value}; use e.g. 15 or 'SIGTERM'") from None
+    name = value.strip().upper()
+    if name.isdigit():
+        return parse_signal(int(name))
+    if not name.startswith("SIG"):
+        name = "SIG" + name
+    try:
+        return signal.Signals[name]
+    except KeyError:
+        raise NoticeSourceError(f"expected a signal name such as SIGTERM, SIGINT or SIGUSR1, found {value!r}") from None
+
+
+class SignalSource:
+    """Turns signals into notices whose deadline is arrival plus ``grace`` seconds.
+
+    Args:
+        signals: which signals mean "the end is coming". Default SIGTERM, SIGINT, SIGUSR1.
+        grace: seconds from arrival to the hard kill (Kubernetes ``terminationGracePeriodSeconds``, SLURM
+            ``--signal`` lead, torchrun's shutdown timeout). None: unknown.
+        clock: epoch seconds; injected by tests.
+    """
+
+    name = "signal"
+
+    def __init__(
+        self,
+        signals: Iterable[str | int | signal.Signals] = DEFAULT_SIGNALS,
+        *,
+        grace: float | None = DEFAULT_GRACE_S,
+        clock: Clock = time.time,
+    ) -> None:
+        self.signals = tuple(dict.fromkeys(parse_signal(s) for s in signals))
+        if grace is not None and grace < 0:
+            raise NoticeSourceError(f"expected a grace period >= 0 seconds, found {grace}")
+        self.grace = grace
+        self._clock = clock
+        self._sink: NoticeSink | None = None
+        self._previous: dict[signal.Signals, Any] = {}
+        self.received: dict[signal.Signals, int] = {}
+
+    def __repr__(self) -> str:
+        names = ",".join(s.name for s in self.signals)
+        return f"SignalSource({names}, grace={self.grace})"
+
+    def start(self, sink: NoticeSink) -> None:
+        if self._sink is not None:
+            raise NoticeSourceError("this SignalSource is already started; close() it before starting again")
+        if threading.current_thread() is not threading.main_thread():
+            raise NoticeSourceError(
+                "signal handlers can only be installed from the main thread, but start() was called from "
+                f"thread {threading.current_thread().name!r}; create the Guard/Run on the main thread, or pass "
+                "sources without 'signal' and relay notices with guard.trigger()"
+            )
+        self._sink = sink
+        for sig in self.signals:
+            self._previous[sig] = signal.getsignal(sig)
+            signal.signal(sig, self._handle)
+
+    def close(self) -> None:
+        for sig, previous in self._previous.items():
+            # Put the old handler back only if ours is still installed: someone may have replaced it since.
+            if signal.getsignal(sig) == self._handle:
+                signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        self._previous.clear()
+        self._sink = None
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        # IMPORTANT: runs as a signal handler: record and return. No I/O, no logging, no locks.
+        sig = signal.Signals(signum)
+        count = self.received.get(sig, 0) + 1
+        self.received[sig] = count
+        if sig == signal.SIGINT and count > 1:
+            raise KeyboardInterrupt("second SIGINT: exiting now without finishing the save")
+        sink = self._sink
+        if sink is not None:
+            sink(
+                Notice.at(
+                    source=self.name, kind=NoticeKind.TERMINATE, now=self._clock(), grace=self.grace, detail=sig.name
+                )
+            )

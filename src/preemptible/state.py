@@ -1,0 +1,284 @@
+"""Capture and restore training state: stateful objects, RNG streams and user extras, flattened to tensors
+plus tagged JSON.
+
+A *state* is a mapping of names to objects that have ``state_dict()``/``load_state_dict()`` (modules, optimizers,
+LR schedulers, GradScaler, stateful data loaders, `RNGState`) or plain dicts (captured by value and updated in
+place on restore).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import re
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from preemptible.errors import UnsupportedStateError
+from preemptible.store import format as tensor_format
+from preemptible.store import tagged_json
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """Anything with ``state_dict()`` and ``load_state_dict()``, as in PyTorch."""
+
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state_dict: Any, /) -> Any: ...
+
+
+class RNGState:
+    """The global random streams: Python ``random``, NumPy (when installed), torch CPU, every CUDA device.
+
+    Dropout masks, data augmentation and shuffles draw from these; resuming bit-identically needs them back.
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+        np = _numpy_if_installed()
+        if np is not None:
+            out["numpy"] = np.random.get_state()
+        if torch.cuda.is_available():
+            out["cuda"] = torch.cuda.get_rng_state_all()
+        return out
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        version, internal, gauss = state["python"]
+        random.setstate((version, tuple(internal), gauss))
+        torch.set_rng_state(state["torch"])
+        if "numpy" in state:
+            np = _numpy_if_installed()
+            if np is None:
+                raise UnsupportedStateError(
+                    "the checkpoint holds NumPy's random state but NumPy is not installed here; "
+                    "pip install numpy to resume exactly",
+                    key="rng/numpy",
+                )
+            np.random.set_state(state["numpy"])
+        cuda = state.get("cuda")
+        if cuda and torch.cuda.is_available():
+            if len(cuda) != torch.cuda.device_count():
+                raise UnsupportedStateError(
+                    f"the checkpoint holds RNG states of {len(cuda)} CUDA devices but this process sees "
+                    f"{torch.cuda.device_count()}; resume with the same CUDA_VISIBLE_DEVICES",
+                    key="rng/cuda",
+                )
+            torch.cuda.set_rng_state_all(cuda)
+
+
+def _numpy_if_installed() -> Any:
+    if importlib.util.find_spec("numpy") is None:
+        return None
+    import numpy
+
+    return numpy
+
+
+def check_state(state: Mapping[str, Any]) -> None:
+    """Fail early, naming the key, if an entry cannot be captured."""
+    for name, obj in state.items():
+        if not isinstance(name, str) or not name:
+            raise UnsupportedStateError(f"expected state names to be non-empty strings, found {name!r}", key=str(name))
+        if not isinstance(obj, (Stateful, MutableMapping)):
+            raise UnsupportedStateError(
+                f"state entry {name!r} is a {type(obj).__name__}; expected an object with state_dict() and "
+                "load_state_dict() (a module, optimizer, scheduler, GradScaler, data loader) or a dict",
+                key=name,
+            )
+
+
+def capture(state: Mapping[str, Any]) -> dict[str, Any]:
+    """Each entry's ``state_dict()`` (or the dict itself): references, no copies."""
+    return {name: (obj if isinstance(obj, MutableMapping) else obj.state_dict()) for name, obj in state.items()}
+
+
+@dataclass
+class FlatState:
+    """A captured state, split into tagged JSON and the tensors it refers to by name."""
+
+    tree: Any
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    numpy: set[str] = field(default_factory=set)
+
+    @property
+    def tensor_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-/]")
+
+
+def flatten(captured: Mapping[str, Any]) -> FlatState:
+    """Split a captured state into tagged JSON and named tensors.
+
+    Tensor names are key paths (``optimizer/state/3/exp_avg``). A tensor that appears twice (tied weights) is
+    stored once and both places refer to it.
+
+    Raises:
+        UnsupportedStateError: a leaf that cannot be stored, naming its key path.
+    """
+    flat = FlatState(tree=None)
+    seen: dict[tuple[Any, ...], str] = {}
+
+    def sink(obj: Any, path: str, is_numpy: bool) -> str:
+        if is_numpy:
+            tensor = _from_numpy(obj, path)
+        else:
+            tensor = obj
+            _check_tensor(tensor, path)
+        key = _alias_key(tensor)
+        if key is not None and key in seen and not is_numpy:
+            return seen[key]
+        name = _unique(path, flat.tensors)
+        flat.tensors[name] = tensor.detach()
+        if is_numpy:
+            flat.numpy.add(name)
+        elif key is not None:
+            seen[key] = name
+        return name
+
+    flat.tree = tagged_json.encode(dict(captured), sink)
+    return flat
+
+
+def _check_tensor(t: torch.Tensor, path: str) -> None:
+    if not (type(t) is torch.Tensor or type(t) is torch.nn.Parameter):
+        raise UnsupportedStateError(
+            f"tensor {path!r} is a {type(t).__name__}; preemptible stores plain (dense) tensors. Convert it "
+            "(e.g. DTensor.full_tensor() or to_local()) in your state_dict()",
+            key=path,
+        )
+    if t.layout != torch.strided:
+        raise UnsupportedStateError(
+            f"tensor {path!r} has layout {t.layout}; expected a dense (strided) tensor. Call .to_dense() in your "
+            "state_dict()",
+            key=path,
+        )
+    if t.device.type == "meta":
+        raise UnsupportedStateError(
+            f"tensor {path!r} is on the meta device and has no data; materialise the model before saving", key=path
+        )
+    tensor_format.check_dtype(t, path)
+
+
+def _from_numpy(arr: Any, path: str) -> torch.Tensor:
+    import numpy as np
+
+    try:
+        t = torch.from_numpy(np.ascontiguousarray(arr))
+    except TypeError as e:
+        raise UnsupportedStateError(
+            f"NumPy array {path!r} has dtype {arr.dtype}, which cannot be stored as a tensor ({e})", key=path
+        ) from e
+    tensor_format.check_dtype(t, path)
+    return t
+
+
+def _alias_key(t: torch.Tensor) -> tuple[Any, ...] | None:
+    if t.numel() == 0:
+        return None
+    return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+
+
+def _unique(path: str, taken: Mapping[str, Any]) -> str:
+    base = _UNSAFE.sub("_", path) or "tensor"
+    name, i = base, 1
+    while name in taken:
+        i += 1
+        name = f"{base}~{i}"
+    return name
+
+
+def group_of(name: str) -> str:
+    """Tensors are grouped into files by their top-level state entry."""
+    return name.split("/", 1)[0]
+
+
+def unflatten(tree: Any, tensors: Mapping[str, torch.Tensor], numpy: set[str] | frozenset[str] = frozenset()) -> Any:
+    """Rebuild the captured state from tagged JSON and loaded tensors (shared names come back shared)."""
+
+    def source(name: str, is_numpy: bool) -> Any:
+        if name not in tensors:
+            from preemptible.errors import CheckpointCorruptError
+
+            raise CheckpointCorruptError(
+                f"state.json refers to tensor {name!r}, which no tensor file of the checkpoint holds", path=name
+            )
+        t = tensors[name]
+        return t.numpy() if is_numpy else t
+
+    return tagged_json.decode(tree, source)
+
+
+def differences(live: Any, stored: Any, path: str = "") -> list[str]:
+    """Every mismatch of tensor keys, shapes and dtypes between a live capture and a stored one.
+
+    Non-tensor leaves are not compared (their values are what gets restored). A live dict that is empty is
+    filled lazily (an optimizer before its first step), so whatever the checkpoint holds under it is accepted.
+    """
+    out: list[str] = []
+    _diff(live, stored, path, out)
+    return out
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"{list(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+
+
+def _has_tensor(x: Any) -> bool:
+    if isinstance(x, torch.Tensor):
+        return True
+    if isinstance(x, Mapping):
+        return any(_has_tensor(v) for v in x.values())
+    if isinstance(x, (list, tuple)):
+        return any(_has_tensor(v) for v in x)
+    return False
+
+
+def _diff(live: Any, stored: Any, path: str, out: list[str]) -> None:
+    where = path or "<root>"
+    if isinstance(live, torch.Tensor) or isinstance(stored, torch.Tensor):
+        if isinstance(live, torch.Tensor) and isinstance(stored, torch.Tensor):
+            if live.shape != stored.shape or live.dtype != stored.dtype:
+                what = "shape" if live.shape != stored.shape else "dtype"
+                out.append(f"{where}: {what} differs: {_describe(stored)} in checkpoint, {_describe(live)} live")
+        elif isinstance(live, torch.Tensor):
+            out.append(f"{where}: a tensor {_describe(live)} live, a {type(stored).__name__} in checkpoint")
+        else:
+            out.append(f"{where}: a tensor {_describe(stored)} in checkpoint, a {type(live).__name__} live")
+        return
+    if isinstance(live, Mapping) and isinstance(stored, Mapping):
+        if not live:
+            return
+        for k, v in live.items():
+            sub = f"{path}/{tagged_json.key_str(k)}" if path else tagged_json.key_str(k)
+            if k in stored:
+                _diff(v, stored[k], sub, out)
+            elif _has_tensor(v):
+                out.append(f"{sub}: missing from checkpoint")
+        for k, v in stored.items():
+            if k not in live and _has_tensor(v):
+                sub = f"{path}/{tagged_json.key_str(k)}" if path else tagged_json.key_str(k)
+                out.append(f"{sub}: in checkpoint but not in the live state")
+        return
+    if isinstance(live, (list, tuple)) and isinstance(stored, (list, tuple)):
+        if len(live) != len(stored) and (_has_tensor(live) or _has_tensor(stored)):
+            out.append(f"{where}: {len(stored)} entries in checkpoint, {len(live)} live")
+            return
+        for i, (a, b) in enumerate(zip(live, stored, strict=False)):
+            _diff(a, b, f"{path}/{i}", out)
+
+
+def apply(state: Mapping[str, Any], loaded: Mapping[str, Any]) -> None:
+    """Load ``loaded`` into the live objects in place."""
+    for name, obj in state.items():
+        value = loaded[name]
+        if isinstance(obj, MutableMapping):
+            obj.clear()
+            obj.update(value)
+        else:
+            obj.load_state_dict(value)

@@ -1,0 +1,286 @@
+"""Tensor files in safetensors format, written and read by our own streaming code.
+
+Layout (https://github.com/huggingface/safetensors): 8-byte little-endian header length N, N bytes of JSON
+header ``{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {str: str}}`` padded with
+spaces to a multiple of 8, then the tensors' raw bytes back to back. ``safetensors.torch.load_file`` and any
+other safetensors reader open our files.
+
+The writer streams each tensor's own memory to the sink (no intermediate copy of the state) and hashes it on
+the way. The reader treats every file as hostile: it bounds the header, checks every offset against the file
+size and the dtype/shape, and reads into tensors it allocates itself (or into ones the caller gives it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from preemptible.errors import CheckpointCorruptError, UnsupportedStateError
+from preemptible.store import checksum
+
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # the limit safetensors itself enforces
+CHUNK_BYTES = 16 * 1024 * 1024
+
+DTYPES: dict[torch.dtype, str] = {
+    torch.bool: "BOOL",
+    torch.uint8: "U8",
+    torch.int8: "I8",
+    torch.int16: "I16",
+    torch.int32: "I32",
+    torch.int64: "I64",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.float32: "F32",
+    torch.float64: "F64",
+}
+for _name, _code in (
+    ("uint16", "U16"),
+    ("uint32", "U32"),
+    ("uint64", "U64"),
+    ("float8_e4m3fn", "F8_E4M3"),
+    ("float8_e5m2", "F8_E5M2"),
+):
+    if isinstance(getattr(torch, _name, None), torch.dtype):
+        DTYPES[getattr(torch, _name)] = _code
+CODES: dict[str, torch.dtype] = {code: dtype for dtype, code in DTYPES.items()}
+
+
+class Sink(Protocol):
+    def write(self, data: memoryview) -> None: ...
+
+
+class Source(Protocol):
+    def readinto(self, buffer: memoryview) -> int: ...
+
+
+def itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def check_dtype(tensor: torch.Tensor, key: str) -> None:
+    if tensor.dtype not in DTYPES:
+        raise UnsupportedStateError(
+            f"tensor {key!r} has dtype {tensor.dtype}, which the safetensors format cannot hold; expected one of "
+            f"{', '.join(str(d).removeprefix('torch.') for d in DTYPES)}. Store it as a view of a supported dtype "
+            "(e.g. torch.view_as_real for complex) in your state_dict()",
+            key=key,
+        )
+
+
+def host(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous CPU tensor with the same values (the tensor itself when it already is one)."""
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def byte_view(tensor: torch.Tensor) -> memoryview:
+    """The raw bytes of a contiguous CPU tensor, without a copy."""
+    flat = tensor.reshape(-1)
+    if flat.numel() == 0:
+        return memoryview(b"")
+    return memoryview(flat.view(torch.uint8).numpy()).cast("B")  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+
+def layout(items: Sequence[tuple[str, torch.Tensor]]) -> list[Entry]:
+    """Order tensors by decreasing item size (so each lands aligned to its dtype) and assign offsets."""
+    ordered = sorted(items, key=lambda kv: -kv[1].element_size())
+    entries, offset = [], 0
+    for name, t in ordered:
+        n = t.numel() * t.element_size()
+        entries.append(Entry(name, t.dtype, tuple(t.shape), offset, offset + n))
+        offset += n
+    return entries
+
+
+def header_bytes(entries: Iterable[Entry], metadata: Mapping[str, str] | None = None) -> bytes:
+    header: dict[str, Any] = {}
+    if metadata:
+        header["__metadata__"] = dict(metadata)
+    for e in entries:
+        header[e.name] = {"dtype": DTYPES[e.dtype], "shape": list(e.shape), "data_offsets": [e.begin, e.end]}
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def file_size(items: Sequence[tuple[str, torch.Tensor]], metadata: Mapping[str, str] | None = None) -> int:
+    entries = layout(items)
+    return len(header_bytes(entries, metadata)) + (entries[-1].end if entries else 0)
+
+
+def write(
+    sink: Sink,
+    items: Sequence[tuple[str, torch.Tensor]],
+    metadata: Mapping[str, str] | None = None,
+    *,
+    chunk: int = CHUNK_BYTES,
+) -> tuple[int, str]:
+    """Stream a safetensors file of ``items`` to ``sink``, each tensor from its own memory.
+
+    CPU tensors that are contiguous are written without any copy; others are copied one at a time.
+
+    Returns:
+        ``(bytes written, checksum)``.
+    """
+    by_name = dict(items)
+    entries = layout(items)
+    head = header_bytes(entries, metadata)
+    hasher = checksum.new()
+    hasher.update(head)
+    sink.write(memoryview(head))
+    total = len(head)
+    for e in entries:
+        data = byte_view(host(by_name[e.name]))
+        for start in range(0, len(data), chunk):
+            piece = data[start : start + chunk]
+            hasher.update(piece)
+            sink.write(piece)
+        total += len(data)
+    return total, hasher.hexdigest()
+
+
+# reading ---------------------------------------------------------------------------------------------------
+def _corrupt(where: str, why: str) -> CheckpointCorruptError:
+    return CheckpointCorruptError(f"{where}: {why}", path=where)
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in seen:
+            raise ValueError(f"duplicate key {k!r}")
+        seen[k] = v
+    return seen
+
+
+def parse_header(raw: bytes, *, data_bytes: int, where: str) -> tuple[list[Entry], dict[str, str]]:
+    """Validate a header against the number of data bytes that follow it.
+
+    Raises:
+        CheckpointCorruptError: anything out of place, naming the tensor.
+    """
+    try:
+        doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise _corrupt(where, f"header is not valid JSON ({e})") from e
+    if not isinstance(doc, dict):
+        raise _corrupt(where, f"expected a JSON object as header, found {type(doc).__name__}")
+    meta = doc.pop("__metadata__", {}) or {}
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise _corrupt(where, "expected __metadata__ to map strings to strings")
+    entries = []
+    for name, info in doc.items():
+        try:
+            dtype = CODES[info["dtype"]]
+            shape = tuple(info["shape"])
+            begin, end = info["data_offsets"]
+            if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in (*shape, begin, end)):
+                raise ValueError("shape and offsets must be non-negative integers")
+        except (KeyError, TypeError, ValueError) as e:
+            raise _corrupt(where, f"tensor {name!r} has a malformed header entry {str(info)[:120]} ({e})") from e
+        want = math.prod(shape) * itemsize(dtype)
+        if end - begin != want:
+            raise _corrupt(
+                where,
+                f"tensor {name!r}: shape {list(shape)} of {info['dtype']} needs {want} bytes, "
+                f"offsets give {end - begin}",
+            )
+        entries.append(Entry(name, dtype, shape, begin, end))
+    entries.sort(key=lambda e: (e.begin, e.end))
+    cursor = 0
+    for entry in entries:
+        if entry.begin != cursor:
+            raise _corrupt(
+                where, f"tensor {entry.name!r} starts at byte {entry.begin}, expected {cursor} (gap or overlap)"
+            )
+        cursor = entry.end
+    if cursor != data_bytes:
+        raise _corrupt(where, f"tensors cover {cursor} data bytes but the file holds {data_bytes}")
+    return entries, meta
+
+
+def read(
+    source: Source,
+    size: int,
+    *,
+    where: str,
+    expected_checksum: str | None = None,
+    into: Callable[[Entry], torch.Tensor | None] | None = None,
+    chunk: int = CHUNK_BYTES,
+) -> dict[str, torch.Tensor]:
+    """Read a whole safetensors file of ``size`` bytes, verifying its checksum on the way.
+
+    Args:
+        into: optional; given an entry, returns a contiguous CPU tensor of that dtype and shape to read into
+            (e.g. the live parameter), or None to allocate a fresh one.
+
+    Raises:
+        CheckpointCorruptError: truncated, malformed, or checksum mismatch.
+    """
+    hasher = checksum.new()
+    if size < 8:
+        raise _corrupt(where, f"file is {size} bytes, shorter than the 8-byte header length")
+    head = _read_exact(source, 8, where)
+    (n,) = struct.unpack("<Q", head)
+    if n > MAX_HEADER_BYTES or 8 + n > size:
+        raise _corrupt(where, f"header length {n} is impossible for a file of {size} bytes (limit {MAX_HEADER_BYTES})")
+    raw = _read_exact(source, n, where)
+    hasher.update(head)
+    hasher.update(raw)
+    entries, _ = parse_header(raw, data_bytes=size - 8 - n, where=where)
+    out: dict[str, torch.Tensor] = {}
+    for e in entries:
+        target = into(e) if into is not None else None
+        if target is None:
+            target = torch.empty(e.shape, dtype=e.dtype)
+        view = byte_view(target)
+        for start in range(0, len(view), chunk):
+            piece = view[start : start + chunk]
+            _readinto_exact(source, piece, where)
+            hasher.update(piece)
+        out[e.name] = target
+    if expected_checksum is not None:
+        found = hasher.hexdigest()
+        if found != expected_checksum:
+            raise _corrupt(
+                where,
+                f"checksum mismatch: COMMIT.json records {expected_checksum}, the file hashes to "
+                f"{found} (the file changed after it was written: bit rot, a partial copy, or tampering)",
+            )
+    return out
+
+
+def _read_exact(source: Source, n: int, where: str) -> bytes:
+    buf = bytearray(n)
+    _readinto_exact(source, memoryview(buf), where)
+    return bytes(buf)
+
+
+def _readinto_exact(source: Source, buf: memoryview, where: str) -> None:
+    got = 0
+    while got < len(buf):
+        k = source.readinto(buf[got:])
+        if not k:
+            raise _corrupt(where, f"file ends early: expected {len(buf) - got} more bytes (truncated?)")
+        got += k

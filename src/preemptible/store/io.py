@@ -1,0 +1,198 @@
+"""The one I/O layer under the store: local disk now, fsspec URLs through the same interface.
+
+The commit protocol differs by storage kind and is chosen here, in one place: on a local file system
+``publish`` writes a temp name, fsyncs, renames and fsyncs the directory; on an object store (no rename) it
+uploads the marker object last. Everything above this module speaks only `Storage`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+from typing import Any, Protocol
+
+from preemptible.errors import PreemptibleError
+
+
+class WriteStream(Protocol):
+    def write(self, data: memoryview) -> None: ...
+
+    def close(self) -> None:
+        """Make the data durable (fsync on local disk, complete the upload on object stores)."""
+
+    def abort(self) -> None:
+        """Give up: release resources, leave no complete-looking object."""
+
+
+class ReadStream(Protocol):
+    def readinto(self, buffer: memoryview) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class Storage(Protocol):
+    """What the checkpoint store needs from a place to keep files."""
+
+    root: str
+    kind: str  # "local" or "object"
+
+    def join(self, *parts: str) -> str: ...
+    def makedirs(self, path: str) -> None: ...
+    def listdir(self, path: str) -> list[str]: ...
+    def isdir(self, path: str) -> bool: ...
+    def exists(self, path: str) -> bool: ...
+    def size(self, path: str) -> int: ...
+    def newest_mtime(self, path: str) -> float | None: ...
+    def open_write(self, path: str) -> WriteStream: ...
+    def open_read(self, path: str) -> ReadStream: ...
+    def read_bytes(self, path: str, limit: int) -> bytes: ...
+    def publish(self, path: str, data: bytes) -> None: ...
+    def append_text(self, path: str) -> Any: ...
+    def remove(self, path: str) -> None: ...
+    def remove_tree(self, path: str) -> None: ...
+    def sync_dir(self, path: str) -> None: ...
+
+
+class FileTooLargeError(PreemptibleError, ValueError):
+    pass
+
+
+class _LocalWriter:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+
+    def write(self, data: memoryview) -> None:
+        assert self._fd is not None, "write after close"
+        while data:
+            n = os.write(self._fd, data)
+            data = data[n:]
+
+    def close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def abort(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+
+class LocalStorage:
+    """A directory on a local or network file system (NFS, Lustre, a mounted volume)."""
+
+    kind = "local"
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(os.path.expanduser(root))
+
+    def __repr__(self) -> str:
+        return f"LocalStorage({self.root!r})"
+
+    def join(self, *parts: str) -> str:
+        return os.path.join(*parts)
+
+    def makedirs(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+
+    def listdir(self, path: str) -> list[str]:
+        try:
+            return sorted(os.listdir(path))
+        except FileNotFoundError:
+            return []
+
+    def isdir(self, path: str) -> bool:
+        return os.path.isdir(path)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def size(self, path: str) -> int:
+        return os.stat(path).st_size
+
+    def newest_mtime(self, path: str) -> float | None:
+        """The newest modification time of ``path`` and, for a directory, of everything directly in it."""
+        try:
+            newest = os.stat(path).st_mtime
+        except FileNotFoundError:
+            return None
+        if os.path.isdir(path):
+            with os.scandir(path) as it:
+                for entry in it:
+                    try:
+                        newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
+                    except FileNotFoundError:
+                        continue
+        return newest
+
+    def open_write(self, path: str) -> WriteStream:
+        return _LocalWriter(path)
+
+    def open_read(self, path: str) -> ReadStream:
+        return open(path, "rb", buffering=0)
+
+    def read_bytes(self, path: str, limit: int) -> bytes:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            raise FileTooLargeError(f"{path} is larger than the {limit} bytes expected of it")
+        return data
+
+    def publish(self, path: str, data: bytes) -> None:
+        # IMPORTANT: the commit point. Temp name in the same directory (same device, no copy), fsync, atomic
+        # rename, then fsync of the directory so the new name itself survives a power cut.
+        tmp = f"{path}.tmp-{os.getpid()}"
+        try:
+            w = _LocalWriter(tmp)
+            try:
+                w.write(memoryview(data))
+            except BaseException:
+                w.abort()
+                raise
+            w.close()
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        self.sync_dir(os.path.dirname(path))
+
+    def append_text(self, path: str) -> Any:
+        return open(path, "a", encoding="utf-8")
+
+    def remove(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+    def remove_tree(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(path)
+
+    def sync_dir(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        except OSError as e:  # some network file systems refuse fsync on directories
+            if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+                raise
+        finally:
+            os.close(fd)
+
+
+def storage_for(root: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> Storage:
+    """The storage for a local path or an fsspec URL (``s3://``, ``gs://``, ``az://``, ``memory://``)."""
+    text = os.fspath(root)
+    if "://" in text and not text.startswith("file://"):
+        protocol = text.split("://", 1)[0]
+        raise PreemptibleError(
+            f"checkpoint root {text!r} uses the {protocol}:// protocol, but this version of preemptible stores "
+            "checkpoints on local or mounted file systems only; use a local path (object storage support is "
+            "being added)"
+        )
+    return LocalStorage(text.removeprefix("file://"))

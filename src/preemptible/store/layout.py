@@ -1,0 +1,210 @@
+"""Names on storage and the ``COMMIT.json`` manifest: its keys, how it is written and how it is checked.
+
+A checkpoint exists if and only if its ``COMMIT.json`` exists. The manifest is read as untrusted input: every
+key is type-checked, every file name must be a plain name inside the checkpoint directory, and a format
+version newer than this library's is refused with an instruction to upgrade.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, TypeGuard
+
+from preemptible.errors import CheckpointCorruptError
+
+FORMAT_VERSION = 1
+STEP_DIGITS = 12
+STEP_RE = re.compile(rf"^step-(\d{{{STEP_DIGITS}}})$")
+COMMIT = "COMMIT.json"
+VALID = "VALID.json"
+STATE = "state.json"
+DONE = "DONE.json"
+JOURNAL_DIR = "journal"
+TENSOR_SUFFIX = ".safetensors"
+MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+MAX_STATE_JSON_BYTES = 1024 * 1024 * 1024
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+
+
+def step_dir(step: int) -> str:
+    if step < 0:
+        raise ValueError(f"expected a step >= 0, found {step}")
+    return f"step-{step:0{STEP_DIGITS}d}"
+
+
+def parse_step_dir(name: str) -> int | None:
+    m = STEP_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def safe_file_name(name: str) -> bool:
+    """A plain file name: no separators, no ``..``, not absolute, not hidden, not a marker."""
+    return bool(_SAFE_NAME.match(name)) and ".." not in name and name not in (COMMIT, VALID)
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    bytes: int
+    checksum: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Manifest:
+    """The contents of ``COMMIT.json`` (keys are stable and documented in the README)."""
+
+    format_version: int = FORMAT_VERSION
+    step: int
+    created: str
+    world_size: int
+    checksum_algorithm: str
+    files: Mapping[str, FileRecord]
+    probe: float | None = None
+    timings: Mapping[str, float] = field(default_factory=dict)
+    predicted_save_s: float | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.bytes for f in self.files.values())
+
+    def to_json(self) -> bytes:
+        doc: dict[str, Any] = {
+            "format_version": self.format_version,
+            "step": self.step,
+            "created": self.created,
+            "world_size": self.world_size,
+            "checksum_algorithm": self.checksum_algorithm,
+            "files": {n: {"bytes": f.bytes, "checksum": f.checksum} for n, f in sorted(self.files.items())},
+            "probe": self.probe,
+            "timings": dict(self.timings),
+            "predicted_save_s": self.predicted_save_s,
+        }
+        doc.update(self.extra)
+        return (json.dumps(doc, indent=1, allow_nan=False) + "\n").encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes, *, where: str, expect_step: int | None = None) -> Manifest:
+        """Parse and check a manifest. Raises CheckpointCorruptError naming what is wrong."""
+
+        def bad(why: str) -> CheckpointCorruptError:
+            return CheckpointCorruptError(f"{where}: {why}", path=where, step=expect_step)
+
+        try:
+            doc = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise bad(f"COMMIT.json is not valid JSON ({e}); the checkpoint cannot be trusted") from e
+        if not isinstance(doc, dict):
+            raise bad(f"expected COMMIT.json to hold a JSON object, found {type(doc).__name__}")
+        version = doc.get("format_version")
+        if not _is_int(version):
+            raise bad(f"expected an integer format_version, found {version!r}")
+        if version > FORMAT_VERSION:
+            raise bad(
+                f"format_version {version} is newer than this preemptible understands ({FORMAT_VERSION}); "
+                "upgrade preemptible to read it"
+            )
+        step = doc.get("step")
+        if not _is_int(step) or step < 0:
+            raise bad(f"expected a non-negative integer step, found {step!r}")
+        if expect_step is not None and step != expect_step:
+            raise bad(f"COMMIT.json says step {step} but sits in the directory of step {expect_step}")
+        files_doc = doc.get("files")
+        if not isinstance(files_doc, dict) or not files_doc:
+            raise bad(f"expected a non-empty 'files' object, found {str(files_doc)[:80]!r}")
+        files: dict[str, FileRecord] = {}
+        for name, rec in files_doc.items():
+            if not isinstance(name, str) or not safe_file_name(name):
+                raise bad(f"file name {name!r} is not a plain name inside the checkpoint directory")
+            if (
+                not isinstance(rec, dict)
+                or not _is_int(rec.get("bytes"))
+                or rec["bytes"] < 0
+                or not isinstance(rec.get("checksum"), str)
+            ):
+                raise bad(f"file {name!r}: expected {{'bytes': int, 'checksum': str}}, found {str(rec)[:80]}")
+            files[name] = FileRecord(rec["bytes"], rec["checksum"])
+        algo = doc.get("checksum_algorithm")
+        if not isinstance(algo, str):
+            raise bad(f"expected a checksum_algorithm string, found {algo!r}")
+        world = doc.get("world_size", 1)
+        if not _is_int(world) or world < 1:
+            raise bad(f"expected a world_size >= 1, found {world!r}")
+        probe = doc.get("probe")
+        if probe is not None and not isinstance(probe, (int, float)):
+            raise bad(f"expected a number or null as probe, found {probe!r}")
+        timings = doc.get("timings") or {}
+        if not isinstance(timings, dict):
+            raise bad("expected 'timings' to be an object")
+        predicted = doc.get("predicted_save_s")
+        created = doc.get("created", "")
+        known = {
+            "format_version",
+            "step",
+            "created",
+            "world_size",
+            "checksum_algorithm",
+            "files",
+            "probe",
+            "timings",
+            "predicted_save_s",
+        }
+        return cls(
+            format_version=version,
+            step=step,
+            created=str(created),
+            world_size=world,
+            checksum_algorithm=algo,
+            files=files,
+            probe=float(probe) if probe is not None else None,
+            timings={str(k): float(v) for k, v in timings.items() if isinstance(v, (int, float))},
+            predicted_save_s=float(predicted) if isinstance(predicted, (int, float)) else None,
+            extra={k: v for k, v in doc.items() if k not in known},
+        )
+
+
+def _is_int(v: object) -> TypeGuard[int]:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointInfo:
+    """One ``step-N`` directory as found on storage.
+
+    Attributes:
+        step: completed steps at save time (the next step to run).
+        path: the directory.
+        committed: its COMMIT.json exists (it is a checkpoint).
+        validated: its VALID.json exists (checksums, and the probe when there is one, passed on a restore or
+            verify).
+        bytes: total bytes of its files per the manifest (on-storage bytes for uncommitted leftovers).
+        created: when it was committed (UTC, ISO 8601), or None.
+        save_s: seconds the save took (manifest timings), or None.
+        predicted_save_s: the prediction made before the save, or None.
+        manifest: the parsed COMMIT.json, or None if uncommitted or unreadable.
+        error: why the manifest could not be read, or None.
+    """
+
+    step: int
+    path: str
+    committed: bool
+    validated: bool = False
+    bytes: int = 0
+    created: str | None = None
+    save_s: float | None = None
+    predicted_save_s: float | None = None
+    manifest: Manifest | None = None
+    error: str | None = None
+
+
+def now_iso(ts: float) -> str:
+    from preemptible.notice import utc_from_timestamp
+
+    return utc_from_timestamp(ts).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def parse_iso(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))

@@ -1,0 +1,186 @@
+"""Tagged JSON: every non-tensor leaf of a state, encoded so that it round-trips exactly.
+
+Plain JSON loses what optimizer and scheduler state dicts are made of: int dict keys become strings, tuples
+become lists, ``inf``/``nan`` are not JSON at all. Here a JSON object whose first key starts with ``$`` is a tag:
+
+=====================================  ========================================================
+``{"$float": "inf" | "-inf" | "nan"}``  a non-finite float
+``{"$tuple": [...]}``                   a tuple (also ``torch.Size``)
+``{"$dict": [[key, value], ...]}``      a dict whose keys are not all plain strings (or start with ``$``)
+``{"$tensor": "name"}``                 a tensor stored under ``name`` in a tensor file
+``{"$ndarray": "name"}``                a NumPy array stored under ``name``
+``{"$npscalar": "<f8", "value": v}``    a NumPy scalar
+``{"$bytes": "<base64>"}``              bytes
+``{"$dtype": "float32"}``               a torch dtype
+``{"$meta": {...}, "$dict"...}``        a state dict's ``_metadata`` (module versions), kept beside its dict
+=====================================  ========================================================
+
+Anything else (an arbitrary object, a lambda, a namedtuple) is an error naming its key path, raised at the
+first save rather than discovered at the first restore. Decoding never executes code.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from preemptible.errors import CheckpointCorruptError, UnsupportedStateError
+
+JSON = Any
+TensorSink = Callable[[Any, str, bool], str]
+"""Called with (tensor or ndarray, key path, is_numpy); stores it and returns the name it is stored under."""
+TensorSource = Callable[[str, bool], Any]
+"""Called with (name, is_numpy); returns the stored tensor or ndarray."""
+
+_NONFINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+
+
+def _numpy() -> Any:
+    try:
+        import numpy
+    except ImportError:  # pragma: no cover - numpy is optional
+        return None
+    return numpy
+
+
+def key_str(key: Any) -> str:
+    """How a dict key appears in a key path (``optimizer/state/3/exp_avg``)."""
+    return key if isinstance(key, str) else repr(key) if isinstance(key, tuple) else str(key)
+
+
+def encode(obj: Any, sink: TensorSink, path: str = "") -> JSON:
+    """Encode ``obj`` to tagged JSON, handing tensors and arrays to ``sink``.
+
+    Raises:
+        UnsupportedStateError: a leaf that is neither tensor, array nor representable, naming its key path.
+    """
+    if obj is None or isinstance(obj, (bool, str)):
+        return obj
+    if isinstance(obj, int):
+        return int(obj)  # IntEnum and friends become plain ints
+    if isinstance(obj, float):
+        if math.isfinite(obj):
+            return float(obj)
+        return {"$float": "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")}
+    if isinstance(obj, torch.Tensor):
+        return {"$tensor": sink(obj, path, False)}
+    if isinstance(obj, (list, tuple)) and (type(obj) in (list, tuple, torch.Size)):
+        items = [encode(v, sink, f"{path}/{i}") for i, v in enumerate(obj)]
+        return items if type(obj) is list else {"$tuple": items}
+    if isinstance(obj, dict):
+        return _encode_dict(obj, sink, path)
+    if isinstance(obj, (bytes, bytearray)):
+        return {"$bytes": base64.b64encode(bytes(obj)).decode("ascii")}
+    if isinstance(obj, torch.dtype):
+        return {"$dtype": str(obj).removeprefix("torch.")}
+    np = _numpy()
+    if np is not None:
+        if isinstance(obj, np.ndarray):
+            if obj.dtype.hasobject:
+                raise _unsupported(obj, path, "a NumPy array of Python objects")
+            return {"$ndarray": sink(obj, path, True)}
+        if isinstance(obj, np.generic) and not isinstance(obj, np.object_):
+            return {"$npscalar": obj.dtype.str, "value": encode(obj.item(), sink, path)}
+    raise _unsupported(obj, path)
+
+
+def _encode_dict(obj: dict[Any, Any], sink: TensorSink, path: str) -> JSON:
+    plain = all(isinstance(k, str) and not k.startswith("$") for k in obj)
+    out: dict[str, JSON]
+    if plain:
+        out = {k: encode(v, sink, f"{path}/{k}" if path else k) for k, v in obj.items()}
+    else:
+        pairs = []
+        for k, v in obj.items():
+            ks = key_str(k)
+            pairs.append([encode(k, sink, f"{path}/<key {ks}>"), encode(v, sink, f"{path}/{ks}" if path else ks)])
+        out = {"$dict": pairs}
+    meta = getattr(obj, "_metadata", None)
+    if isinstance(meta, dict):  # nn.Module.state_dict() carries per-module versions here
+        inner = out if not plain else {"$dict": [[k, v] for k, v in out.items()]}
+        return {"$dict": inner["$dict"], "$meta": encode(meta, sink, f"{path}/_metadata")}
+    return out
+
+
+def _unsupported(obj: Any, path: str, what: str | None = None) -> UnsupportedStateError:
+    kind = what or f"a {type(obj).__module__}.{type(obj).__qualname__}"
+    return UnsupportedStateError(
+        f"state leaf {path or '<root>'!r} is {kind}, which preemptible cannot store; expected a tensor, a NumPy "
+        "array, or JSON data (None, bool, int, float, str, list, tuple, dict, bytes). Convert it in your "
+        "state_dict() (e.g. to a tensor, a number or a str) or leave it out of the checkpoint",
+        key=path or "<root>",
+    )
+
+
+def decode(doc: JSON, source: TensorSource, path: str = "") -> Any:
+    """Decode tagged JSON, fetching tensors from ``source``.
+
+    Raises:
+        CheckpointCorruptError: an unknown or malformed tag.
+    """
+    if isinstance(doc, list):
+        return [decode(v, source, f"{path}/{i}") for i, v in enumerate(doc)]
+    if not isinstance(doc, dict):
+        return doc
+    if not doc or not next(iter(doc)).startswith("$"):
+        return {k: decode(v, source, f"{path}/{k}" if path else k) for k, v in doc.items()}
+    tag = next(iter(doc))
+    try:
+        return _decode_tag(tag, doc, source, path)
+    except CheckpointCorruptError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+        raise _corrupt(path, f"malformed {tag} entry {str(doc)[:80]} ({e})") from e
+
+
+def _decode_tag(tag: str, doc: dict[str, Any], source: TensorSource, path: str) -> Any:
+    if tag == "$float":
+        return _NONFINITE[doc["$float"]]
+    if tag == "$tuple":
+        return tuple(decode(v, source, f"{path}/{i}") for i, v in enumerate(doc["$tuple"]))
+    if tag == "$dict":
+        result: dict[Any, Any] = OrderedDict() if "$meta" in doc else {}
+        for k, v in doc["$dict"]:
+            key = decode(k, source, path)
+            result[_hashable(key)] = decode(v, source, f"{path}/{key_str(key)}" if path else key_str(key))
+        if "$meta" in doc:
+            result._metadata = decode(doc["$meta"], source, f"{path}/_metadata")  # type: ignore[attr-defined]
+        return result
+    if tag == "$tensor":
+        return source(_str(doc["$tensor"]), False)
+    if tag == "$ndarray":
+        return source(_str(doc["$ndarray"]), True)
+    if tag == "$npscalar":
+        np = _numpy()
+        if np is None:
+            raise _corrupt(path, "a NumPy scalar, but NumPy is not installed (pip install numpy)")
+        return np.dtype(_str(doc["$npscalar"])).type(decode(doc["value"], source, path))
+    if tag == "$bytes":
+        return base64.b64decode(_str(doc["$bytes"]), validate=True)
+    if tag == "$dtype":
+        dtype = getattr(torch, _str(doc["$dtype"]), None)
+        if not isinstance(dtype, torch.dtype):
+            raise _corrupt(path, f"unknown torch dtype {doc['$dtype']!r}")
+        return dtype
+    raise _corrupt(path, f"unknown tag {tag!r}; it may come from a newer preemptible (upgrade to read it)")
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, found {type(value).__name__}")
+    return value
+
+
+def _hashable(key: Any) -> Any:
+    if isinstance(key, list):
+        raise TypeError("a dict key decoded to a list")
+    return key
+
+
+def _corrupt(path: str, why: str) -> CheckpointCorruptError:
+    return CheckpointCorruptError(f"state.json at key {path or '<root>'!r}: {why}", path=path)
