@@ -1,0 +1,91 @@
+"""The example training script as a real process, preempted with real signals, then resumed."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import E2E_ARGS, Trainer, final_digest, journal, wait_for_event
+
+SLOW = ("--step-time", "0.01")  # same results, slower steps: the signal lands mid-training
+
+
+def committed(root: Path) -> list[int]:
+    return sorted(int(p.parent.name[5:]) for p in root.glob("step-*/COMMIT.json"))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1])
+def test_signal_mid_training_saves_exits_and_resumes_bit_identically(
+    tmp_path: Path, reference_digest: str, sig: signal.Signals
+) -> None:
+    root = tmp_path / "ckpt"
+    t = Trainer(root, *E2E_ARGS, *SLOW)
+    t.wait_for_step(60)
+    sent = time.monotonic()
+    t.signal(sig)
+    code, out, err = t.finish()
+    elapsed = time.monotonic() - sent
+    assert code == 0, err
+    assert elapsed < 30, f"{sig.name} to exit took {elapsed:.1f} s"
+    events = journal(root)
+    notice = next(e for e in events if e["event"] == "notice")
+    stop = notice["step"]
+    assert notice["detail"] == sig.name
+    assert notice["deadline"] is not None
+    last_step_run = max(int(line.split()[1]) for line in out.splitlines() if line.startswith("step "))
+    assert stop == last_step_run + 1, "the checkpoint must be of the boundary right after the last step run"
+    assert stop in committed(root)
+    assert [e["event"] for e in events][-3:] == ["save_started", "save_committed", "exit"]
+    assert "final" not in out
+
+    code, out, err = Trainer(root, *E2E_ARGS).finish()
+    assert code == 0, err
+    assert f"resumed_from={stop}" in out
+    assert final_digest(out) == reference_digest
+
+
+BIG = ("--hidden", "2500", "--save-every", "3", "--width", "64")  # ~75 MB state: a save takes a while
+
+
+def test_sigkill_during_save_leaves_previous_checkpoint_restorable(tmp_path: Path) -> None:
+    ref = Trainer(tmp_path / "ref", *BIG, "--steps", "7").finish()
+    assert ref[0] == 0, ref[2]
+    root = tmp_path / "ckpt"
+    t = Trainer(root, *BIG, "--steps", "7")
+    wait_for_event(root, lambda e: e["event"] == "save_started" and e["step"] == 6)
+    deadline = time.monotonic() + 30
+    while not list((root / "step-000000000006").glob("*.safetensors")) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    t.proc.kill()  # SIGKILL while the tensor files are being written
+    t.finish()
+    assert not any(e["event"] == "save_committed" and e["step"] == 6 for e in journal(root)), "killed too late"
+    assert committed(root) == [3]
+    assert (root / "step-000000000006").exists()  # the torn save's leftovers, invisible to restore
+
+    code, out, err = Trainer(root, *BIG, "--steps", "7").finish()
+    assert code == 0, err
+    assert "resumed_from=3" in out
+    # step 6 rewritten over its leftovers; step 3 stays as the newest validated checkpoint
+    assert committed(root) == [3, 6, 7]
+    assert final_digest(out) == final_digest(ref[1])
+
+
+def test_second_sigterm_during_the_emergency_save_does_not_interrupt_it(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    t = Trainer(root, *BIG, "--steps", "1000")
+    wait_for_event(root, lambda e: e["event"] == "save_committed" and e["step"] == 3)
+    t.signal(signal.SIGTERM)
+    wait_for_event(root, lambda e: e["event"] == "save_started" and e["reason"] == "emergency")
+    t.signal(signal.SIGTERM)
+    t.signal(signal.SIGTERM)
+    code, _, err = t.finish()
+    assert code == 0, err
+    events = journal(root)
+    exit_event = events[-1]
+    assert exit_event["event"] == "exit"
+    assert exit_event["saved"] is True
+    assert exit_event["later_notices"] >= 1, "the repeated SIGTERMs arrived after the save had started"
+    assert exit_event["step"] in committed(root)

@@ -1,0 +1,143 @@
+from __future__ import annotations
+
+import io
+import json
+import struct
+
+import pytest
+import safetensors.torch
+import torch
+
+from preemptible.errors import CheckpointCorruptError, UnsupportedStateError
+from preemptible.state import flatten
+from preemptible.store import format as tensor_format
+
+
+class Buffer(io.BytesIO):
+    def write(self, data):  # type: ignore[no-untyped-def, override]
+        return super().write(bytes(data))
+
+
+def write_to_bytes(items: list[tuple[str, torch.Tensor]]) -> tuple[bytes, str]:
+    buf = Buffer()
+    _, digest = tensor_format.write(buf, items, {"format": "pt"})
+    return buf.getvalue(), digest
+
+
+def read_bytes(data: bytes, checksum: str | None = None) -> dict[str, torch.Tensor]:
+    return tensor_format.read(io.BytesIO(data), len(data), where="test", expected_checksum=checksum)
+
+
+def sample() -> list[tuple[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    return [
+        ("w", torch.randn(5, 3, generator=g)),
+        ("b16", torch.randn(7, generator=g).to(torch.bfloat16)),
+        ("h", torch.randn(2, 2, generator=g).half()),
+        ("d", torch.randn(3, generator=g).double()),
+        ("i", torch.arange(5, dtype=torch.int64)),
+        ("u8", torch.arange(3, dtype=torch.uint8)),
+        ("flag", torch.tensor([True, False, True])),
+        ("scalar", torch.tensor(3.5)),
+        ("empty", torch.empty(0, 4)),
+        ("noncontig", torch.randn(4, 6, generator=g).t()),
+    ]
+
+
+def test_our_files_are_read_by_safetensors_and_back() -> None:
+    items = sample()
+    data, digest = write_to_bytes(items)
+    theirs = safetensors.torch.load(data)
+    ours = read_bytes(data, digest)
+    for name, t in items:
+        assert torch.equal(theirs[name], t), name
+        assert torch.equal(ours[name], t), name
+        assert ours[name].dtype == t.dtype
+        assert ours[name].shape == t.shape
+
+
+def test_we_read_files_written_by_safetensors() -> None:
+    items = dict(sample())
+    items["noncontig"] = items["noncontig"].contiguous()
+    data = safetensors.torch.save(items)
+    ours = read_bytes(data)
+    for name, t in items.items():
+        assert torch.equal(ours[name], t), name
+
+
+def test_tensors_are_aligned_to_their_item_size() -> None:
+    data, _ = write_to_bytes(sample())
+    (n,) = struct.unpack("<Q", data[:8])
+    assert (8 + n) % 8 == 0
+    header = json.loads(data[8 : 8 + n])
+    header.pop("__metadata__")
+    for name, info in header.items():
+        size = tensor_format.itemsize(tensor_format.CODES[info["dtype"]])
+        assert info["data_offsets"][0] % size == 0, name
+
+
+def test_unsupported_dtype_names_the_key() -> None:
+    with pytest.raises(UnsupportedStateError) as info:
+        flatten({"model": {"z": torch.zeros(2, dtype=torch.complex64)}})
+    assert info.value.key == "model/z"
+    assert "complex64" in str(info.value)
+
+
+def test_tied_tensors_are_stored_once() -> None:
+    shared = torch.randn(3)
+    flat = flatten({"model": {"a": shared, "b": shared, "c": shared.clone()}})
+    assert len(flat.tensors) == 2
+
+
+def corrupt_header(data: bytes, edit) -> bytes:  # type: ignore[no-untyped-def]
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    edit(header)
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + data[8 + n :]
+
+
+def _first_tensor(h: dict) -> dict:  # type: ignore[type-arg]
+    return next(v for k, v in h.items() if k != "__metadata__")
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda h: _first_tensor(h).update(data_offsets=[0, 10**12]), "needs"),
+        (lambda h: _first_tensor(h).update(shape=[-1]), "malformed"),
+        (lambda h: _first_tensor(h).update(dtype="Q99"), "malformed"),
+        (lambda h: _first_tensor(h).update(data_offsets=[4, 64]), "needs"),
+        (lambda h: h.update(extra={"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}), "gap or overlap"),
+        (lambda h: h.update(__metadata__={"a": 1}), "__metadata__"),
+    ],
+)
+def test_hostile_headers_are_rejected(edit, message: str) -> None:  # type: ignore[no-untyped-def]
+    data, _ = write_to_bytes([("a", torch.zeros(4, 4)), ("b", torch.ones(3))])
+    with pytest.raises(CheckpointCorruptError, match=message):
+        read_bytes(corrupt_header(data, edit))
+
+
+def test_header_length_is_bounded() -> None:
+    data = struct.pack("<Q", 2**62) + b"{}"
+    with pytest.raises(CheckpointCorruptError, match="impossible"):
+        read_bytes(data)
+
+
+def test_truncated_and_flipped_files_are_detected() -> None:
+    data, digest = write_to_bytes(sample())
+    with pytest.raises(CheckpointCorruptError):
+        read_bytes(data[:-5], digest)
+    flipped = bytearray(data)
+    flipped[-3] ^= 0x01
+    with pytest.raises(CheckpointCorruptError, match="checksum mismatch"):
+        read_bytes(bytes(flipped), digest)
+
+
+def test_duplicate_names_in_header_are_rejected() -> None:
+    raw = b'{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}'
+    raw += b" " * (-len(raw) % 8)
+    data = struct.pack("<Q", len(raw)) + raw + b"\x01\x02"
+    with pytest.raises(CheckpointCorruptError, match="duplicate"):
+        read_bytes(data)

@@ -1,0 +1,201 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from conftest import journal, make_model, train_some
+from preemptible import Guard, PreemptibleError, Run, UnsupportedStateError
+from preemptible.run import EXIT_SAVE_FAILED
+
+
+def parts(seed: int = 0) -> dict[str, Any]:
+    model = make_model(seed=seed)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return {"model": model, "optimizer": opt}
+
+
+def committed(root: Path) -> list[int]:
+    return sorted(int(p.parent.name[5:]) for p in root.glob("step-*/COMMIT.json"))
+
+
+def test_fresh_run_saves_periodically_and_finishes(tmp_path: Path) -> None:
+    p = parts()
+    run = Run(tmp_path, save_every=3, keep=10, **p)
+    seen = []
+    for step in run.steps(8):
+        train_some(p["model"], p["optimizer"], 1, start=step)
+        run.log(loss=1.0 / (step + 1))
+        seen.append(step)
+    assert seen == list(range(8))
+    assert committed(tmp_path) == [3, 6, 8]
+    assert json.loads((tmp_path / "DONE.json").read_text())["step"] == 8
+    events = [e["event"] for e in journal(tmp_path)]
+    assert events[:2] == ["start", "fresh"]
+    assert events[-1] == "done"
+    assert events.count("log") == 8
+    assert all({"t", "event", "step", "rank"} <= set(e) for e in journal(tmp_path))
+
+
+def test_restart_resumes_after_newest_and_a_finished_run_yields_nothing(tmp_path: Path) -> None:
+    p = parts()
+    for step in Run(tmp_path, save_every=2, **p).steps(5):
+        train_some(p["model"], p["optimizer"], 1, start=step)
+    q = parts(seed=1)
+    run = Run(tmp_path, **q)
+    assert list(run.steps(5)) == []
+    assert run.resumed_from == 5
+    for k, v in p["model"].state_dict().items():
+        assert torch.equal(q["model"].state_dict()[k], v)
+    run = Run(tmp_path, **parts(seed=2))
+    assert list(run.steps(7)) == [5, 6]  # extending the run continues it
+    assert json.loads((tmp_path / "DONE.json").read_text())["step"] == 7
+
+
+def test_notice_saves_at_the_boundary_and_exits_with_policy_code(tmp_path: Path) -> None:
+    p = parts()
+    run = Run(tmp_path, save_every=100, exit_code=143, **p)
+    with pytest.raises(SystemExit) as info:
+        for step in run.steps(50):
+            train_some(p["model"], p["optimizer"], 1, start=step)
+            if step == 6:
+                run.guard.trigger(source="test")  # arrives mid-step; the boundary after step 6 saves
+    assert info.value.code == 143
+    assert committed(tmp_path) == [7]
+    assert run.preempted
+    assert run.step == 7
+    events = journal(tmp_path)
+    names = [e["event"] for e in events]
+    assert names[-4:] == ["notice", "save_started", "save_committed", "exit"]
+    assert events[-1]["code"] == 143
+    assert events[-1]["saved"] is True
+    assert events[-3]["reason"] == "emergency"
+    assert not (tmp_path / "DONE.json").exists()
+
+
+def test_exit_on_notice_false_ends_the_loop_instead(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    p = parts()
+    run = Run(tmp_path, exit_on_notice=False, **p)
+    steps = []
+    for step in run.steps(50):
+        steps.append(step)
+        if step == 2:
+            run.guard.trigger(source="test")
+    assert steps == [0, 1, 2]
+    assert run.preempted
+    assert run.notice is not None
+    assert run.notice.source == "test"
+    assert committed(tmp_path) == [3]
+
+
+def test_exit_code_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PREEMPTIBLE_EXIT_CODE", "85")
+    p = parts()
+    run = Run(tmp_path, **p)
+    with pytest.raises(SystemExit) as info:
+        for step in run.steps(5):
+            if step == 1:
+                run.guard.trigger(source="test")
+    assert info.value.code == 85
+
+
+def test_notice_before_the_first_step_exits_with_nothing_to_save(tmp_path: Path) -> None:
+    p = parts()
+    guard = Guard([])
+    guard.trigger(source="test")
+    run = Run(tmp_path, guard=guard, exit_on_notice=False, **p)
+    assert list(run.steps(5)) == []
+    assert committed(tmp_path) == []
+    names = [e["event"] for e in journal(tmp_path)]
+    assert "save_skipped" in names
+    assert "save_started" not in names
+
+
+def test_notice_during_periodic_save_stops_at_the_same_boundary(tmp_path: Path) -> None:
+    p = parts()
+    run = Run(tmp_path, save_every=2, exit_on_notice=False, **p)
+    original = run.checkpointer.save
+
+    def save_then_notice(*a: Any, **k: Any) -> Any:
+        handle = original(*a, **k)
+        run.guard.trigger(source="test")  # as if SIGTERM landed while the periodic save was writing
+        return handle
+
+    run.checkpointer.save = save_then_notice  # type: ignore[method-assign]
+    steps = list(run.steps(10))
+    assert steps == [0, 1]
+    assert committed(tmp_path) == [2]
+    assert [e["reason"] for e in journal(tmp_path) if e["event"] == "save_skipped"] == ["emergency"]
+
+
+def test_save_interval_uses_the_injected_clock(tmp_path: Path) -> None:
+    now = [0.0]
+    p = parts()
+    run = Run(tmp_path, save_interval_s=10.0, monotonic=lambda: now[0], **p)
+    for _step in run.steps(6):
+        now[0] += 4.0  # each step "takes" 4 s: saves after steps 3 and 6 (>= 10 s since the last)
+    assert committed(tmp_path) == [3, 6]
+
+
+def test_failed_periodic_save_warns_and_training_continues(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    p = parts()
+    run = Run(tmp_path, save_every=2, **p)
+    original = run.checkpointer.save
+    calls = [0]
+
+    def flaky(*a: Any, **k: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise OSError(28, "No space left on device")
+        return original(*a, **k)
+
+    run.checkpointer.save = flaky  # type: ignore[method-assign]
+    assert list(run.steps(5)) == [0, 1, 2, 3, 4]
+    assert committed(tmp_path) == [4, 5]
+    assert "periodic save of step 2 failed, training continues" in caplog.text
+
+
+def test_failed_emergency_save_exits_with_its_own_code(tmp_path: Path) -> None:
+    p = parts()
+    run = Run(tmp_path, **p)
+
+    def broken(*a: Any, **k: Any) -> Any:
+        raise OSError(28, "No space left on device")
+
+    run.checkpointer.save = broken  # type: ignore[method-assign]
+    with pytest.raises(SystemExit) as info:
+        for step in run.steps(5):
+            if step == 1:
+                run.guard.trigger(source="test")
+    assert info.value.code == EXIT_SAVE_FAILED
+    assert journal(tmp_path)[-1]["saved"] is False
+
+
+def test_handlers_live_only_while_steps_run(tmp_path: Path) -> None:
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    run = Run(tmp_path, **parts())
+    assert signal.getsignal(signal.SIGTERM) == before  # nothing on construction
+    for _ in run.steps(2):
+        assert signal.getsignal(signal.SIGTERM) != before
+    assert signal.getsignal(signal.SIGTERM) == before
+    with Run(tmp_path / "b", **parts()) as run2:
+        assert signal.getsignal(signal.SIGTERM) != before
+        list(run2.steps(1))
+        assert signal.getsignal(signal.SIGTERM) != before  # the context manager owns the lifetime
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_bad_arguments_are_clear(tmp_path: Path) -> None:
+    with pytest.raises(UnsupportedStateError, match="reserves"):
+        Run(tmp_path, _rng={})
+    with pytest.raises(UnsupportedStateError, match="'lr' is a float"):
+        Run(tmp_path, lr=0.1)
+    with pytest.raises(ValueError, match="save_every"):
+        Run(tmp_path, save_every=0)
+    with pytest.raises(PreemptibleError, match="inside"):
+        Run(tmp_path).log(loss=1.0)
