@@ -314,3 +314,20 @@ def test_commit_json_keys_are_the_documented_ones(tmp_path: Path) -> None:
     assert set(doc["files"]) == {"model.safetensors", "optimizer.safetensors", "rng.safetensors", "state.json"}
     for name, rec in doc["files"].items():
         assert (tmp_path / "step-000000000004" / name).stat().st_size == rec["bytes"]
+
+
+def test_grad_scaler_and_stateful_objects_roundtrip(tmp_path: Path) -> None:
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=3)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(4):  # grows the scale and its tracker
+        scaler.scale(model(torch.ones(2, 8)).sum()).backward()
+        scaler.step(opt)
+        scaler.update()
+    expected = scaler.state_dict()
+    ck = Checkpointer(str(tmp_path))
+    ck.save({"scaler": scaler}, 4)
+    other = torch.amp.GradScaler("cpu")
+    ck.restore({"scaler": other})
+    assert other.state_dict() == expected
+    assert other.get_scale() == scaler.get_scale()
