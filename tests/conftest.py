@@ -18,6 +18,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "train.py"
 
+NO_DMI = "/nonexistent/preemptible-test-dmi"
 _PLATFORM_PREFIXES = ("SLURM_", "KUBERNETES_", "PREEMPTIBLE_", "TORCHELASTIC_", "AWS_", "GCE_", "AZURE_")
 
 
@@ -29,6 +30,7 @@ def clean_env(**extra: str) -> dict[str, str]:
     """os.environ without scheduler/cloud/launcher variables, notice sources pinned to signals."""
     env = {k: v for k, v in os.environ.items() if not _platform_var(k)}
     env["PREEMPTIBLE_SOURCES"] = "signal"
+    env["PREEMPTIBLE_DMI_DIR"] = NO_DMI
     env.update(extra)
     return env
 
@@ -40,6 +42,7 @@ def scrubbed_env(monkeypatch: pytest.MonkeyPatch) -> None:
         if _platform_var(key):
             monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("PREEMPTIBLE_SOURCES", "signal")
+    monkeypatch.setenv("PREEMPTIBLE_DMI_DIR", NO_DMI)  # no test depends on the machine it runs on
 
 
 def make_model(hidden: int = 16, seed: int = 0) -> torch.nn.Module:

@@ -35,3 +35,34 @@ def test_import_starts_nothing() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_emulate_serves_until_stopped_and_takes_control_requests() -> None:
+    import json
+    import urllib.request
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "preemptible", "emulate", "azure", "--vm-name", "vm-x", "--for", "30"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        url = first.split()[-1]
+        assert url.startswith("http://127.0.0.1:")
+        hint = proc.stdout.readline()
+        assert f"PREEMPTIBLE_AZURE_ENDPOINT={url}" in hint
+        with urllib.request.urlopen(urllib.request.Request(url + "/_emulator/notice", method="POST"), timeout=5) as r:
+            assert json.loads(r.read())["ok"] is True
+        req = urllib.request.Request(
+            url + "/metadata/scheduledevents?api-version=2020-07-01", headers={"Metadata": "true"}
+        )
+        with urllib.request.urlopen(req, timeout=5) as r:
+            doc = json.loads(r.read())
+        assert doc["Events"][0]["Resources"] == ["vm-x"]
+        proc.terminate()
+        assert proc.wait(10) == 0
+    finally:
+        proc.kill()

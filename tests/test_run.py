@@ -199,3 +199,95 @@ def test_bad_arguments_are_clear(tmp_path: Path) -> None:
         Run(tmp_path, save_every=0)
     with pytest.raises(PreemptibleError, match="inside"):
         Run(tmp_path).log(loss=1.0)
+
+
+def test_advisory_notice_saves_early_and_training_continues(tmp_path: Path) -> None:
+    from preemptible import NoticeKind
+
+    p = parts()
+    run = Run(tmp_path, save_every=100, **p)
+    steps = []
+    for step in run.steps(8):
+        steps.append(step)
+        if step == 2:
+            run.guard.trigger(source="aws", kind=NoticeKind.REBALANCE, grace=None)
+    assert steps == list(range(8))
+    assert committed(tmp_path) == [3, 8]
+    advisory = [e for e in journal(tmp_path) if e["event"] == "advisory"]
+    assert len(advisory) == 1 and advisory[0]["step"] == 3 and advisory[0]["action"] == "save"
+
+
+def test_advisory_can_stop_or_be_ignored(tmp_path: Path) -> None:
+    from preemptible import NoticeKind
+
+    run = Run(tmp_path / "stop", on_advisory="stop", exit_on_notice=False, **parts())
+    steps = []
+    for step in run.steps(8):
+        steps.append(step)
+        if step == 2:
+            run.guard.trigger(source="aws", kind=NoticeKind.REBALANCE)
+    assert steps == [0, 1, 2]
+    assert committed(tmp_path / "stop") == [3]
+    run = Run(tmp_path / "ignore", on_advisory="ignore", **parts())
+    for step in run.steps(5):
+        if step == 1:
+            run.guard.trigger(source="aws", kind=NoticeKind.REBALANCE)
+    assert committed(tmp_path / "ignore") == [5]
+    with pytest.raises(ValueError, match="on_advisory"):
+        Run(tmp_path, on_advisory="panic")
+
+
+def test_sources_are_acknowledged_after_the_emergency_commit(tmp_path: Path) -> None:
+    seen: list[tuple[str, list[int]]] = []
+
+    class Recorder:
+        name = "recorder"
+
+        def start(self, sink: Any) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+        def acknowledge(self, notice: Any) -> None:
+            seen.append((notice.source, committed(tmp_path)))
+
+    run = Run(tmp_path, sources=[Recorder()], exit_on_notice=False, **parts())
+    for step in run.steps(10):
+        if step == 3:
+            run.guard.trigger(source="test")
+    assert seen == [("test", [4])]  # acknowledged once, after step 4 was committed
+
+
+def test_kubernetes_default_exit_code_is_143(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    run = Run(tmp_path, **parts())
+    with pytest.raises(SystemExit) as info:
+        for step in run.steps(5):
+            if step == 1:
+                run.guard.trigger(source="test")
+    assert info.value.code == 143
+
+
+def test_slurm_requeue_after_a_successful_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "scontrol-calls"
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("PREEMPTIBLE_SLURM_REQUEUE", "1")
+    run = Run(tmp_path / "ckpt", exit_on_notice=False, **parts())
+    for step in run.steps(5):
+        if step == 1:
+            run.guard.trigger(source="signal")
+    assert calls.read_text().split() == ["requeue", "4242"]
+    assert [e for e in journal(tmp_path / "ckpt") if e["event"] == "requeue"][0]["ok"] is True
+    calls.unlink()
+    run = Run(tmp_path / "ckpt2", requeue=False, exit_on_notice=False, **parts())
+    for step in run.steps(5):
+        if step == 1:
+            run.guard.trigger(source="signal")
+    assert not calls.exists()

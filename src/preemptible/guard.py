@@ -28,7 +28,8 @@ class Guard:
         sources: None to auto-detect (signals always, a cloud's metadata service when the machine is on that
             cloud; ``$PREEMPTIBLE_SOURCES`` overrides), a comma-separated string such as ``"signal"``, or a list
             of names and `NoticeSource` objects. An empty list watches nothing (use `trigger`).
-        grace: seconds from a signal to the hard kill; the deadline of signal notices. Default 30.
+        grace: seconds from a signal to the hard kill; the deadline of signal notices. None (default): the
+            platform's (30 s; SLURM: the ``--signal`` lead for USR1; GKE: 15 s; ``$PREEMPTIBLE_GRACE`` overrides).
         clock: epoch seconds; injected by tests.
         agreement: the cross-rank stop-step protocol; default: one process.
 
@@ -39,12 +40,15 @@ class Guard:
         self,
         sources: str | Iterable[str | NoticeSource] | None = None,
         *,
-        grace: float | None = DEFAULT_GRACE_S,
+        grace: float | None = None,
         clock: Clock = time.time,
         agreement: dist.Agreement | None = None,
+        platform: detect.Platform | None = None,
     ) -> None:
         self._clock = clock
-        self.sources = detect.resolve(sources, grace=grace, clock=clock)
+        self.platform = platform or detect.detect_platform()
+        """Where this process runs (from local evidence), with its signal grace and exit-code defaults."""
+        self.sources = detect.resolve(sources, grace=grace, clock=clock, platform=self.platform)
         self.board = NoticeBoard()
         self._agreement = agreement if agreement is not None else dist.LocalAgreement()
         self._started: list[NoticeSource] = []
@@ -128,6 +132,23 @@ class Guard:
         """Seconds until the notice's deadline (negative once past); None without a notice or a deadline."""
         notice = self.notice
         return notice.remaining(self._clock()) if notice is not None else None
+
+    def acknowledge(self, notice: Notice | None = None) -> None:
+        """Tell the sources that the emergency checkpoint of ``notice`` has committed.
+
+        Sources that can act on it do (Azure approves the scheduled event, so the VM is released early).
+        Failures are logged, never raised.
+        """
+        notice = notice or self.notice
+        if notice is None:
+            return
+        for source in self.sources:
+            ack = getattr(source, "acknowledge", None)
+            if callable(ack):
+                try:
+                    ack(notice)
+                except Exception:
+                    log.exception("acknowledging the notice to source %s failed", source.name)
 
     def trigger(
         self,

@@ -158,3 +158,77 @@ class NoticeBoard:
             if not n.kind.advisory:
                 return n
         return None
+
+
+class Poller:
+    """Calls ``tick`` in one named background thread until it returns True or `stop` is called.
+
+    Pacing: ``interval`` seconds between ticks; after a failure, exponential backoff up to ``max_backoff``
+    (a failure whose ``backoff`` attribute is False keeps the pace). Each kind of failure is logged once, and
+    recovery once. ``wait(seconds) -> stopped`` is injected by tests; by default it waits on the stop event,
+    so `stop` interrupts a pause at once.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        tick: Callable[[], bool],
+        *,
+        interval: float,
+        max_backoff: float = 5.0,
+        wait: Callable[[float], bool] | None = None,
+        on_error: Callable[[str, BaseException], None] | None = None,
+    ) -> None:
+        self.name = name
+        self._tick = tick
+        self.interval = interval
+        self.max_backoff = max(max_backoff, interval)
+        self._stop = threading.Event()
+        self._wait = wait if wait is not None else self._stop.wait
+        self._on_error = on_error
+        self._thread: threading.Thread | None = None
+        self.failures = 0
+        self.delays: list[float] = []
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+    def run_once(self) -> tuple[bool, float]:
+        """One tick; returns (finished, delay before the next)."""
+        try:
+            finished = self._tick()
+        except Exception as e:  # every failure is the service's, never the training's
+            if self._stop.is_set():
+                return True, 0.0
+            self.error = e
+            if self._on_error is not None:
+                self._on_error(self.name, e)
+            if getattr(e, "backoff", True):
+                self.failures += 1
+                return False, min(self.max_backoff, self.interval * 2**self.failures)
+            return False, self.interval
+        self.failures = 0
+        return finished, self.interval
+
+    def _run(self) -> None:
+        # Daemonic: losing this thread at interpreter exit loses nothing (it only reads metadata).
+        while not self._stop.is_set():
+            finished, delay = self.run_once()
+            if finished:
+                return
+            self.delays.append(delay)
+            if len(self.delays) > 64:
+                del self.delays[:32]
+            if self._wait(delay):
+                return

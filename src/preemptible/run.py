@@ -22,8 +22,8 @@ from preemptible._version import __version__
 from preemptible.errors import PreemptibleError, UnsupportedStateError
 from preemptible.guard import Guard
 from preemptible.journal import Journal
-from preemptible.notice import Clock, Notice, NoticeSource
-from preemptible.sources.signals import DEFAULT_GRACE_S
+from preemptible.notice import Clock, Notice, NoticeKind, NoticeSource
+from preemptible.sources import slurm
 from preemptible.state import RNGState, check_state
 from preemptible.store import layout
 from preemptible.store.checkpointer import Checkpointer, SaveResult
@@ -50,8 +50,15 @@ class Run:
         save_interval_s: save when this many seconds have passed since the last save. None: no time-based saves.
         keep: committed checkpoints kept (>= 2); the newest validated one is kept in addition.
         sources: notice sources (see `Guard`); None auto-detects, ``$PREEMPTIBLE_SOURCES`` overrides.
-        grace: seconds from a signal to the hard kill (the deadline of signal notices).
-        exit_code: the process's exit code after an emergency save. None: ``$PREEMPTIBLE_EXIT_CODE`` or 0.
+        grace: seconds from a signal to the hard kill (the deadline of signal notices). None: the platform's
+            default (see `Guard`).
+        exit_code: the process's exit code after an emergency save. None: ``$PREEMPTIBLE_EXIT_CODE``, else the
+            platform's default: 143 on Kubernetes (so a Job does not count the pod as Succeeded), 0 elsewhere.
+        on_advisory: what an advisory notice (AWS rebalance recommendation) does: ``"save"`` (default) an
+            early checkpoint at the next boundary while training goes on, ``"stop"`` treat it as a notice,
+            ``"ignore"``.
+        requeue: SLURM only: ``scontrol requeue`` the job after a successful emergency save. None:
+            ``$PREEMPTIBLE_SLURM_REQUEUE``.
         exit_on_notice: True (default) ends the process after the emergency save; False ends ``steps()``
             instead and leaves ``run.notice`` set, for loops that must do more before exiting.
         guard: a ready `Guard` to use instead of building one from ``sources``/``grace``.
@@ -72,9 +79,11 @@ class Run:
         save_interval_s: float | None = None,
         keep: int = 2,
         sources: str | Iterable[str | NoticeSource] | None = None,
-        grace: float | None = DEFAULT_GRACE_S,
+        grace: float | None = None,
         exit_code: int | None = None,
         exit_on_notice: bool = True,
+        on_advisory: str = "save",
+        requeue: bool | None = None,
         guard: Guard | None = None,
         clock: Clock = time.time,
         monotonic: Callable[[], float] = time.monotonic,
@@ -91,6 +100,10 @@ class Run:
             raise ValueError(f"expected save_every >= 1 or None, found {save_every}")
         if save_interval_s is not None and save_interval_s <= 0:
             raise ValueError(f"expected save_interval_s > 0 or None, found {save_interval_s}")
+        if on_advisory not in ("save", "stop", "ignore"):
+            raise ValueError(f"expected on_advisory to be 'save', 'stop' or 'ignore', found {on_advisory!r}")
+        self.on_advisory = on_advisory
+        self.requeue = requeue
         self.root = os.fspath(root)
         self.save_every = save_every
         self.save_interval_s = save_interval_s
@@ -113,7 +126,7 @@ class Run:
         self.last_save: SaveResult | None = None
         self._last_save_time = 0.0
         self._entered = False
-        self._notice_logged = 0
+        self._advisory_done = False
 
     def __repr__(self) -> str:
         names = [n for n in self.state if not n.startswith("_")]
@@ -192,7 +205,10 @@ class Run:
                 if self.guard.should_stop(completed):
                     self._stop(completed)
                     return
-                if self._periodic_due(completed, total):
+                if self.guard.advisory is not None and not self._advisory_done and completed < total:
+                    if self._advisory(completed):
+                        return
+                elif self._periodic_due(completed, total):
                     self._save(completed, "periodic")
                     if self.guard.should_stop(completed):  # a notice that came during the save
                         self._stop(completed)
@@ -270,6 +286,37 @@ class Run:
         storage.publish(storage.join(self.checkpointer.root, layout.DONE), doc)
         self.journal.event("done", total, total=total)
 
+    def _advisory(self, completed: int) -> bool:
+        """An advisory notice: save early (and keep training), stop, or ignore. True when the loop must end."""
+        assert self.journal is not None
+        self._advisory_done = True
+        notice = self.guard.advisory
+        assert notice is not None
+        self.journal.event("advisory", completed, **notice.to_json(), action=self.on_advisory)
+        log.warning(
+            "[rank=%d] advisory %s notice (%s): %s",
+            self.rank,
+            notice.source,
+            notice.detail,
+            {"save": "saving early, training continues", "stop": "stopping", "ignore": "ignored"}[self.on_advisory],
+        )
+        if self.on_advisory == "save":
+            self._save(completed, "advisory")
+        elif self.on_advisory == "stop":
+            self.guard.trigger(
+                Notice(
+                    source=notice.source,
+                    kind=NoticeKind.TERMINATE,
+                    received_at=notice.received_at,
+                    deadline=notice.deadline,
+                    detail=f"{notice.detail} (on_advisory='stop')",
+                )
+            )
+        if self.guard.should_stop(completed):
+            self._stop(completed)
+            return True
+        return False
+
     def _exit_code(self) -> int:
         if self.exit_code is not None:
             return self.exit_code
@@ -279,7 +326,7 @@ class Run:
                 return int(env)
             except ValueError:
                 log.warning("ignoring %s=%r: expected an integer exit code", EXIT_CODE_ENV, env)
-        return EXIT_PREEMPTED
+        return self.guard.platform.exit_code
 
     def _stop(self, completed: int) -> None:
         """The emergency path: journal the notice, save (unless nothing new), exit."""
@@ -306,12 +353,15 @@ class Run:
             deadline = notice.deadline.timestamp() if notice.deadline is not None else None
             try:
                 self._save(completed, "emergency", raise_errors=True, deadline=deadline)
+                self.guard.acknowledge(notice)
             except BaseException as e:
                 saved = False
                 code = EXIT_SAVE_FAILED
                 log.error("[rank=%d] emergency save of step %d failed: %s", self.rank, completed, e)
                 if not isinstance(e, Exception):
                     raise
+        if saved and self._requeue_wanted():
+            self.journal.event("requeue", completed, ok=slurm.requeue())
         self.preempted = True
         repeats = len(self.guard.notices) - 1
         self.journal.event(
@@ -331,6 +381,10 @@ class Run:
             # the heap skips that walk (atexit handlers and finally blocks still run) and cuts it to ~0.3 s.
             gc.freeze()
             raise SystemExit(code)
+
+    def _requeue_wanted(self) -> bool:
+        wanted = self.requeue if self.requeue is not None else slurm.requeue_wanted()
+        return wanted and self.guard.platform.scheduler == "slurm"
 
 
 def _ensure_log_handler() -> None:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 from collections.abc import Sequence
 
 from preemptible._version import __version__
+
+SUBCOMMANDS = ("emulate",)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,7 +21,10 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("--version", action="version", version=f"preemptible {__version__}")
-    parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        module = importlib.import_module(f"preemptible.cli.{name}")
+        module.add_parser(sub)
     return parser
 
 
@@ -29,4 +35,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    parser.error(f"unknown command {args.command!r}")  # pragma: no cover - argparse rejects it first
+    module = importlib.import_module(f"preemptible.cli.{args.command}")
+    code: int = module.run(args)
+    return code

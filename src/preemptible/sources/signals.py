@@ -12,7 +12,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from types import FrameType
 from typing import Any
 
@@ -50,6 +50,8 @@ class SignalSource:
         signals: which signals mean "the end is coming". Default SIGTERM, SIGINT, SIGUSR1.
         grace: seconds from arrival to the hard kill (Kubernetes ``terminationGracePeriodSeconds``, SLURM
             ``--signal`` lead, torchrun's shutdown timeout). None: unknown.
+        grace_by_signal: per-signal grace that overrides ``grace`` (SLURM: USR1 at the ``--signal`` lead, TERM
+            at KillWait).
         clock: epoch seconds; injected by tests.
     """
 
@@ -60,12 +62,15 @@ class SignalSource:
         signals: Iterable[str | int | signal.Signals] = DEFAULT_SIGNALS,
         *,
         grace: float | None = DEFAULT_GRACE_S,
+        grace_by_signal: Mapping[signal.Signals, float] | None = None,
         clock: Clock = time.time,
     ) -> None:
         self.signals = tuple(dict.fromkeys(parse_signal(s) for s in signals))
-        if grace is not None and grace < 0:
-            raise NoticeSourceError(f"expected a grace period >= 0 seconds, found {grace}")
+        for value in (grace, *(grace_by_signal or {}).values()):
+            if value is not None and value < 0:
+                raise NoticeSourceError(f"expected a grace period >= 0 seconds, found {value}")
         self.grace = grace
+        self.grace_by_signal = dict(grace_by_signal or {})
         self._clock = clock
         self._sink: NoticeSink | None = None
         self._previous: dict[signal.Signals, Any] = {}
@@ -106,8 +111,7 @@ class SignalSource:
             raise KeyboardInterrupt("second SIGINT: exiting now without finishing the save")
         sink = self._sink
         if sink is not None:
+            grace = self.grace_by_signal.get(sig, self.grace)
             sink(
-                Notice.at(
-                    source=self.name, kind=NoticeKind.TERMINATE, now=self._clock(), grace=self.grace, detail=sig.name
-                )
+                Notice.at(source=self.name, kind=NoticeKind.TERMINATE, now=self._clock(), grace=grace, detail=sig.name)
             )
