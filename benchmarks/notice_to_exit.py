@@ -34,9 +34,24 @@ def one(source: str, work: Path) -> tuple[float, float]:
     if emu is not None:
         env[ENV[source]] = emu.url
     try:
-        proc = subprocess.Popen([sys.executable, str(EXAMPLE), "--root", str(root), "--steps", "1000000",
-                                 "--save-every", "1000000", "--step-time", "0.01"],
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(EXAMPLE),
+                "--root",
+                str(root),
+                "--steps",
+                "1000000",
+                "--save-every",
+                "1000000",
+                "--step-time",
+                "0.01",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
         assert proc.stdout is not None
         for line in proc.stdout:
             if line.startswith("step 30 "):
