@@ -158,14 +158,52 @@ def test_nothing_verifies_raises_listing_every_checkpoint(tmp_path: Path) -> Non
     save_steps(ck, state, [1, 2])
     corrupt_last_byte(tmp_path / "step-000000000001" / "model.safetensors")
     os.truncate(tmp_path / "step-000000000002" / "model.safetensors", 10)
-    before = snapshot(state)
     with pytest.warns(CheckpointFallbackWarning), pytest.raises(CheckpointCorruptError) as info:
         ck.restore(state)
     assert [s for s, _ in info.value.failures] == [2, 1]
     assert "step 2" in str(info.value)
     assert "step 1" in str(info.value)
-    after = snapshot(state)
-    assert all(torch.equal(before[k], after[k]) for k in before), "a failed restore touched live state"
+
+
+def test_a_mismatch_is_found_before_any_live_tensor_changes(tmp_path: Path) -> None:
+    state = build(hidden=16)
+    advance(state, 2)
+    ck = Checkpointer(str(tmp_path))
+    ck.save(state, 2)
+    other = build(hidden=16, seed=5)
+    other["model"].add_module("head", torch.nn.Linear(2, 2))  # one extra layer: the rest would match
+    before = snapshot(other)
+    with pytest.raises(StateMismatchError):
+        ck.restore(other)
+    after = snapshot(other)
+    assert all(torch.equal(before[k], after[k]) for k in before), "a refused restore touched live state"
+
+
+def test_restore_reads_into_the_live_tensors(tmp_path: Path) -> None:
+    state = build()
+    advance(state, 2)
+    ck = Checkpointer(str(tmp_path))
+    ck.save(state, 2)
+    other = build(seed=9)
+    advance(other, 1)  # its optimizer has state tensors to read into
+    params = {k: v.data_ptr() for k, v in other["model"].state_dict().items()}
+    moments = {
+        (pid, k): v.data_ptr()
+        for pid, st in other["optimizer"].state_dict()["state"].items()
+        for k, v in st.items()
+        if v.dim() > 0
+    }
+    assert ck.restore(other) == 2
+    assert {k: v.data_ptr() for k, v in other["model"].state_dict().items()} == params
+    after = {
+        (pid, k): v.data_ptr()
+        for pid, st in other["optimizer"].state_dict()["state"].items()
+        for k, v in st.items()
+        if v.dim() > 0
+    }
+    assert after == moments, "optimizer moments were reallocated instead of read in place"
+    expected, got = snapshot(state), snapshot(other)
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
 
 
 def test_explicit_step(tmp_path: Path) -> None:

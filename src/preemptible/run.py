@@ -12,10 +12,13 @@ import logging
 import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any
+
+import torch
 
 from preemptible import dist
 from preemptible._version import __version__
@@ -24,9 +27,10 @@ from preemptible.guard import Guard
 from preemptible.journal import Journal
 from preemptible.notice import Clock, Notice, NoticeKind, NoticeSource
 from preemptible.sources import slurm
-from preemptible.state import RNGState, check_state
+from preemptible.state import RNGState, capture, check_state, flatten
 from preemptible.store import layout
-from preemptible.store.checkpointer import Checkpointer, SaveResult
+from preemptible.store.checkpointer import Checkpointer, SaveHandle, SaveResult
+from preemptible.writer import SaveCancelled, deadline_choice
 
 log = logging.getLogger("preemptible")
 
@@ -36,6 +40,9 @@ EXIT_SAVE_FAILED = 75
 """Exit code when the emergency save failed (EX_TEMPFAIL): nothing new committed, the previous checkpoint is
 intact, restart the job."""
 EXIT_CODE_ENV = "PREEMPTIBLE_EXIT_CODE"
+ASSUMED_BANDWIDTH = 100e6
+"""Bytes per second assumed for deadline arithmetic before the first save has measured the storage."""
+PRESTAGE_MARGIN = 0.8
 
 _RNG = "_rng"
 _RUN = "_run"
@@ -59,6 +66,14 @@ class Run:
             ``"ignore"``.
         requeue: SLURM only: ``scontrol requeue`` the job after a successful emergency save. None:
             ``$PREEMPTIBLE_SLURM_REQUEUE``.
+        async_save: periodic saves copy the state into reused staging buffers and write in the background
+            (default True): training stalls only for the copy. Emergency and final saves are always direct.
+        prestage_every: keep the staging buffer refreshed every this many steps (for GPU states and long steps).
+            When a notice leaves too little time for the current step to land, the pre-staged state (at most
+            ``prestage_every - 1`` steps old) is flushed instead, even before the step in progress ends; the
+            journal says so. None: off.
+        bf16_moments: write optimizer moments as bfloat16 (halves optimizer state; lossy: a resumed run is close
+            to, not bit-identical with, an uninterrupted one). Restored into the optimizer's own dtype.
         exit_on_notice: True (default) ends the process after the emergency save; False ends ``steps()``
             instead and leaves ``run.notice`` set, for loops that must do more before exiting.
         guard: a ready `Guard` to use instead of building one from ``sources``/``grace``.
@@ -84,6 +99,9 @@ class Run:
         exit_on_notice: bool = True,
         on_advisory: str = "save",
         requeue: bool | None = None,
+        async_save: bool = True,
+        prestage_every: int | None = None,
+        bf16_moments: bool = False,
         guard: Guard | None = None,
         clock: Clock = time.time,
         monotonic: Callable[[], float] = time.monotonic,
@@ -98,6 +116,8 @@ class Run:
         check_state(state)
         if save_every is not None and save_every < 1:
             raise ValueError(f"expected save_every >= 1 or None, found {save_every}")
+        if prestage_every is not None and prestage_every < 1:
+            raise ValueError(f"expected prestage_every >= 1 or None, found {prestage_every}")
         if save_interval_s is not None and save_interval_s <= 0:
             raise ValueError(f"expected save_interval_s > 0 or None, found {save_interval_s}")
         if on_advisory not in ("save", "stop", "ignore"):
@@ -113,7 +133,15 @@ class Run:
         self._monotonic = monotonic
         self.rank = dist.rank()
         self.journal: Journal | None = None
-        self.checkpointer = Checkpointer(self.root, keep=keep, clock=clock, monotonic=monotonic)
+        self.async_save = async_save
+        self.prestage_every = prestage_every
+        self.checkpointer = Checkpointer(
+            self.root,
+            keep=keep,
+            clock=clock,
+            monotonic=monotonic,
+            moments_dtype=torch.bfloat16 if bf16_moments else None,
+        )
         self.guard = guard if guard is not None else Guard(sources, grace=grace, clock=clock)
         self._meta: dict[str, Any] = {}
         self.state: dict[str, Any] = {**state, _RNG: RNGState(), _RUN: self._meta}
@@ -127,6 +155,8 @@ class Run:
         self._last_save_time = 0.0
         self._entered = False
         self._advisory_done = False
+        self._pending: SaveHandle | None = None
+        self._watcher: _PrestageWatcher | None = None
 
     def __repr__(self) -> str:
         names = [n for n in self.state if not n.startswith("_")]
@@ -149,10 +179,18 @@ class Run:
         self.journal = Journal(self.checkpointer.storage, rank=self.rank, clock=self._clock)
         self.checkpointer.journal = self.journal
         self.guard.start()
+        if self.prestage_every is not None:
+            self._watcher = _PrestageWatcher(self)
+            self._watcher.start()
         self._entered = True
 
     def close(self) -> None:
-        """Remove signal handlers, stop pollers, flush the journal. Idempotent."""
+        """Finish a background save, remove signal handlers, stop pollers, flush the journal. Idempotent."""
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
+        if self._pending is not None:
+            self._reap(block=True)
         self.guard.close()
         if self.journal is not None:
             self.journal.close()
@@ -209,10 +247,14 @@ class Run:
                     if self._advisory(completed):
                         return
                 elif self._periodic_due(completed, total):
-                    self._save(completed, "periodic")
+                    self._save(completed, "periodic", blocking=not self.async_save)
                     if self.guard.should_stop(completed):  # a notice that came during the save
                         self._stop(completed)
                         return
+                elif self.prestage_every is not None and completed % self.prestage_every == 0:
+                    self.checkpointer.prestage(self.state, completed)
+                if self._pending is not None:
+                    self._reap()
             self._finish(total)
         finally:
             if opened_here:
@@ -253,33 +295,64 @@ class Run:
         return self.save_interval_s is not None and self._monotonic() - self._last_save_time >= self.save_interval_s
 
     def _save(
-        self, step: int, reason: str, *, raise_errors: bool = False, deadline: float | None = None
+        self,
+        step: int,
+        reason: str,
+        *,
+        raise_errors: bool = False,
+        deadline: float | None = None,
+        blocking: bool = True,
     ) -> SaveResult | None:
         self._meta.clear()
         self._meta.update({"step": step, "saved_by": __version__})
         try:
-            result = self.checkpointer.save(self.state, step, reason=reason, deadline=deadline).wait()
+            handle = self.checkpointer.save(self.state, step, reason=reason, deadline=deadline, blocking=blocking)
+            self._last_save_time = self._monotonic()
+            if not handle.done():
+                self._pending = handle
+                return None
+            result = handle.wait()
         except (OSError, PreemptibleError) as e:
             if raise_errors:
                 raise
             log.warning("[rank=%d] %s save of step %d failed, training continues: %s", self.rank, reason, step, e)
             return None
-        self._last_save_time = self._monotonic()
+        self._report(result, reason)
+        return result
+
+    def _reap(self, *, block: bool = False) -> None:
+        """Collect a finished background save: log it, or warn if it failed (training goes on)."""
+        handle = self._pending
+        if handle is None or (not block and not handle.done()):
+            return
+        self._pending = None
+        try:
+            result = handle.wait()
+        except SaveCancelled:
+            return
+        except (OSError, PreemptibleError) as e:
+            log.warning(
+                "[rank=%d] background save of step %d failed, training continues: %s", self.rank, handle.step, e
+            )
+            return
+        self._report(result, "background")
+
+    def _report(self, result: SaveResult, reason: str) -> None:
         self.last_save = result
         if not result.skipped:
             log.info(
                 "[rank=%d] %s checkpoint of step %d committed: %.1f MB in %.2f s (%.0f MB/s)",
                 self.rank,
                 reason,
-                step,
+                result.step,
                 result.bytes / 1e6,
                 result.seconds,
                 result.throughput / 1e6,
             )
-        return result
 
     def _finish(self, total: int) -> None:
         assert self.journal is not None
+        self._reap(block=True)
         self._save(total, "final", raise_errors=True)
         storage = self.checkpointer.storage
         doc = f'{{"step": {total}, "finished": "{layout.now_iso(self._clock())}"}}\n'.encode()
@@ -317,6 +390,81 @@ class Run:
             return True
         return False
 
+    def _state_bytes(self) -> int:
+        if self.last_save is not None and self.last_save.bytes:
+            return self.last_save.bytes
+        return flatten(capture(self.state)).tensor_bytes
+
+    def _settle_inflight(self, completed: int) -> None:
+        """A background save is writing when the notice comes: finish it or abandon it, by deadline arithmetic."""
+        assert self.journal is not None
+        handle = self._pending or self.checkpointer.inflight
+        if handle is not None and self._watcher is not None and handle is self._watcher.handle:
+            return  # the pre-staged flush the watcher started: _flush_prestaged waits for it
+        if handle is None or handle.done():
+            self._reap(block=True)
+            return
+        choice = deadline_choice(
+            remaining_s=self.guard.remaining(),
+            inflight_left_bytes=handle.bytes_left,
+            emergency_bytes=self._state_bytes(),
+            bandwidth=self.checkpointer.bandwidth or handle.progress.rate() or ASSUMED_BANDWIDTH,
+        )
+        self.journal.event(
+            "inflight",
+            completed,
+            saving=handle.step,
+            choice=choice,
+            bytes_left=handle.bytes_left,
+            remaining_s=self.guard.remaining(),
+        )
+        if choice == "abandon":
+            handle.cancel()
+        self._pending = handle
+        self._reap(block=True)
+
+    def _flush_prestaged(self, completed: int) -> bool:
+        """Land the pre-staged state instead of the current step when the current step cannot land in time."""
+        assert self.journal is not None
+        if self.prestage_every is None:
+            return False
+        handle = self._watcher.handle if self._watcher is not None else None
+        staged = self.checkpointer.staging.current
+        why = "the watcher started it before the step in progress ended"
+        if handle is None:
+            remaining = self.guard.remaining()
+            bw = self.checkpointer.bandwidth or ASSUMED_BANDWIDTH
+            if staged is None or staged.step is None or remaining is None or staged.step >= completed:
+                return False
+            current_s = self._state_bytes() / bw
+            if current_s <= PRESTAGE_MARGIN * remaining:
+                return False
+            why = f"the current step needs about {current_s:.1f} s, {remaining:.1f} s are left"
+            handle = self.checkpointer.flush_staged(reason="prestaged", deadline=self._clock() + remaining)
+            if handle is None:
+                return False
+        try:
+            result = handle.wait()
+        except (OSError, PreemptibleError) as e:
+            log.error("[rank=%d] flushing the pre-staged step %d failed: %s", self.rank, handle.step, e)
+            return False
+        self.journal.event(
+            "prestaged_flush",
+            completed,
+            landed=result.step,
+            instead_of=completed,
+            why=why,
+            steps_lost=completed - result.step,
+        )
+        log.warning(
+            "[rank=%d] flushed the pre-staged step %d instead of step %d (%s)", self.rank, result.step, completed, why
+        )
+        self._report(result, "pre-staged")
+        remaining = self.guard.remaining()
+        bw = self.checkpointer.bandwidth or ASSUMED_BANDWIDTH
+        # Time left after all: land the current step too (False); else stop with the pre-staged one.
+        return remaining is None or self._state_bytes() / bw > PRESTAGE_MARGIN * remaining
+
     def _exit_code(self) -> int:
         if self.exit_code is not None:
             return self.exit_code
@@ -345,7 +493,12 @@ class Run:
         )
         code = self._exit_code()
         saved = True
-        if completed in (0, self.resumed_from):
+        if self._watcher is not None:
+            self._watcher.at_boundary()
+        self._settle_inflight(completed)
+        if self._flush_prestaged(completed):
+            pass  # the journal says which step landed and why
+        elif completed in (0, self.resumed_from):
             self.journal.event(
                 "save_skipped", completed, reason="emergency", why="nothing new since the last checkpoint"
             )
@@ -385,6 +538,52 @@ class Run:
     def _requeue_wanted(self) -> bool:
         wanted = self.requeue if self.requeue is not None else slurm.requeue_wanted()
         return wanted and self.guard.platform.scheduler == "slurm"
+
+
+class _PrestageWatcher:
+    """Flushes the pre-staged state when a notice leaves no time to wait for the step in progress.
+
+    Runs in ``preemptible-prestage-watch`` (daemonic: it only ever starts a save, which runs in its own
+    non-daemonic writer thread). After a notice it waits for the main thread to reach the boundary; once
+    waiting longer would leave less time than the flush needs, it starts the flush itself.
+    """
+
+    def __init__(self, run: Run) -> None:
+        self._run = run
+        self._stop = threading.Event()
+        self._boundary = threading.Event()
+        self.handle: SaveHandle | None = None
+        self._thread = threading.Thread(target=self._watch, name="preemptible-prestage-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def at_boundary(self) -> None:
+        """The main thread reached the boundary: from here it decides. Waits for a decision in flight."""
+        self._boundary.set()
+        self._thread.join(5)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._boundary.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(5)
+
+    def _watch(self) -> None:
+        run = self._run
+        while not self._stop.is_set() and not self._boundary.is_set():
+            if run.guard.board.event.wait(0.1):
+                break
+        while not self._stop.is_set() and not self._boundary.is_set():
+            staged = run.checkpointer.staging.current
+            remaining = run.guard.remaining()
+            if staged is None or staged.step is None or remaining is None:
+                return
+            flush_s = staged.nbytes / (run.checkpointer.bandwidth or ASSUMED_BANDWIDTH)
+            if flush_s >= PRESTAGE_MARGIN * remaining:
+                self.handle = run.checkpointer.flush_staged(reason="prestaged", deadline=run._clock() + remaining)
+                return
+            self._boundary.wait(0.02)
 
 
 def _ensure_log_handler() -> None:

@@ -103,10 +103,39 @@ class FlatState:
     tree: Any
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     numpy: set[str] = field(default_factory=set)
+    stored: dict[str, torch.dtype] = field(default_factory=dict)
+    """Tensors written in another dtype than they live in (bf16 optimizer moments), by name."""
+
+    def stored_dtype(self, name: str) -> torch.dtype:
+        return self.stored.get(name, self.tensors[name].dtype)
 
     @property
     def tensor_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+        """Bytes of tensor data as written (after any cast)."""
+        return sum(t.numel() * _itemsize(self.stored_dtype(n)) for n, t in self.tensors.items())
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+MOMENT_DTYPES = (torch.float32, torch.float64)
+
+
+def cast_moments(state: Mapping[str, Any], flat: FlatState, dtype: torch.dtype) -> int:
+    """Mark every optimizer moment (a float tensor with one or more dimensions under ``<optimizer>/state/``) to be
+    written as ``dtype``. Returns the bytes saved. Restore casts them back into the optimizer's own dtype.
+
+    Lossy by design: bf16 keeps 8 bits of mantissa, so a restored ``exp_avg_sq`` differs from the saved one in
+    its low bits and the resumed run is no longer bit-identical (it stays statistically equivalent).
+    """
+    prefixes = tuple(f"{n}/state/" for n, obj in state.items() if isinstance(obj, torch.optim.Optimizer))
+    saved = 0
+    for name, t in flat.tensors.items():
+        if name.startswith(prefixes) and t.dtype in MOMENT_DTYPES and t.dim() > 0 and name not in flat.numpy:
+            flat.stored[name] = dtype
+            saved += t.numel() * (t.element_size() - _itemsize(dtype))
+    return saved
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.\-/]")

@@ -12,11 +12,14 @@ import errno
 import json
 import logging
 import shutil
+import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from preemptible import dist
 from preemptible.errors import (
@@ -27,14 +30,29 @@ from preemptible.errors import (
 )
 from preemptible.journal import Journal
 from preemptible.notice import Clock
-from preemptible.state import RNGState, apply, capture, check_state, differences, flatten, unflatten
-from preemptible.store import checksum, layout, retention
+from preemptible.state import (
+    FlatState,
+    RNGState,
+    apply,
+    capture,
+    cast_moments,
+    check_state,
+    differences,
+    flatten,
+    unflatten,
+)
+from preemptible.store import checksum, layout, retention, tagged_json
 from preemptible.store import format as tensor_format
 from preemptible.store.io import FileTooLargeError, Storage, storage_for
 from preemptible.store.layout import CheckpointInfo, FileRecord, Manifest
 from preemptible.writer import (
     DEFAULT_MAX_FILE_BYTES,
     DEFAULT_THREADS,
+    FileSpec,
+    Progress,
+    SaveCancelled,
+    Staged,
+    Staging,
     plan_files,
     state_json,
     write_bytes,
@@ -45,6 +63,52 @@ log = logging.getLogger("preemptible")
 
 STALE_AFTER_S = 15 * 60
 """Uncommitted leftovers younger than this may belong to a machine still inside its notice window."""
+
+
+@dataclass
+class _Job:
+    """One save on its way: what it writes and what it has measured so far."""
+
+    step: int
+    path: str
+    reason: str
+    start: float
+    extra: dict[str, Any]
+    budget: float | None
+    deadline: float | None
+    progress: Progress
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Opened:
+    """A committed checkpoint whose manifest, state.json and tensor headers have been read and checked."""
+
+    step: int
+    directory: str
+    manifest: Manifest
+    tree: Any = None
+    numpy: set[str] = field(default_factory=set)
+    casts: dict[str, torch.dtype] = field(default_factory=dict)
+    entries: dict[str, tensor_format.Entry] = field(default_factory=dict)
+
+    def bad(self, why: str) -> CheckpointCorruptError:
+        return CheckpointCorruptError(
+            f"checkpoint of step {self.step} at {self.directory}: {why}", path=self.directory, step=self.step
+        )
+
+
+def _placeholder(meta: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
+    if name not in meta:
+        raise CheckpointCorruptError(f"state.json refers to tensor {name!r}, which no tensor file holds", path=name)
+    return meta[name]
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return dtype
 
 
 class CheckpointFallbackWarning(UserWarning):
@@ -78,25 +142,61 @@ class SaveResult:
 
 
 class SaveHandle:
-    """A save in progress or done: ``done()``, ``wait()`` (re-raises the save's own exception)."""
+    """A save in progress or done.
 
-    def __init__(self, step: int, *, result: SaveResult | None = None, error: BaseException | None = None) -> None:
+    ``done()`` never blocks; ``wait()`` blocks until the save has committed (or failed) and returns its
+    `SaveResult`, re-raising the save's own exception (same type, same object) if it failed. ``cancel()`` abandons
+    an asynchronous save that has not committed yet (it then raises `SaveCancelled` from ``wait()``).
+    """
+
+    def __init__(
+        self,
+        step: int,
+        *,
+        result: SaveResult | None = None,
+        error: BaseException | None = None,
+        progress: Progress | None = None,
+    ) -> None:
         self.step = step
         self._result = result
         self._error = error
+        self._thread: threading.Thread | None = None
+        self.progress = progress or Progress()
+        self.asynchronous = False
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else f"writing {self.progress.done}/{self.progress.total} bytes"
+        return f"SaveHandle(step={self.step}, {state})"
 
     def done(self) -> bool:
-        return self._result is not None or self._error is not None
+        return self._thread is None or not self._thread.is_alive()
 
     def wait(self, timeout: float | None = None) -> SaveResult:
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise TimeoutError(f"the save of step {self.step} is still writing after {timeout} s")
         if self._error is not None:
             raise self._error
         assert self._result is not None
         return self._result
 
+    def cancel(self) -> bool:
+        """Abandon the save if it has not committed; True if it was still running."""
+        self.progress.cancelled.set()
+        return not self.done()
+
     @property
     def result(self) -> SaveResult | None:
         return self._result
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._error
+
+    @property
+    def bytes_left(self) -> int:
+        return max(0, self.progress.total - self.progress.done) if not self.done() else 0
 
 
 class Checkpointer:
@@ -109,7 +209,14 @@ class Checkpointer:
         threads: writer threads for tensor files.
         max_file_bytes: split tensor files larger than this.
         stale_after_s: uncommitted leftovers older than this are deleted; younger ones are left alone.
+        moments_dtype: write optimizer moments in this dtype (``torch.bfloat16`` halves them; lossy, opt-in);
+            restore casts them back into the optimizer's own dtype.
+        storage: a ready `Storage` (instead of one chosen from ``root``), e.g. a fault-injecting subclass.
         clock: epoch seconds. monotonic: a monotonic clock for durations.
+
+    Attributes:
+        bandwidth: bytes per second of recent saves (write phase), or None before the first; used for deadline
+            arithmetic.
     """
 
     def __init__(
@@ -122,6 +229,8 @@ class Checkpointer:
         max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
         stale_after_s: float = STALE_AFTER_S,
         storage_options: dict[str, Any] | None = None,
+        moments_dtype: torch.dtype | None = None,
+        storage: Storage | None = None,
         clock: Clock = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -129,7 +238,7 @@ class Checkpointer:
             raise ValueError(
                 f"expected keep >= 2 (the previous checkpoint must stay until the newest has validated), found {keep}"
             )
-        self.storage: Storage = storage_for(root, storage_options)
+        self.storage: Storage = storage if storage is not None else storage_for(root, storage_options)
         self.root = self.storage.root
         self.keep = keep
         self.journal = journal
@@ -139,6 +248,10 @@ class Checkpointer:
         self._clock = clock
         self._monotonic = monotonic
         self._writing: set[int] = set()
+        self.moments_dtype = moments_dtype
+        self.bandwidth: float | None = None
+        self._inflight: SaveHandle | None = None
+        self._staging: Staging | None = None
 
     def __repr__(self) -> str:
         return f"Checkpointer({self.root!r}, keep={self.keep})"
@@ -230,90 +343,274 @@ class Checkpointer:
     ) -> SaveHandle:
         """Write ``state`` as the checkpoint of ``step`` and commit it.
 
+        ``blocking=True`` writes straight from the live tensors (training must not change them meanwhile: this
+        is the emergency path) and returns a finished handle. ``blocking=False`` copies the state into the reused
+        staging buffers (the only stall) and writes in the background thread ``preemptible-writer``; the live
+        objects may change as soon as it returns. One asynchronous save runs at a time: a new one first waits
+        for the previous one.
+
         A step that is already committed is not written again (``SaveResult.skipped``). Uncommitted leftovers of
         the same step are removed first.
 
         Args:
             state: names to stateful objects or dicts (see `preemptible.state`).
             step: completed steps (the next step to run after a restore).
-            blocking: only True is supported by this version; the save is finished when this returns.
+            blocking: see above.
             reason: recorded in the journal: ``periodic``, ``emergency``, ``final``, ``manual``.
             deadline: epoch seconds by which the save must be durable, for the journal's budget figures.
             extra: additional JSON keys for COMMIT.json.
 
         Raises:
-            SaveError: an I/O failure (disk full, permission); nothing was committed.
+            SaveError: an I/O failure (disk full, permission); nothing was committed. From ``wait()`` when async.
             UnsupportedStateError: a leaf that cannot be stored, naming its key.
         """
-        if not blocking:
-            raise NotImplementedError(
-                "blocking=False needs the staging writer, which this version does not have; use blocking=True"
-            )
         check_state(state)
         start = self._monotonic()
         path = self.path_of(step)
+        self._wait_inflight(reason)
         if self.is_committed(step):
             self._event("save_skipped", step, reason=reason, why="already committed")
             return SaveHandle(step, result=SaveResult(step=step, path=path, bytes=0, seconds=0.0, skipped=True))
+        flat = flatten(capture(state))
+        if self.moments_dtype is not None:
+            cast_moments(state, flat, self.moments_dtype)
+        specs = plan_files(flat, threads=self.threads, max_file_bytes=self.max_file_bytes)
         budget = deadline - self._clock() if deadline is not None else None
-        self._event("save_started", step, reason=reason, budget_s=budget)
-        self._writing.add(step)
+        if not blocking:
+            return self._save_async(
+                flat, specs, step=step, path=path, start=start, reason=reason, budget=budget, extra=dict(extra or {})
+            )
+        self._event("save_started", step, reason=reason, budget_s=budget, bytes=flat.tensor_bytes)
+        job = _Job(
+            step=step,
+            path=path,
+            reason=reason,
+            start=start,
+            extra=dict(extra or {}),
+            budget=budget,
+            deadline=deadline,
+            progress=Progress(total=flat.tensor_bytes),
+        )
+        job.timings["capture"] = self._monotonic() - start
+        result = self._write_and_commit(job, specs, state_json(flat), blobs=None)
+        return SaveHandle(step, result=result, progress=job.progress)
+
+    def _wait_inflight(self, reason: str) -> None:
+        handle = self._inflight
+        if handle is None:
+            return
+        if not handle.done():
+            log.info(
+                "%s save waits for the background save of step %d to finish (saves come faster than storage "
+                "absorbs them; consider a larger save_every)",
+                reason,
+                handle.step,
+            )
+        with contextlib.suppress(Exception):  # its failure belongs to its own handle
+            handle.wait()
+        self._inflight = None
+
+    @property
+    def inflight(self) -> SaveHandle | None:
+        """The asynchronous save still writing, or None."""
+        handle = self._inflight
+        return handle if handle is not None and not handle.done() else None
+
+    def _save_async(
+        self,
+        flat: FlatState,
+        specs: list[FileSpec],
+        *,
+        step: int,
+        path: str,
+        start: float,
+        reason: str,
+        budget: float | None,
+        extra: dict[str, Any],
+    ) -> SaveHandle:
+        staging = self.staging
+        staging.busy.acquire()
         try:
-            result = self._write(state, step, path, start, extra or {})
-        except BaseException as e:
-            self._abandon(path)
-            self._event("save_failed", step, reason=reason, error=f"{type(e).__name__}: {e}")
-            if isinstance(e, OSError) and not isinstance(e, SaveError):
-                raise self._save_error(e, step, path) from e
+            staged = staging.stage(flat, specs, step=step)
+        except BaseException:
+            staging.busy.release()
             raise
-        finally:
-            self._writing.discard(step)
-        remaining = deadline - self._clock() if deadline is not None else None
+        job = _Job(
+            step=step,
+            path=path,
+            reason=reason,
+            start=start,
+            extra=extra,
+            budget=budget,
+            deadline=None,
+            progress=Progress(total=staged.nbytes),
+        )
+        job.timings["capture"] = self._monotonic() - start
+        job.timings["stall"] = job.timings["capture"]
         self._event(
-            "save_committed",
+            "save_started",
             step,
             reason=reason,
+            budget_s=budget,
+            bytes=staged.nbytes,
+            asynchronous=True,
+            stall_s=round(job.timings["stall"], 6),
+        )
+        return self._spawn(job, staged)
+
+    def _spawn(self, job: _Job, staged: Staged) -> SaveHandle:
+        """Write ``staged`` in the background; the caller holds ``staging.busy``, released when writing ends."""
+        handle = SaveHandle(job.step, progress=job.progress)
+        handle.asynchronous = True
+
+        def body() -> None:
+            try:
+                handle._result = self._write_and_commit(job, staged.specs, staged.state_json, blobs=staged.blobs)
+            except BaseException as e:
+                handle._error = e
+            finally:
+                self.staging.busy.release()
+
+        handle._thread = threading.Thread(target=body, name="preemptible-writer")
+        handle._thread.start()
+        self._inflight = handle
+        return handle
+
+    def _write_and_commit(
+        self, job: _Job, specs: list[FileSpec], state_doc: bytes, *, blobs: dict[str, memoryview] | None
+    ) -> SaveResult:
+        self._writing.add(job.step)
+        try:
+            result = self._write(job, specs, state_doc, blobs)
+        except BaseException as e:
+            self._abandon(job.path)
+            if isinstance(e, SaveCancelled):
+                self._event("save_abandoned", job.step, reason=job.reason, written=job.progress.done)
+                raise
+            self._event("save_failed", job.step, reason=job.reason, error=f"{type(e).__name__}: {e}")
+            if isinstance(e, OSError) and not isinstance(e, SaveError):
+                raise self._save_error(e, job.step, job.path) from e
+            raise
+        finally:
+            self._writing.discard(job.step)
+        write_s = result.timings.get("write", 0.0)
+        if result.bytes and write_s > 0:
+            bw = result.bytes / write_s
+            self.bandwidth = bw if self.bandwidth is None else 0.5 * self.bandwidth + 0.5 * bw
+        remaining = job.deadline - self._clock() if job.deadline is not None else None
+        self._event(
+            "save_committed",
+            job.step,
+            reason=job.reason,
             bytes=result.bytes,
             seconds=round(result.seconds, 6),
             throughput_mb_s=round(result.throughput / 1e6, 3),
             timings={k: round(v, 6) for k, v in result.timings.items()},
-            budget_s=budget,
+            budget_s=job.budget,
             remaining_s=remaining,
         )
         self.rotate()
-        return SaveHandle(step, result=result)
+        return result
 
     def _write(
-        self, state: Mapping[str, Any], step: int, path: str, start: float, extra: Mapping[str, Any]
+        self, job: _Job, specs: list[FileSpec], state_doc: bytes, blobs: dict[str, memoryview] | None
     ) -> SaveResult:
-        captured = capture(state)
-        flat = flatten(captured)
-        t_capture = self._monotonic()
-        if self.storage.exists(path):
-            log.info("removing uncommitted leftovers of step %d at %s before writing it again", step, path)
-            self.storage.remove_tree(path)
-        self.storage.makedirs(path)
+        t0 = self._monotonic()
+        if self.storage.exists(job.path):
+            log.info("removing uncommitted leftovers of step %d at %s before writing it again", job.step, job.path)
+            self.storage.remove_tree(job.path)
+        self.storage.makedirs(job.path)
         self.storage.sync_dir(self.root)
-        specs = plan_files(flat, max_file_bytes=self.max_file_bytes)
-        records: dict[str, FileRecord] = write_files(self.storage, path, specs, threads=self.threads)
-        records[layout.STATE] = write_bytes(self.storage, path, layout.STATE, state_json(flat))
-        self.storage.sync_dir(path)
+        records: dict[str, FileRecord] = write_files(
+            self.storage, job.path, specs, threads=self.threads, progress=job.progress, blobs=blobs
+        )
+        records[layout.STATE] = write_bytes(self.storage, job.path, layout.STATE, state_doc)
+        self.storage.sync_dir(job.path)
         t_write = self._monotonic()
-        timings = {"capture": t_capture - start, "write": t_write - t_capture, "total": t_write - start}
+        job.progress.add(0)  # last chance to abandon before the commit point
+        timings = dict(job.timings)
+        timings["write"] = t_write - t0
+        timings["total"] = t_write - job.start
         manifest = Manifest(
-            step=step,
+            step=job.step,
             created=layout.now_iso(self._clock()),
             world_size=dist.world_size(),
             checksum_algorithm=checksum.ALGORITHM,
             files=records,
             timings={k: round(v, 6) for k, v in timings.items()},
-            extra=dict(extra),
+            predicted_save_s=job.extra.pop("predicted_save_s", None),
+            extra=job.extra,
         )
-        self.storage.publish(self._commit_path(step), manifest.to_json())
+        self.storage.publish(self._commit_path(job.step), manifest.to_json())
         end = self._monotonic()
         timings["commit"] = end - t_write
-        timings["total"] = end - start
-        return SaveResult(step=step, path=path, bytes=manifest.total_bytes, seconds=end - start, timings=timings)
+        timings["total"] = end - job.start
+        return SaveResult(
+            step=job.step, path=job.path, bytes=manifest.total_bytes, seconds=end - job.start, timings=timings
+        )
+
+    # staging and pre-staging ----------------------------------------------------------------------------------
+    @property
+    def staging(self) -> Staging:
+        if self._staging is None:
+            self._staging = Staging()
+        return self._staging
+
+    def prestage(self, state: Mapping[str, Any], step: int) -> bool:
+        """Copy ``state`` into the staging buffer without writing it (for a later `flush_staged`).
+
+        Returns False (and does nothing) while a background save is still writing from the buffer: the buffer
+        then holds that save's step, which is as recent.
+        """
+        staging = self.staging
+        if not staging.busy.acquire(blocking=False):
+            return False
+        try:
+            flat = flatten(capture(state))
+            if self.moments_dtype is not None:
+                cast_moments(state, flat, self.moments_dtype)
+            staging.stage(flat, plan_files(flat, threads=self.threads, max_file_bytes=self.max_file_bytes), step=step)
+        finally:
+            staging.busy.release()
+        return True
+
+    def flush_staged(self, *, reason: str = "prestaged", deadline: float | None = None) -> SaveHandle | None:
+        """Write what the staging buffer holds as the checkpoint of its step, in the background.
+
+        Returns None when the buffer is empty, or its step is already committed or being written.
+        """
+        staging = self.staging
+        staged = staging.current
+        if staged is None or staged.step is None or self.is_committed(staged.step):
+            return None
+        inflight = self.inflight
+        if inflight is not None and inflight.step == staged.step:
+            return inflight
+        staging.busy.acquire()
+        staged = staging.current
+        assert staged is not None
+        assert staged.step is not None
+        budget = deadline - self._clock() if deadline is not None else None
+        job = _Job(
+            step=staged.step,
+            path=self.path_of(staged.step),
+            reason=reason,
+            start=self._monotonic(),
+            extra={},
+            budget=budget,
+            deadline=deadline,
+            progress=Progress(total=staged.nbytes),
+        )
+        self._event(
+            "save_started",
+            staged.step,
+            reason=reason,
+            budget_s=budget,
+            bytes=staged.nbytes,
+            asynchronous=True,
+            staged_at=layout.now_iso(staged.staged_at),
+        )
+        return self._spawn(job, staged)
 
     def _abandon(self, path: str) -> None:
         try:
@@ -375,19 +672,25 @@ class Checkpointer:
         return stale
 
     # loading -----------------------------------------------------------------------------------------------
-    def load(self, step: int) -> dict[str, Any]:
-        """Read and fully verify checkpoint ``step`` into fresh objects (nothing live is touched).
+    def load(self, step: int, *, into: Mapping[str, torch.Tensor] | None = None) -> dict[str, Any]:
+        """Read and fully verify checkpoint ``step``.
+
+        Args:
+            into: optional live tensors by stored name (``model/fc.weight``): each one whose dtype and shape match
+                and that is a contiguous CPU tensor is read into directly, without a fresh allocation.
 
         Raises:
             CheckpointNotFoundError: no committed checkpoint of that step.
             CheckpointCorruptError: anything fails verification, naming the file and the reason.
         """
+        return self._read(self._open(step), into)
+
+    def _open(self, step: int) -> _Opened:
+        """Everything but the tensor data: manifest, file sizes, state.json, tensor headers. Cheap."""
         manifest = self._manifest(step)
         directory = self.path_of(step)
-
-        def bad(why: str) -> CheckpointCorruptError:
-            return CheckpointCorruptError(f"checkpoint of step {step} at {directory}: {why}", path=directory, step=step)
-
+        opened = _Opened(step=step, directory=directory, manifest=manifest)
+        bad = opened.bad
         if manifest.checksum_algorithm != checksum.ALGORITHM:
             raise bad(
                 f"checksum algorithm {manifest.checksum_algorithm!r} is unknown here (expected "
@@ -402,39 +705,93 @@ class Checkpointer:
             size = self.storage.size(p)
             if size != rec.bytes:
                 raise bad(f"file {name} is {size} bytes, COMMIT.json records {rec.bytes} (truncated or replaced)")
-        tensors: dict[str, Any] = {}
+        rec = manifest.files[layout.STATE]
+        raw = self.storage.read_bytes(self.storage.join(directory, layout.STATE), max(rec.bytes, 0))
+        found = checksum.of_bytes(raw)
+        if found != rec.checksum:
+            raise bad(f"{layout.STATE} checksum mismatch: COMMIT.json records {rec.checksum}, file hashes to {found}")
+        try:
+            doc = json.loads(raw)
+            opened.tree, opened.numpy = doc["tree"], set(doc.get("numpy", []))
+            opened.casts = {str(n): _dtype(str(d)) for n, d in (doc.get("casts") or {}).items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise bad(f"{layout.STATE} is not a preemptible state document ({e})") from e
         for name, rec in manifest.files.items():
             if not name.endswith(layout.TENSOR_SUFFIX):
                 continue
             p = self.storage.join(directory, name)
             stream = self.storage.open_read(p)
             try:
-                part = tensor_format.read(stream, rec.bytes, where=p, expected_checksum=rec.checksum)
+                entries = tensor_format.read_header(stream, rec.bytes, where=p)
             except CheckpointCorruptError as e:
                 raise bad(str(e)) from e
             finally:
                 stream.close()
-            clash = tensors.keys() & part.keys()
-            if clash:
-                raise bad(f"tensor {sorted(clash)[0]!r} appears in more than one file")
-            tensors.update(part)
-        rec = manifest.files[layout.STATE]
-        p = self.storage.join(directory, layout.STATE)
-        raw = self.storage.read_bytes(p, max(rec.bytes, 0))
-        found = checksum.of_bytes(raw)
-        if found != rec.checksum:
-            raise bad(f"{layout.STATE} checksum mismatch: COMMIT.json records {rec.checksum}, file hashes to {found}")
+            for entry in entries:
+                if entry.name in opened.entries:
+                    raise bad(f"tensor {entry.name!r} appears in more than one file")
+                opened.entries[entry.name] = entry
+        return opened
+
+    def _skeleton(self, opened: _Opened) -> dict[str, Any]:
+        """The stored state with shape-and-dtype placeholders (meta tensors) instead of data."""
+        meta = {
+            n: torch.empty(e.shape, dtype=opened.casts.get(n, e.dtype), device="meta")
+            for n, e in opened.entries.items()
+        }
         try:
-            doc = json.loads(raw)
-            tree, numpy_names = doc["tree"], set(doc.get("numpy", []))
-        except (ValueError, KeyError, TypeError) as e:
-            raise bad(f"{layout.STATE} is not a preemptible state document ({e})") from e
-        try:
-            loaded = unflatten(tree, tensors, numpy_names)
+            tree = tagged_json.decode(opened.tree, lambda name, is_numpy: _placeholder(meta, name))
         except CheckpointCorruptError as e:
-            raise bad(str(e)) from e
+            raise opened.bad(str(e)) from e
+        if not isinstance(tree, dict):
+            raise opened.bad(f"{layout.STATE} holds a {type(tree).__name__}, expected an object of state entries")
+        return tree
+
+    def _read(self, opened: _Opened, into: Mapping[str, torch.Tensor] | None) -> dict[str, Any]:
+        into = into or {}
+
+        def target(e: tensor_format.Entry) -> torch.Tensor | None:
+            t = into.get(e.name)
+            if (
+                t is not None
+                and t.dtype == e.dtype
+                and tuple(t.shape) == e.shape
+                and t.device.type == "cpu"
+                and t.is_contiguous()
+                and type(t) in (torch.Tensor, torch.nn.Parameter)
+            ):
+                return t.detach()
+            return None
+
+        tensors: dict[str, torch.Tensor] = {}
+        for name, rec in opened.manifest.files.items():
+            if not name.endswith(layout.TENSOR_SUFFIX):
+                continue
+            p = self.storage.join(opened.directory, name)
+            stream = self.storage.open_read(p)
+            try:
+                tensors.update(
+                    tensor_format.read(stream, rec.bytes, where=p, expected_checksum=rec.checksum, into=target)
+                )
+            except CheckpointCorruptError as e:
+                raise opened.bad(str(e)) from e
+            finally:
+                stream.close()
+        for name, dtype in opened.casts.items():  # bf16 moments back into the optimizer's own dtype
+            stored = tensors.get(name)
+            if stored is None:
+                raise opened.bad(f"state.json casts tensor {name!r}, which no tensor file holds")
+            live = into.get(name)
+            if live is not None and live.dtype == dtype and live.shape == stored.shape:
+                tensors[name] = live.detach().copy_(stored)
+            else:
+                tensors[name] = stored.to(dtype)
+        try:
+            loaded = unflatten(opened.tree, tensors, opened.numpy)
+        except CheckpointCorruptError as e:
+            raise opened.bad(str(e)) from e
         if not isinstance(loaded, dict):
-            raise bad(f"{layout.STATE} holds a {type(loaded).__name__}, expected an object of state entries")
+            raise opened.bad(f"{layout.STATE} holds a {type(loaded).__name__}, expected an object of state entries")
         return loaded
 
     def verify(self, step: int) -> CheckpointInfo:
@@ -458,8 +815,11 @@ class Checkpointer:
         """Load the newest committed checkpoint that verifies into ``state``, in place.
 
         Every entry of ``state`` must be in the checkpoint (extra entries in the checkpoint are ignored), with
-        matching tensor keys, shapes and dtypes. A checkpoint that fails verification is skipped with a
-        `CheckpointFallbackWarning`, and the next newest is tried.
+        matching tensor keys, shapes and dtypes; that is checked from the headers before a single live byte
+        changes. Tensor data is then read straight into the live tensors where dtype and shape match (no fresh
+        allocation), verifying every checksum on the way. A checkpoint that fails verification is skipped with a
+        `CheckpointFallbackWarning` and the next newest is read over it. If none verifies, the live objects may
+        hold part of a rejected checkpoint: do not train on them.
 
         Args:
             state: names to stateful objects or dicts, as given to `save`.
@@ -488,10 +848,13 @@ class Checkpointer:
         if not candidates:
             return None
         failures: list[tuple[int, str]] = []
+        live = flatten(capture(state)).tensors
         for candidate in candidates:
             t0 = self._monotonic()
             try:
-                loaded = self.load(candidate)
+                opened = self._open(candidate)
+                self._check_fits(state, self._skeleton(opened), candidate)  # before a single byte changes
+                loaded = self._read(opened, live)
             except CheckpointCorruptError as e:
                 failures.append((candidate, str(e)))
                 self._event("checkpoint_invalid", candidate, error=str(e))
@@ -503,7 +866,6 @@ class Checkpointer:
                     stacklevel=2,
                 )
                 continue
-            self._check_fits(state, loaded, candidate)
             apply(state, loaded)
             self._mark_valid(candidate, by="restore")
             self._event(

@@ -12,6 +12,7 @@ size and the dtype/shape, and reads into tensors it allocates itself (or into on
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import struct
@@ -59,10 +60,6 @@ class Source(Protocol):
     def readinto(self, buffer: memoryview) -> int: ...
 
 
-def itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
 def check_dtype(tensor: torch.Tensor, key: str) -> None:
     if tensor.dtype not in DTYPES:
         raise UnsupportedStateError(
@@ -102,13 +99,18 @@ class Entry:
         return self.end - self.begin
 
 
-def layout(items: Sequence[tuple[str, torch.Tensor]]) -> list[Entry]:
-    """Order tensors by decreasing item size (so each lands aligned to its dtype) and assign offsets."""
-    ordered = sorted(items, key=lambda kv: -kv[1].element_size())
+def layout(items: Sequence[tuple[str, torch.Tensor]], stored: Mapping[str, torch.dtype] | None = None) -> list[Entry]:
+    """Order tensors by decreasing item size (so each lands aligned to its dtype) and assign offsets.
+
+    ``stored`` gives the dtype a tensor is written in when it differs from its own (bf16 moments).
+    """
+    stored = stored or {}
+    typed = [(name, t, stored.get(name, t.dtype)) for name, t in items]
+    ordered = sorted(typed, key=lambda x: -itemsize(x[2]))
     entries, offset = [], 0
-    for name, t in ordered:
-        n = t.numel() * t.element_size()
-        entries.append(Entry(name, t.dtype, tuple(t.shape), offset, offset + n))
+    for name, t, dtype in ordered:
+        n = t.numel() * itemsize(dtype)
+        entries.append(Entry(name, dtype, tuple(t.shape), offset, offset + n))
         offset += n
     return entries
 
@@ -124,9 +126,9 @@ def header_bytes(entries: Iterable[Entry], metadata: Mapping[str, str] | None = 
     return struct.pack("<Q", len(raw)) + raw
 
 
-def file_size(items: Sequence[tuple[str, torch.Tensor]], metadata: Mapping[str, str] | None = None) -> int:
-    entries = layout(items)
-    return len(header_bytes(entries, metadata)) + (entries[-1].end if entries else 0)
+@functools.cache
+def itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
 
 
 def write(
@@ -134,30 +136,47 @@ def write(
     items: Sequence[tuple[str, torch.Tensor]],
     metadata: Mapping[str, str] | None = None,
     *,
+    stored: Mapping[str, torch.dtype] | None = None,
+    blob: memoryview | None = None,
     chunk: int = CHUNK_BYTES,
 ) -> tuple[int, str]:
-    """Stream a safetensors file of ``items`` to ``sink``, each tensor from its own memory.
+    """Stream a safetensors file of ``items`` to ``sink``, hashing on the way.
 
-    CPU tensors that are contiguous are written without any copy; others are copied one at a time.
+    Without ``blob`` each tensor is written from its own memory: a contiguous CPU tensor without any copy, others
+    (GPU, strided, or cast to a ``stored`` dtype) through a temporary of that one tensor. With ``blob``, the
+    tensor data is already laid out in file order in one buffer (a staging arena) and goes out in large writes.
 
     Returns:
         ``(bytes written, checksum)``.
     """
     by_name = dict(items)
-    entries = layout(items)
+    entries = layout(items, stored)
     head = header_bytes(entries, metadata)
     hasher = checksum.new()
     hasher.update(head)
     sink.write(memoryview(head))
     total = len(head)
-    for e in entries:
-        data = byte_view(host(by_name[e.name]))
-        for start in range(0, len(data), chunk):
-            piece = data[start : start + chunk]
-            hasher.update(piece)
-            sink.write(piece)
-        total += len(data)
+    if blob is not None:
+        if len(blob) != (entries[-1].end if entries else 0):
+            raise ValueError(f"staged blob holds {len(blob)} bytes, the layout needs {entries[-1].end}")
+        pieces: Iterable[memoryview] = (blob[s : s + chunk] for s in range(0, len(blob), chunk))
+    else:
+        pieces = _tensor_pieces(entries, by_name, chunk)
+    for piece in pieces:
+        hasher.update(piece)
+        sink.write(piece)
+        total += len(piece)
     return total, hasher.hexdigest()
+
+
+def _tensor_pieces(entries: Sequence[Entry], by_name: Mapping[str, torch.Tensor], chunk: int) -> Iterable[memoryview]:
+    for e in entries:
+        t = by_name[e.name]
+        if t.dtype != e.dtype:
+            t = t.detach().to(device="cpu", dtype=e.dtype)
+        data = byte_view(host(t))
+        for start in range(0, len(data), chunk):
+            yield data[start : start + chunk]
 
 
 # reading ---------------------------------------------------------------------------------------------------
@@ -220,6 +239,26 @@ def parse_header(raw: bytes, *, data_bytes: int, where: str) -> tuple[list[Entry
     return entries, meta
 
 
+def read_header(source: Source, size: int, *, where: str) -> list[Entry]:
+    """Read and check only the header of a file of ``size`` bytes (the stream is left after it)."""
+    entries, _ = _header(source, size, where, None)
+    return entries
+
+
+def _header(source: Source, size: int, where: str, hasher: Any) -> tuple[list[Entry], dict[str, str]]:
+    if size < 8:
+        raise _corrupt(where, f"file is {size} bytes, shorter than the 8-byte header length")
+    head = _read_exact(source, 8, where)
+    (n,) = struct.unpack("<Q", head)
+    if n > MAX_HEADER_BYTES or 8 + n > size:
+        raise _corrupt(where, f"header length {n} is impossible for a file of {size} bytes (limit {MAX_HEADER_BYTES})")
+    raw = _read_exact(source, n, where)
+    if hasher is not None:
+        hasher.update(head)
+        hasher.update(raw)
+    return parse_header(raw, data_bytes=size - 8 - n, where=where)
+
+
 def read(
     source: Source,
     size: int,
@@ -239,16 +278,7 @@ def read(
         CheckpointCorruptError: truncated, malformed, or checksum mismatch.
     """
     hasher = checksum.new()
-    if size < 8:
-        raise _corrupt(where, f"file is {size} bytes, shorter than the 8-byte header length")
-    head = _read_exact(source, 8, where)
-    (n,) = struct.unpack("<Q", head)
-    if n > MAX_HEADER_BYTES or 8 + n > size:
-        raise _corrupt(where, f"header length {n} is impossible for a file of {size} bytes (limit {MAX_HEADER_BYTES})")
-    raw = _read_exact(source, n, where)
-    hasher.update(head)
-    hasher.update(raw)
-    entries, _ = parse_header(raw, data_bytes=size - 8 - n, where=where)
+    entries, _ = _header(source, size, where, hasher)
     out: dict[str, torch.Tensor] = {}
     for e in entries:
         target = into(e) if into is not None else None
