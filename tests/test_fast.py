@@ -63,7 +63,7 @@ def test_staging_buffers_are_reused_and_one_copy_only(tmp_path: Path) -> None:
         ck.save(state, step, blocking=False).wait()
     assert ck.staging.allocations == 1
     nbytes = flatten({"m": state["model"].state_dict(), "o": state["optimizer"].state_dict()}).tensor_bytes
-    assert nbytes <= ck.staging.nbytes < nbytes + 64 * 16  # one copy of the state (plus alignment)
+    assert nbytes <= ck.staging.nbytes < nbytes + 4096 * 4  # one copy of the state (plus page alignment)
     bigger = build(hidden=96)
     ck.save(bigger, 4, blocking=False).wait()
     assert ck.staging.allocations == 2  # layout changed: reallocated once
@@ -170,20 +170,22 @@ def test_prestaged_state_is_flushed_when_the_current_step_cannot_land(tmp_path: 
 def test_prestaged_flush_starts_before_a_long_step_ends(tmp_path: Path) -> None:
     state = build(hidden=64)
     run = Run(tmp_path, prestage_every=2, grace=2.0, exit_on_notice=False, **state)
-    run.checkpointer.bandwidth = 5e5  # ~0.1 s per flush of this state: it must start well before the deadline
+    nbytes = flatten({"m": state["model"].state_dict(), "o": state["optimizer"].state_dict()}).tensor_bytes
+    run.checkpointer.bandwidth = nbytes / 0.5  # a flush is predicted to take 0.5 s: it starts ~1.4 s in
     flushed_during_step: list[bool] = []
     for step in run.steps(100):
         train_some(state["model"], state["optimizer"], 1, start=step)
         if step == 2:
             run.guard.trigger(source="test", grace=2.0)
             t = time.monotonic()
-            while time.monotonic() - t < 3.0:  # a step longer than the window
+            while time.monotonic() - t < 5.0:  # a step longer than the window
                 if committed(tmp_path):
                     flushed_during_step.append(True)
                     break
                 time.sleep(0.01)
     assert flushed_during_step == [True], "the pre-staged state was not flushed while the step ran"
-    assert committed(tmp_path) == [2]
+    # Step 3 lands too when the real (fast) flush left time for it: the current step whenever the budget allows.
+    assert committed(tmp_path) in ([2], [2, 3])
     flush = next(e for e in journal(tmp_path) if e["event"] == "prestaged_flush")
     assert "watcher" in flush["why"]
 
@@ -194,8 +196,12 @@ def test_bf16_moments_halve_optimizer_state_and_restore_into_fp32(tmp_path: Path
     small = Checkpointer(str(tmp_path / "bf16"), moments_dtype=torch.bfloat16)
     plain.save(state, 2)
     small.save(state, 2)
-    size = {d: (tmp_path / d / "step-000000000002" / "optimizer.safetensors").stat().st_size for d in ("fp32", "bf16")}
-    assert size["bf16"] < 0.55 * size["fp32"]
+
+    def data_bytes(d: str) -> int:
+        raw = (tmp_path / d / "step-000000000002" / "optimizer.safetensors").read_bytes()
+        return len(raw) - 8 - struct.unpack("<Q", raw[:8])[0]
+
+    assert data_bytes("bf16") < 0.55 * data_bytes("fp32")
     raw = (tmp_path / "bf16" / "step-000000000002" / "optimizer.safetensors").read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
     header = json.loads(raw[8 : 8 + n])

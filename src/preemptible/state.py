@@ -8,10 +8,12 @@ place on restore).
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import importlib.util
 import random
 import re
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -116,7 +118,7 @@ class FlatState:
 
 
 def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+    return dtype.itemsize
 
 
 MOMENT_DTYPES = (torch.float32, torch.float64)
@@ -163,7 +165,7 @@ def flatten(captured: Mapping[str, Any]) -> FlatState:
         if key is not None and key in seen and not is_numpy:
             return seen[key]
         name = _unique(path, flat.tensors)
-        flat.tensors[name] = tensor.detach()
+        flat.tensors[name] = tensor.detach() if tensor.requires_grad else tensor
         if is_numpy:
             flat.numpy.add(name)
         elif key is not None:
@@ -208,9 +210,10 @@ def _from_numpy(arr: Any, path: str) -> torch.Tensor:
 
 
 def _alias_key(t: torch.Tensor) -> tuple[Any, ...] | None:
+    """Two tensors are the same stored tensor when they are the same view of the same memory."""
     if t.numel() == 0:
         return None
-    return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+    return (t.device, t.data_ptr(), tuple(t.shape), t.stride(), t.dtype)
 
 
 def _unique(path: str, taken: Mapping[str, Any]) -> str:
@@ -220,6 +223,20 @@ def _unique(path: str, taken: Mapping[str, Any]) -> str:
         i += 1
         name = f"{base}~{i}"
     return name
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector: a state of many tensors allocates many small objects, and a full
+    collection over a training process's heap in the middle of a save costs more than the save's own Python
+    work. Refcounting still frees everything; the collector resumes (if it was on) afterwards."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def group_of(name: str) -> str:

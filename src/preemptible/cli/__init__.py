@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from preemptible._version import __version__
 
-SUBCOMMANDS = ("emulate",)
+SUBCOMMANDS = ("bench", "emulate")
 
 
 def build_parser() -> argparse.ArgumentParser:

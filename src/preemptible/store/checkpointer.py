@@ -11,6 +11,7 @@ import contextlib
 import errno
 import json
 import logging
+import os
 import shutil
 import threading
 import time
@@ -39,6 +40,7 @@ from preemptible.state import (
     check_state,
     differences,
     flatten,
+    gc_paused,
     unflatten,
 )
 from preemptible.store import checksum, layout, retention, tagged_json
@@ -53,6 +55,7 @@ from preemptible.writer import (
     SaveCancelled,
     Staged,
     Staging,
+    parallel_map,
     plan_files,
     state_json,
     write_bytes,
@@ -91,11 +94,21 @@ class _Opened:
     numpy: set[str] = field(default_factory=set)
     casts: dict[str, torch.dtype] = field(default_factory=dict)
     entries: dict[str, tensor_format.Entry] = field(default_factory=dict)
+    file_entries: dict[str, list[tensor_format.Entry]] = field(default_factory=dict)
 
     def bad(self, why: str) -> CheckpointCorruptError:
         return CheckpointCorruptError(
             f"checkpoint of step {self.step} at {self.directory}: {why}", path=self.directory, step=self.step
         )
+
+
+def _lower_priority(nice: int) -> None:
+    """Lower this thread's CPU priority (Linux: nice is per thread, inherited by threads it starts), so a
+    background save takes the cycles training leaves idle instead of stalling its parallel kernels."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
 
 
 def _placeholder(meta: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
@@ -212,6 +225,10 @@ class Checkpointer:
         moments_dtype: write optimizer moments in this dtype (``torch.bfloat16`` halves them; lossy, opt-in);
             restore casts them back into the optimizer's own dtype.
         storage: a ready `Storage` (instead of one chosen from ``root``), e.g. a fault-injecting subclass.
+        background_nice: CPU niceness of the background writer threads (0 to leave them alone): a save in the
+            background then uses the cycles training leaves idle. Emergency saves run at full priority.
+        background_threads: writer threads of a background save (1: it is not in a hurry, and each thread
+            competes with training for the CPU). Emergency saves use ``threads``.
         clock: epoch seconds. monotonic: a monotonic clock for durations.
 
     Attributes:
@@ -231,6 +248,8 @@ class Checkpointer:
         storage_options: dict[str, Any] | None = None,
         moments_dtype: torch.dtype | None = None,
         storage: Storage | None = None,
+        background_nice: int = 10,
+        background_threads: int = 1,
         clock: Clock = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -252,6 +271,8 @@ class Checkpointer:
         self.bandwidth: float | None = None
         self._inflight: SaveHandle | None = None
         self._staging: Staging | None = None
+        self.background_nice = background_nice
+        self.background_threads = background_threads
 
     def __repr__(self) -> str:
         return f"Checkpointer({self.root!r}, keep={self.keep})"
@@ -365,6 +386,19 @@ class Checkpointer:
             UnsupportedStateError: a leaf that cannot be stored, naming its key.
         """
         check_state(state)
+        with gc_paused():
+            return self._save(state, step, blocking=blocking, reason=reason, deadline=deadline, extra=extra)
+
+    def _save(
+        self,
+        state: Mapping[str, Any],
+        step: int,
+        *,
+        blocking: bool,
+        reason: str,
+        deadline: float | None,
+        extra: Mapping[str, Any] | None,
+    ) -> SaveHandle:
         start = self._monotonic()
         path = self.path_of(step)
         self._wait_inflight(reason)
@@ -464,8 +498,11 @@ class Checkpointer:
         handle.asynchronous = True
 
         def body() -> None:
+            _lower_priority(self.background_nice)
             try:
-                handle._result = self._write_and_commit(job, staged.specs, staged.state_json, blobs=staged.blobs)
+                handle._result = self._write_and_commit(
+                    job, staged.specs, staged.state_json, blobs=staged.blobs, threads=self.background_threads
+                )
             except BaseException as e:
                 handle._error = e
             finally:
@@ -477,11 +514,17 @@ class Checkpointer:
         return handle
 
     def _write_and_commit(
-        self, job: _Job, specs: list[FileSpec], state_doc: bytes, *, blobs: dict[str, memoryview] | None
+        self,
+        job: _Job,
+        specs: list[FileSpec],
+        state_doc: bytes,
+        *,
+        blobs: dict[str, memoryview] | None,
+        threads: int | None = None,
     ) -> SaveResult:
         self._writing.add(job.step)
         try:
-            result = self._write(job, specs, state_doc, blobs)
+            result = self._write(job, specs, state_doc, blobs, threads or self.threads)
         except BaseException as e:
             self._abandon(job.path)
             if isinstance(e, SaveCancelled):
@@ -513,7 +556,7 @@ class Checkpointer:
         return result
 
     def _write(
-        self, job: _Job, specs: list[FileSpec], state_doc: bytes, blobs: dict[str, memoryview] | None
+        self, job: _Job, specs: list[FileSpec], state_doc: bytes, blobs: dict[str, memoryview] | None, threads: int
     ) -> SaveResult:
         t0 = self._monotonic()
         if self.storage.exists(job.path):
@@ -522,7 +565,7 @@ class Checkpointer:
         self.storage.makedirs(job.path)
         self.storage.sync_dir(self.root)
         records: dict[str, FileRecord] = write_files(
-            self.storage, job.path, specs, threads=self.threads, progress=job.progress, blobs=blobs
+            self.storage, job.path, specs, threads=threads, progress=job.progress, blobs=blobs
         )
         records[layout.STATE] = write_bytes(self.storage, job.path, layout.STATE, state_doc)
         self.storage.sync_dir(job.path)
@@ -731,6 +774,7 @@ class Checkpointer:
                 if entry.name in opened.entries:
                     raise bad(f"tensor {entry.name!r} appears in more than one file")
                 opened.entries[entry.name] = entry
+            opened.file_entries[name] = entries
         return opened
 
     def _skeleton(self, opened: _Opened) -> dict[str, Any]:
@@ -763,20 +807,31 @@ class Checkpointer:
                 return t.detach()
             return None
 
-        tensors: dict[str, torch.Tensor] = {}
-        for name, rec in opened.manifest.files.items():
-            if not name.endswith(layout.TENSOR_SUFFIX):
-                continue
+        def read_file(name: str) -> dict[str, torch.Tensor]:
+            rec = opened.manifest.files[name]
             p = self.storage.join(opened.directory, name)
             stream = self.storage.open_read(p)
             try:
-                tensors.update(
-                    tensor_format.read(stream, rec.bytes, where=p, expected_checksum=rec.checksum, into=target)
+                return tensor_format.read(
+                    stream,
+                    rec.bytes,
+                    where=p,
+                    expected_checksum=rec.checksum,
+                    into=target,
+                    entries=opened.file_entries.get(name),
                 )
             except CheckpointCorruptError as e:
                 raise opened.bad(str(e)) from e
             finally:
                 stream.close()
+
+        names = sorted(
+            (n for n in opened.manifest.files if n.endswith(layout.TENSOR_SUFFIX)),
+            key=lambda n: -opened.manifest.files[n].bytes,
+        )
+        tensors: dict[str, torch.Tensor] = {}
+        for part in parallel_map(read_file, names, threads=self.threads, name="preemptible-read"):
+            tensors.update(part)
         for name, dtype in opened.casts.items():  # bf16 moments back into the optimizer's own dtype
             stored = tensors.get(name)
             if stored is None:
@@ -847,6 +902,10 @@ class Checkpointer:
             candidates = [c.step for c in reversed(self.checkpoints())]
         if not candidates:
             return None
+        with gc_paused():
+            return self._restore(state, candidates, step)
+
+    def _restore(self, state: Mapping[str, Any], candidates: list[int], step: int | None) -> int:
         failures: list[tuple[int, str]] = []
         live = flatten(capture(state)).tensors
         for candidate in candidates:

@@ -12,10 +12,10 @@ size and the dtype/shape, and reads into tensors it allocates itself (or into on
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import struct
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -115,20 +115,24 @@ def layout(items: Sequence[tuple[str, torch.Tensor]], stored: Mapping[str, torch
     return entries
 
 
+HEADER_ALIGN = 4096
+
+
 def header_bytes(entries: Iterable[Entry], metadata: Mapping[str, str] | None = None) -> bytes:
+    """The 8-byte length and the JSON header, padded with spaces (as the format allows) so that the tensor data
+    starts on a 4096-byte boundary: aligned for direct I/O and for memory-mapping readers."""
     header: dict[str, Any] = {}
     if metadata:
         header["__metadata__"] = dict(metadata)
     for e in entries:
         header[e.name] = {"dtype": DTYPES[e.dtype], "shape": list(e.shape), "data_offsets": [e.begin, e.end]}
     raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
+    raw += b" " * (-(8 + len(raw)) % HEADER_ALIGN)
     return struct.pack("<Q", len(raw)) + raw
 
 
-@functools.cache
 def itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+    return dtype.itemsize
 
 
 def write(
@@ -169,14 +173,52 @@ def write(
     return total, hasher.hexdigest()
 
 
+SMALL_TENSOR_BYTES = 256 << 10
+BATCH_BYTES = 8 << 20
+_scratch = threading.local()
+
+
+def _batch_buffer() -> torch.Tensor:
+    buf: torch.Tensor | None = getattr(_scratch, "buf", None)
+    if buf is None:
+        buf = _scratch.buf = torch.empty(BATCH_BYTES, dtype=torch.uint8)
+    return buf
+
+
 def _tensor_pieces(entries: Sequence[Entry], by_name: Mapping[str, torch.Tensor], chunk: int) -> Iterable[memoryview]:
+    """Each tensor's bytes in layout order. Runs of small CPU tensors of one dtype are gathered by one
+    ``torch.cat`` into a reused buffer per thread (a Python step per tiny tensor would cost more than its bytes);
+    large ones go out from their own memory.
+
+    IMPORTANT: a yielded piece may live in the reused buffer: the consumer must write it before the next one.
+    """
+    batch: list[torch.Tensor] = []
+    batched = 0
+    batch_dtype: torch.dtype | None = None
     for e in entries:
         t = by_name[e.name]
+        small = 0 < e.nbytes < SMALL_TENSOR_BYTES and t.device.type == "cpu" and t.dtype == e.dtype
+        if batch and (not small or e.dtype != batch_dtype or batched + e.nbytes > BATCH_BYTES):
+            yield _gather(batch, batched, batch_dtype)  # type: ignore[arg-type]
+            batch, batched = [], 0
+        if small:
+            batch.append(t if t.dim() == 1 else t.reshape(-1))
+            batched += e.nbytes
+            batch_dtype = e.dtype
+            continue
         if t.dtype != e.dtype:
             t = t.detach().to(device="cpu", dtype=e.dtype)
         data = byte_view(host(t))
         for start in range(0, len(data), chunk):
             yield data[start : start + chunk]
+    if batch:
+        yield _gather(batch, batched, batch_dtype)  # type: ignore[arg-type]
+
+
+def _gather(batch: list[torch.Tensor], nbytes: int, dtype: torch.dtype) -> memoryview:
+    out = _batch_buffer()[:nbytes].view(dtype)
+    torch.cat(batch, out=out)
+    return byte_view(out)
 
 
 # reading ---------------------------------------------------------------------------------------------------
@@ -266,6 +308,7 @@ def read(
     where: str,
     expected_checksum: str | None = None,
     into: Callable[[Entry], torch.Tensor | None] | None = None,
+    entries: Sequence[Entry] | None = None,
     chunk: int = CHUNK_BYTES,
 ) -> dict[str, torch.Tensor]:
     """Read a whole safetensors file of ``size`` bytes, verifying its checksum on the way.
@@ -273,14 +316,37 @@ def read(
     Args:
         into: optional; given an entry, returns a contiguous CPU tensor of that dtype and shape to read into
             (e.g. the live parameter), or None to allocate a fresh one.
+        entries: the header as `read_header` parsed it already (its bytes are still read and hashed, so a
+            header changed since is caught by the checksum).
 
     Raises:
         CheckpointCorruptError: truncated, malformed, or checksum mismatch.
     """
     hasher = checksum.new()
-    entries, _ = _header(source, size, where, hasher)
+    if entries is None:
+        entries, _ = _header(source, size, where, hasher)
+    else:
+        head = _read_exact(source, 8, where)
+        (n,) = struct.unpack("<Q", head)
+        if 8 + n > size:
+            raise _corrupt(where, f"header length {n} is impossible for a file of {size} bytes")
+        hasher.update(head)
+        hasher.update(_read_exact(source, n, where))
+        entries = sorted(entries, key=lambda e: e.begin)
     out: dict[str, torch.Tensor] = {}
+    run: list[Entry] = []
+    run_bytes = 0
     for e in entries:
+        if 0 < e.nbytes < SMALL_TENSOR_BYTES:
+            if run_bytes + e.nbytes > BATCH_BYTES:
+                _read_run(source, run, run_bytes, hasher=hasher, into=into, out=out, where=where)
+                run, run_bytes = [], 0
+            run.append(e)
+            run_bytes += e.nbytes
+            continue
+        if run:
+            _read_run(source, run, run_bytes, hasher=hasher, into=into, out=out, where=where)
+            run, run_bytes = [], 0
         target = into(e) if into is not None else None
         if target is None:
             target = torch.empty(e.shape, dtype=e.dtype)
@@ -290,6 +356,8 @@ def read(
             _readinto_exact(source, piece, where)
             hasher.update(piece)
         out[e.name] = target
+    if run:
+        _read_run(source, run, run_bytes, hasher=hasher, into=into, out=out, where=where)
     if expected_checksum is not None:
         found = hasher.hexdigest()
         if found != expected_checksum:
@@ -299,6 +367,34 @@ def read(
                 f"{found} (the file changed after it was written: bit rot, a partial copy, or tampering)",
             )
     return out
+
+
+def _read_run(
+    source: Source,
+    run: list[Entry],
+    nbytes: int,
+    *,
+    hasher: Any,
+    into: Callable[[Entry], torch.Tensor | None] | None,
+    out: dict[str, torch.Tensor],
+    where: str,
+) -> None:
+    """Many small tensors stored back to back: one read into the reused buffer, then scattered out."""
+    buf = _batch_buffer()[:nbytes]
+    view = byte_view(buf)
+    _readinto_exact(source, view, where)
+    hasher.update(view)
+    targets = [into(e) if into is not None else None for e in run]
+    fresh = buf.clone() if any(t is None for t in targets) else None  # one allocation for all the new ones
+    base = run[0].begin
+    for e, target in zip(run, targets, strict=True):
+        a, b = e.begin - base, e.end - base
+        if target is not None:
+            target.view(-1).view(torch.uint8).copy_(buf[a:b])
+            out[e.name] = target
+        else:
+            assert fresh is not None
+            out[e.name] = fresh[a:b].view(e.dtype).view(e.shape)
 
 
 def _read_exact(source: Source, n: int, where: str) -> bytes:

@@ -14,6 +14,7 @@ import shutil
 from typing import Any, Protocol
 
 from preemptible.errors import PreemptibleError
+from preemptible.store import direct
 
 
 class WriteStream(Protocol):
@@ -89,8 +90,10 @@ class LocalStorage:
 
     kind = "local"
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, *, direct_io: bool = True) -> None:
         self.root = os.path.abspath(os.path.expanduser(root))
+        self.direct = direct_io
+        """Write data files with O_DIRECT where the file system allows it (see `preemptible.store.direct`)."""
 
     def __repr__(self) -> str:
         return f"LocalStorage({self.root!r})"
@@ -132,6 +135,10 @@ class LocalStorage:
         return newest
 
     def open_write(self, path: str) -> WriteStream:
+        if self.direct:
+            fd = direct.open_direct(path)
+            if fd is not None:
+                return direct.DirectWriter(path, fd)
         return _LocalWriter(path)
 
     def open_read(self, path: str) -> ReadStream:

@@ -1,0 +1,505 @@
+"""Checkpoint benchmarks: preemptible beside torch.save, torch.distributed.checkpoint and safetensors, and beside
+the machine's own limits (fsync'd write and read of the same bytes, memcpy into reused buffers).
+
+Every contender runs once per round, rounds are interleaved (the machine's drift hits all alike), medians are
+reported with ratios. Nothing here is a pass/fail gate: it measures. ``preemptible bench`` and the scripts in
+``benchmarks/`` run these scenarios.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from preemptible.state import capture, flatten
+from preemptible.store.checkpointer import Checkpointer
+from preemptible.store.io import LocalStorage
+
+
+# state ----------------------------------------------------------------------------------------------------------
+def large_state(params: float = 100e6, side: int = 4096) -> dict[str, Any]:
+    """A model of about ``params`` parameters with AdamW state (fp32: ~12 bytes per parameter)."""
+    layers = max(1, round(params / (side * side)))
+    model = torch.nn.Sequential(*[torch.nn.Linear(side, side, bias=False) for _ in range(layers)])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p) * 1e-3  # random moments: no compressible pages flattering any writer
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return {"model": model, "optimizer": opt}
+
+
+def small_state(count: int = 10_000, total_bytes: float = 120e6) -> dict[str, Any]:
+    """About ``count`` tensors: ``count / 4`` small parameters, each with AdamW's step, exp_avg and exp_avg_sq."""
+    n = max(1, count // 4)
+    per = max(1, int(total_bytes / 12 / n))
+    params = [torch.nn.Parameter(torch.randn(per)) for _ in range(n)]
+    model = torch.nn.ParameterList(params)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p) * 1e-3
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return {"model": model, "optimizer": opt}
+
+
+def plain(state: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.state_dict() for k, v in state.items()}
+
+
+def flat_tensors(state: dict[str, Any]) -> dict[str, torch.Tensor]:
+    return {k: v.contiguous() for k, v in flatten(capture(state)).tensors.items()}
+
+
+def _dcp() -> Any:
+    """torch.distributed.checkpoint, typed loosely (its package does not re-export its names for mypy)."""
+    import torch.distributed.checkpoint as dcp
+
+    return dcp
+
+
+# measuring ------------------------------------------------------------------------------------------------------
+class PeakRSS:
+    """Samples resident memory in a thread; ``peak`` is the highest value above the start, in bytes."""
+
+    def __init__(self, interval: float = 0.005) -> None:
+        self.interval = interval
+        self._stop = threading.Event()
+        self.base = self.peak = 0
+        self._thread = threading.Thread(target=self._run, name="preemptible-bench-rss", daemon=True)
+
+    @staticmethod
+    def rss() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.peak = max(self.peak, self.rss() - self.base)
+
+    def __enter__(self) -> PeakRSS:
+        self.base = self.rss()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.rss() - self.base)
+
+
+def fsync_path(path: str) -> None:
+    for root, _, files in os.walk(path) if os.path.isdir(path) else [(os.path.dirname(path), [], [path])]:
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def drop_cache(path: str) -> None:
+    """Evict a file's (or a tree's) clean pages from the page cache, for cold reads."""
+    walk = os.walk(path) if os.path.isdir(path) else [(os.path.dirname(path), [], [os.path.basename(path)])]
+    for root, _, files in walk:
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def raw_write(path: str, views: list[memoryview], block: int = 64 << 20) -> None:
+    """The fsync'd write ceiling: the very same bytes, one file, large sequential writes, one thread."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for view in views:
+            for start in range(0, len(view), block):
+                piece = view[start : start + block]
+                while piece:
+                    piece = piece[os.write(fd, piece) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_READ_BUFFERS: dict[int, memoryview] = {}
+
+
+def raw_read(path: str, block: int = 8 << 20) -> None:
+    """Read a file through one reused buffer (a fresh buffer per call would time page faults, not reads)."""
+    buf = _READ_BUFFERS.get(block)
+    if buf is None:
+        buf = _READ_BUFFERS[block] = memoryview(bytearray(block))
+    with open(path, "rb", buffering=0) as f:
+        while f.readinto(buf):
+            pass
+
+
+def train_steps(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int, x: torch.Tensor) -> float:
+    t = time.perf_counter()
+    for _ in range(steps):
+        loss = model(x).square().mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return time.perf_counter() - t
+
+
+@dataclass
+class Sample:
+    seconds: float
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Result:
+    name: str
+    nbytes: int
+    samples: list[Sample] = field(default_factory=list)
+
+    def median(self, key: str = "seconds") -> float:
+        values = [
+            s.seconds if key == "seconds" else s.extra[key] for s in self.samples if key == "seconds" or key in s.extra
+        ]
+        return statistics.median(values) if values else float("nan")
+
+
+Contender = Callable[[str], Sample]
+
+
+def contenders(state: dict[str, Any], nbytes: int, *, quick: bool = False) -> dict[str, Contender]:
+    """The same bytes written, read and copied by every contender; ``name -> fn(workdir) -> Sample``."""
+    sd = plain(state)
+    tensors = flat_tensors(state)
+    mirror = {k: torch.empty_like(v) for k, v in tensors.items()}  # reused memcpy destinations
+    for k, v in tensors.items():
+        mirror[k].copy_(v)
+    ours_async: dict[str, Checkpointer | None] = {"ck": None}
+
+    def ours_emergency(work: str) -> Sample:
+        d = os.path.join(work, "ours")
+        with PeakRSS() as mem:
+            t = time.perf_counter()
+            result = Checkpointer(d).save(state, 1).wait()
+            s = time.perf_counter() - t
+        assert not result.skipped
+        shutil.rmtree(d)
+        return Sample(s, {"peak_mb": mem.peak / 1e6})
+
+    def ours_async_save(work: str) -> Sample:
+        d = os.path.join(work, "ours-async")
+        ck = ours_async["ck"]
+        if ck is None or ck.root != os.path.abspath(d):
+            ck = Checkpointer(d, keep=2)
+            ours_async["ck"] = ck
+            ck.save(state, 1, blocking=False).wait()  # warm the staging arena once, as a training run does
+        step = int(time.time() * 1000)
+        with PeakRSS() as mem:
+            t = time.perf_counter()
+            handle = ck.save(state, step, blocking=False)
+            stall = time.perf_counter() - t
+            handle.wait()
+            total = time.perf_counter() - t
+        return Sample(total, {"stall": stall, "peak_mb": mem.peak / 1e6})
+
+    def ours_restore(work: str, cold: bool) -> Sample:
+        d = os.path.join(work, "ours-restore")
+        if not os.path.exists(d):
+            Checkpointer(d).save(state, 1)
+        if cold:
+            drop_cache(d)
+        else:
+            raw_read_tree(d)
+        t = time.perf_counter()
+        Checkpointer(d).restore(state)
+        return Sample(time.perf_counter() - t)
+
+    def torch_save(work: str) -> Sample:
+        p = os.path.join(work, "torch.pt")
+        with PeakRSS() as mem:
+            t = time.perf_counter()
+            torch.save(sd, p)
+            fsync_path(p)
+            s = time.perf_counter() - t
+        os.remove(p)
+        return Sample(s, {"peak_mb": mem.peak / 1e6})
+
+    def dcp_save(threads: int) -> Contender:
+        def run(work: str) -> Sample:
+            dcp = _dcp()
+            d = os.path.join(work, f"dcp{threads}")
+            with warnings.catch_warnings(), PeakRSS() as mem:
+                warnings.simplefilter("ignore")
+                t = time.perf_counter()
+                dcp.save(sd, storage_writer=dcp.FileSystemWriter(d, thread_count=threads, sync_files=True))
+                s = time.perf_counter() - t
+            shutil.rmtree(d)
+            return Sample(s, {"peak_mb": mem.peak / 1e6})
+
+        return run
+
+    def dcp_async(work: str) -> Sample:
+        dcp = _dcp()
+        d = os.path.join(work, "dcp-async")
+        with warnings.catch_warnings(), PeakRSS() as mem:
+            warnings.simplefilter("ignore")
+            t = time.perf_counter()
+            fut = dcp.async_save(sd, storage_writer=dcp.FileSystemWriter(d, thread_count=1, sync_files=True))
+            stall = time.perf_counter() - t
+            fut.result()
+            total = time.perf_counter() - t
+        shutil.rmtree(d)
+        return Sample(total, {"stall": stall, "peak_mb": mem.peak / 1e6})
+
+    def safetensors_save(work: str) -> Sample:
+        from safetensors.torch import save_file
+
+        p = os.path.join(work, "st.safetensors")
+        with PeakRSS() as mem:
+            t = time.perf_counter()
+            save_file(tensors, p)
+            fsync_path(p)
+            s = time.perf_counter() - t
+        os.remove(p)
+        return Sample(s, {"peak_mb": mem.peak / 1e6})
+
+    from preemptible.store import format as tensor_format
+
+    views = [tensor_format.byte_view(v) for v in tensors.values()]
+
+    def ceiling_write(work: str) -> Sample:
+        p = os.path.join(work, "raw.bin")
+        t = time.perf_counter()
+        raw_write(p, views)
+        return Sample(time.perf_counter() - t)
+
+    def ceiling_read(work: str, cold: bool) -> Sample:
+        p = os.path.join(work, "raw.bin")
+        if not os.path.exists(p):
+            raw_write(p, views)
+        if cold:
+            drop_cache(p)
+        else:
+            raw_read(p)
+        t = time.perf_counter()
+        raw_read(p)
+        return Sample(time.perf_counter() - t)
+
+    def ceiling_memcpy(work: str) -> Sample:
+        t = time.perf_counter()
+        for k, v in tensors.items():
+            mirror[k].copy_(v)
+        return Sample(time.perf_counter() - t)
+
+    out: dict[str, Contender] = {
+        "preemptible emergency save": ours_emergency,
+        "preemptible async save": ours_async_save,
+        "preemptible restore (warm)": lambda w: ours_restore(w, cold=False),
+        "preemptible restore (cold)": lambda w: ours_restore(w, cold=True),
+        "torch.save": torch_save,
+        "dcp.save thread_count=1": dcp_save(1),
+        "dcp.save thread_count=2": dcp_save(2),
+        "dcp.async_save": dcp_async,
+        "safetensors save_file": safetensors_save,
+        "ceiling: fsync'd write": ceiling_write,
+        "ceiling: read (warm)": lambda w: ceiling_read(w, cold=False),
+        "ceiling: read (cold)": lambda w: ceiling_read(w, cold=True),
+        "ceiling: memcpy into reused buffers": ceiling_memcpy,
+    }
+    if quick:
+        for name in ("dcp.save thread_count=2", "ceiling: read (cold)", "preemptible restore (cold)"):
+            out.pop(name)
+    return out
+
+
+def raw_read_tree(path: str) -> None:
+    for root, _, files in os.walk(path):
+        for name in files:
+            raw_read(os.path.join(root, name))
+
+
+def checksum_share(state: dict[str, Any], save_seconds: float) -> float:
+    """Seconds to hash every tensor byte with the checkpoint checksum, as a fraction of the save."""
+    from preemptible.store import checksum
+    from preemptible.store import format as tensor_format
+
+    h = checksum.new()
+    t = time.perf_counter()
+    for v in flatten(capture(state)).tensors.values():
+        h.update(tensor_format.byte_view(tensor_format.host(v)))
+    return (time.perf_counter() - t) / save_seconds
+
+
+def training_beside(
+    state: dict[str, Any], *, seconds: float = 6.0, threads: int = 2, rounds: int = 3
+) -> dict[str, float]:
+    """Extra wall time of a real training loop while a background save runs: ours vs dcp.async_save.
+
+    A separate small training job (its own model, ``threads`` torch threads) runs a fixed number of steps alone,
+    then while a background save of ``state`` is writing; the difference is what the save cost training. Rounds
+    alternate alone / ours / alone / dcp; medians are reported, since training alone varies by itself here.
+    """
+    dcp = _dcp()
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024))
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        x = torch.randn(256, 1024)
+        train_steps(model, opt, 5, x)
+        per = train_steps(model, opt, 20, x) / 20
+        steps = max(20, int(seconds / per))
+        work = tempfile.mkdtemp(prefix="bench-beside-", dir=os.environ.get("PREEMPTIBLE_BENCH_DIR"))
+        out: dict[str, float] = {}
+        try:
+            ck = Checkpointer(os.path.join(work, "ours"))
+            ck.save(state, 1, blocking=False).wait()  # warm staging
+            sd = plain(state)
+            alone: list[float] = []
+            ours: list[float] = []
+            theirs: list[float] = []
+            for r in range(rounds):
+                alone.append(train_steps(model, opt, steps, x))
+                handle = ck.save(state, 2 + r, blocking=False)
+                ours.append(train_steps(model, opt, steps, x))
+                handle.wait()
+                alone.append(train_steps(model, opt, steps, x))
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    fut = dcp.async_save(sd, storage_writer=dcp.FileSystemWriter(os.path.join(work, f"dcp{r}")))
+                    theirs.append(train_steps(model, opt, steps, x))
+                    fut.result()
+            base = statistics.median(alone)
+            out = {
+                "train_alone_s": base,
+                "train_alone_spread_s": max(alone) - min(alone),
+                "extra_ours_s": statistics.median(ours) - base,
+                "extra_dcp_async_s": statistics.median(theirs) - base,
+            }
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return out
+    finally:
+        torch.set_num_threads(old)
+
+
+def run_scenario(
+    name: str,
+    state: dict[str, Any],
+    *,
+    rounds: int = 3,
+    quick: bool = False,
+    work_dir: str | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    nbytes = flatten(capture(state)).tensor_bytes
+    ntensors = len(flatten(capture(state)).tensors)
+    work = tempfile.mkdtemp(prefix=f"bench-{name}-", dir=work_dir)
+    log(f"scenario {name}: {nbytes / 1e9:.3f} GB in {ntensors} tensors, {rounds} rounds, under {work}")
+    try:
+        LocalStorage(work).sync_dir(work)
+        fns = contenders(state, nbytes, quick=quick)
+        results = {k: Result(k, nbytes) for k in fns}
+        for r in range(rounds):
+            for k, fn in fns.items():
+                gc.collect()
+                os.sync()
+                results[k].samples.append(fn(work))
+            log(f"  round {r + 1}/{rounds} done")
+        share = checksum_share(state, results["preemptible emergency save"].median())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {"name": name, "bytes": nbytes, "tensors": ntensors, "results": results, "checksum_share": share}
+
+
+def report(scenario: dict[str, Any]) -> str:
+    res: dict[str, Result] = scenario["results"]
+    nbytes = scenario["bytes"]
+    ceil_w = res["ceiling: fsync'd write"].median()
+    lines = [
+        f"\n{scenario['name']}: {nbytes / 1e9:.3f} GB in {scenario['tensors']} tensors (median seconds)",
+        f"  {'contender':<38}{'s':>8}{'GB/s':>8}{'peak MB':>9}{'stall s':>9}",
+    ]
+    for k, r in res.items():
+        s = r.median()
+        stall = r.median("stall")
+        peak = r.median("peak_mb")
+        peak_s = "" if math.isnan(peak) else f"{peak:.0f}"
+        stall_s = "" if math.isnan(stall) else f"{stall:.3f}"
+        lines.append(f"  {k:<38}{s:>8.3f}{nbytes / s / 1e9:>8.2f}{peak_s:>9}{stall_s:>9}")
+    ours = res["preemptible emergency save"].median()
+    ratios = {
+        "emergency save / fsync'd write ceiling (throughput)": ceil_w / ours,
+        "emergency save speed vs torch.save": res["torch.save"].median() / ours,
+        "emergency save speed vs dcp.save (1 thread)": res["dcp.save thread_count=1"].median() / ours,
+        "emergency save speed vs safetensors": res["safetensors save_file"].median() / ours,
+        "async stall / memcpy of the same bytes": res["preemptible async save"].median("stall")
+        / res["ceiling: memcpy into reused buffers"].median(),
+        "dcp.async_save stall / memcpy": res["dcp.async_save"].median("stall")
+        / res["ceiling: memcpy into reused buffers"].median(),
+        "restore (warm) / read ceiling (throughput)": res["ceiling: read (warm)"].median()
+        / res["preemptible restore (warm)"].median(),
+        "checksum time / emergency save time": scenario["checksum_share"],
+    }
+    if "dcp.save thread_count=2" in res:
+        ratios["emergency save speed vs dcp.save (2 threads)"] = res["dcp.save thread_count=2"].median() / ours
+    if "preemptible restore (cold)" in res:
+        ratios["restore (cold) / read ceiling (throughput)"] = (
+            res["ceiling: read (cold)"].median() / res["preemptible restore (cold)"].median()
+        )
+    lines.append("  ratios:")
+    lines += [f"    {k:<56}{v:>8.2f}" for k, v in ratios.items()]
+    scenario["ratios"] = ratios
+    return "\n".join(lines)
+
+
+def main(
+    *,
+    params: float = 100e6,
+    small_tensors: int = 10_000,
+    small_bytes: float = 120e6,
+    rounds: int = 3,
+    quick: bool = False,
+    beside: bool = True,
+    work_dir: str | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run both scenarios and the training-beside measurement; print and return the figures."""
+    out: dict[str, Any] = {}
+    large = large_state(params)
+    out["large"] = run_scenario("large", large, rounds=rounds, quick=quick, work_dir=work_dir, log=log)
+    log(report(out["large"]))
+    if beside:
+        out["beside"] = training_beside(large)
+        b = out["beside"]
+        log(
+            f"\ntraining beside a background save of the large state ({b['train_alone_s']:.2f} s of training):"
+            f"\n  extra time with preemptible async save: {b['extra_ours_s']:.2f} s"
+            f"\n  extra time with dcp.async_save:          {b['extra_dcp_async_s']:.2f} s"
+        )
+    del large
+    gc.collect()
+    small = small_state(small_tensors, small_bytes)
+    out["small"] = run_scenario("small", small, rounds=rounds, quick=quick, work_dir=work_dir, log=log)
+    log(report(out["small"]))
+    big_tp = out["large"]["bytes"] / out["large"]["results"]["preemptible emergency save"].median()
+    small_tp = out["small"]["bytes"] / out["small"]["results"]["preemptible emergency save"].median()
+    log(f"\nsmall-tensor emergency throughput / large-state throughput: {small_tp / big_tp:.2f}")
+    out["small_vs_large"] = small_tp / big_tp
+    return out

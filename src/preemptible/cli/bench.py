@@ -1,0 +1,58 @@
+"""``preemptible bench``: checkpoint throughput beside torch.save, DCP, safetensors and the machine's limits."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="measure checkpoint speed here, beside torch.save, DCP, safetensors and the disk's own limits",
+        description=(
+            "Runs the benchmark scenarios of benchmarks/: a ~1.2 GB state (100M parameters with AdamW) and a state "
+            "of ~10,000 small tensors, saved, saved asynchronously and restored by preemptible, interleaved with "
+            "torch.save, torch.distributed.checkpoint (1 and 2 threads, async) and safetensors, and with the "
+            "fsync'd write, read and memcpy of the same bytes. Reports medians and ratios."
+        ),
+    )
+    p.add_argument("--dir", default=None, help="where to write (default: the system temp dir; use the real target)")
+    p.add_argument("--params", type=float, default=100e6, help="parameters of the large model (default 100e6)")
+    p.add_argument("--small-tensors", type=int, default=10_000)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help="fewer contenders (CI smoke run)")
+    p.add_argument("--no-beside", action="store_true", help="skip the training-beside-a-save measurement")
+    p.add_argument("--json", default=None, metavar="FILE", help="also write the figures as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from preemptible import bench
+
+    out = bench.main(
+        params=args.params,
+        small_tensors=args.small_tensors,
+        small_bytes=args.params * 1.2,
+        rounds=args.rounds,
+        quick=args.quick,
+        beside=not args.no_beside,
+        work_dir=args.dir,
+    )
+    if args.json:
+        doc = {
+            k: (
+                {
+                    "bytes": v["bytes"],
+                    "tensors": v["tensors"],
+                    "ratios": v.get("ratios", {}),
+                    "median_s": {n: r.median() for n, r in v["results"].items()},
+                }
+                if isinstance(v, dict) and "results" in v
+                else v
+            )
+            for k, v in out.items()
+        }
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    return 0

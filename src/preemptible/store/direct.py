@@ -1,0 +1,129 @@
+"""Direct I/O for checkpoint files on local disks: ``O_DIRECT`` writes that bypass the page cache.
+
+Why: on this kind of machine a buffered write followed by fsync reached 0.30 GB/s and spent 2.2-2.5 s of CPU per
+1.2 GB (copying into the page cache, then writeback), while ``O_DIRECT`` writes of the same bytes reached
+0.6-0.9 GB/s with 0.05 s of CPU. Faster emergency saves, and background saves that leave the CPU to training.
+
+``O_DIRECT`` needs block-aligned memory, file offsets and lengths. Pieces whose memory is already aligned (the
+staging arena, laid out so) go straight to the disk; anything else is copied into an aligned bounce buffer first
+(a memcpy, about 20x faster than the disk). The last partial block is written padded and the file truncated to
+its true size. A file system that refuses ``O_DIRECT`` (tmpfs, some network file systems) gets ordinary buffered
+writes instead, decided once per file; ``PREEMPTIBLE_DIRECT_IO=0`` turns it off everywhere.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import mmap
+import os
+import threading
+
+ALIGN = 4096
+BOUNCE_BYTES = 16 << 20
+ENV = "PREEMPTIBLE_DIRECT_IO"
+O_DIRECT = getattr(os, "O_DIRECT", 0)
+
+_local = threading.local()
+
+
+def enabled() -> bool:
+    return bool(O_DIRECT) and os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def address(view: memoryview) -> int | None:
+    """The memory address of a contiguous writable buffer, or None (read-only buffers: bytes)."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(view))
+    except (TypeError, ValueError, BufferError):
+        return None
+
+
+def _bounce() -> tuple[mmap.mmap, memoryview, int]:
+    cached: tuple[mmap.mmap, memoryview, int] | None = getattr(_local, "bounce", None)
+    if cached is None:
+        m = mmap.mmap(-1, BOUNCE_BYTES)  # anonymous mappings are page-aligned
+        view = memoryview(m)
+        addr = address(view)
+        assert addr is not None
+        assert addr % ALIGN == 0
+        cached = _local.bounce = (m, view, addr)
+    return cached
+
+
+def open_direct(path: str) -> int | None:
+    """An ``O_DIRECT`` descriptor for writing ``path``, or None where the file system refuses it."""
+    if not enabled():
+        return None
+    try:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | O_DIRECT, 0o644)
+    except OSError as e:
+        if e.errno in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
+            return None
+        raise
+
+
+class DirectWriter:
+    """Writes a file with ``O_DIRECT``; see the module docstring. One writer per thread at a time."""
+
+    coalesces = True  # small writes are gathered here already
+
+    def __init__(self, path: str, fd: int) -> None:
+        self.path = path
+        self._fd: int | None = fd
+        _, self._buf, self._buf_addr = _bounce()
+        self._used = 0
+        self._offset = 0  # bytes on disk so far, always a multiple of ALIGN
+
+    def write(self, data: memoryview) -> None:
+        assert self._fd is not None, "write after close"
+        addr = address(data)
+        while data:
+            if self._used == 0 and addr is not None and addr % ALIGN == 0 and len(data) >= ALIGN:
+                n = len(data) - len(data) % ALIGN
+                self._write_all(data[:n])
+                data = data[n:]
+                addr += n
+                continue
+            take = min(len(self._buf) - self._used, len(data))
+            if addr is not None:
+                ctypes.memmove(self._buf_addr + self._used, addr, take)  # releases the GIL
+                addr += take
+            else:
+                self._buf[self._used : self._used + take] = data[:take]
+            self._used += take
+            data = data[take:]
+            if self._used == len(self._buf):
+                self._write_all(self._buf)
+                self._used = 0
+
+    def _write_all(self, view: memoryview) -> None:
+        assert self._fd is not None
+        while view:
+            n = os.write(self._fd, view)
+            if n <= 0:  # pragma: no cover - the kernel reports errors by raising
+                raise OSError(errno.EIO, f"short direct write to {self.path}")
+            self._offset += n
+            view = view[n:]
+
+    def close(self) -> None:
+        if self._fd is None:
+            return
+        fd = self._fd
+        try:
+            if self._used:
+                size = self._offset + self._used
+                padded = -(-self._used // ALIGN) * ALIGN
+                ctypes.memset(self._buf_addr + self._used, 0, padded - self._used)
+                self._write_all(self._buf[:padded])
+                os.ftruncate(fd, size)
+                self._used = 0
+            os.fsync(fd)
+        finally:
+            self._fd = None
+            os.close(fd)
+
+    def abort(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)

@@ -1,0 +1,48 @@
+"""The benchmark runs end to end on a tiny state (figures are not checked: this machine is noisy)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from preemptible import bench
+from preemptible.cli import main
+
+
+def test_scenario_measures_every_contender_and_reports_ratios(tmp_path: Path) -> None:
+    state = bench.small_state(count=200, total_bytes=2e6)
+    out = bench.run_scenario("tiny", state, rounds=1, quick=True, work_dir=str(tmp_path), log=lambda s: None)
+    for name, result in out["results"].items():
+        assert len(result.samples) == 1, name
+        assert result.median() > 0, name
+    text = bench.report(out)
+    assert "emergency save speed vs torch.save" in text
+    assert all(math.isfinite(v) and v > 0 for v in out["ratios"].values())
+    assert out["results"]["preemptible async save"].median("stall") > 0
+    assert list(tmp_path.iterdir()) == []  # cleaned up
+
+
+def test_bench_command(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    code = main(
+        [
+            "bench",
+            "--params",
+            "2e5",
+            "--small-tensors",
+            "100",
+            "--rounds",
+            "1",
+            "--quick",
+            "--no-beside",
+            "--dir",
+            str(tmp_path),
+            "--json",
+            str(tmp_path / "figures.json"),
+        ]
+    )
+    assert code == 0
+    doc = json.loads((tmp_path / "figures.json").read_text())
+    assert doc["large"]["median_s"]["preemptible emergency save"] > 0
+    assert "small_vs_large" in doc
+    assert "ratios:" in capsys.readouterr().out
