@@ -38,7 +38,7 @@ def test_signal_mid_training_saves_exits_and_resumes_bit_identically(
     last_step_run = max(int(line.split()[1]) for line in out.splitlines() if line.startswith("step "))
     assert stop == last_step_run + 1, "the checkpoint must be of the boundary right after the last step run"
     assert stop in committed(root)
-    assert [e["event"] for e in events][-3:] == ["save_started", "save_committed", "exit"]
+    assert [e["event"] for e in events if e["event"] != "plan"][-3:] == ["save_started", "save_committed", "exit"]
     assert "final" not in out
 
     code, out, err = Trainer(root, *E2E_ARGS).finish()

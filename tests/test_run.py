@@ -68,7 +68,7 @@ def test_notice_saves_at_the_boundary_and_exits_with_policy_code(tmp_path: Path)
     assert run.preempted
     assert run.step == 7
     events = journal(tmp_path)
-    names = [e["event"] for e in events]
+    names = [e["event"] for e in events if e["event"] != "plan"]
     assert names[-4:] == ["notice", "save_started", "save_committed", "exit"]
     assert events[-1]["code"] == 143
     assert events[-1]["saved"] is True

@@ -4,6 +4,7 @@ Nothing starts on import: signal handlers and threads exist only while a `Guard`
 """
 
 from preemptible._version import __version__
+from preemptible.budget import Plan, plan
 from preemptible.errors import (
     CheckpointCorruptError,
     CheckpointNotFoundError,
@@ -26,6 +27,7 @@ __all__ = [
     "Checkpointer",
     "Guard",
     "Notice",
+    "Plan",
     "NoticeKind",
     "NoticeSource",
     "PreemptibleError",
@@ -38,4 +40,5 @@ __all__ = [
     "Stateful",
     "UnsupportedStateError",
     "__version__",
+    "plan",
 ]

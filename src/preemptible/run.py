@@ -157,6 +157,10 @@ class Run:
         self._advisory_done = False
         self._pending: SaveHandle | None = None
         self._watcher: _PrestageWatcher | None = None
+        self._boundary_at = 0.0
+        self._planned = False
+        self.step_time: float | None = None
+        """Seconds per step (moving average), once steps have run."""
 
     def __repr__(self) -> str:
         names = [n for n in self.state if not n.startswith("_")]
@@ -236,10 +240,15 @@ class Run:
                 return
             self.checkpointer.storage.remove(self.checkpointer.storage.join(self.checkpointer.root, layout.DONE))
             self._last_save_time = self._monotonic()
+            self._boundary_at = self._monotonic()
             for step in range(start, total):
                 yield step
                 completed = step + 1
                 self.step = completed
+                now = self._monotonic()
+                spent = now - self._boundary_at
+                self._boundary_at = now
+                self.step_time = spent if self.step_time is None else 0.9 * self.step_time + 0.1 * spent
                 if self.guard.should_stop(completed):
                     self._stop(completed)
                     return
@@ -339,6 +348,8 @@ class Run:
 
     def _report(self, result: SaveResult, reason: str) -> None:
         self.last_save = result
+        if not result.skipped and not self._planned:
+            self._plan(result)
         if not result.skipped:
             log.info(
                 "[rank=%d] %s checkpoint of step %d committed: %.1f MB in %.2f s (%.0f MB/s)",
@@ -349,6 +360,29 @@ class Run:
                 result.seconds,
                 result.throughput / 1e6,
             )
+
+    def _plan(self, result: SaveResult) -> None:
+        """After the first save: will the emergency save fit this platform's window? One line; a warning with
+        the fix when it would not."""
+        assert self.journal is not None
+        self._planned = True
+        bandwidth = self.checkpointer.bandwidth
+        if not bandwidth:
+            return
+        from preemptible import budget
+
+        platform = self.guard.platform
+        verdict = budget.evaluate(
+            state_bytes=result.bytes, bandwidth=bandwidth, window=platform.window_s, step_time=self.step_time or 0.0
+        )
+        self.journal.event("plan", result.step, platform=platform.name, **verdict.to_json())
+        where = f"{platform.name} window {verdict.window_s:.0f} s"
+        if verdict.fits:
+            log.info("[rank=%d] plan: %s (%s)", self.rank, verdict.summary, where)
+            return
+        fixes = [r for r in verdict.recommendations if r.fits] or verdict.recommendations
+        fix = f"; to make it fit: {fixes[0].description} ({fixes[0].predicted_save_s:.1f} s)" if fixes else ""
+        log.warning("[rank=%d] plan: %s (%s)%s", self.rank, verdict.summary, where, fix)
 
     def _finish(self, total: int) -> None:
         assert self.journal is not None

@@ -184,7 +184,7 @@ def detect_platform(
             cloud=platform.cloud,
             scheduler=platform.scheduler,
             grace=dict.fromkeys(platform.grace or (signal.SIGTERM,), seconds),
-            window_s=seconds if platform.scheduler else platform.window_s,
+            window_s=seconds,
             exit_code=platform.exit_code,
             evidence=(*platform.evidence, f"{GRACE_ENV}={override}"),
         )

@@ -147,6 +147,7 @@ class SaveResult:
     seconds: float
     timings: Mapping[str, float] = field(default_factory=dict)
     skipped: bool = False
+    predicted_s: float | None = None
 
     @property
     def throughput(self) -> float:
@@ -269,6 +270,7 @@ class Checkpointer:
         self._writing: set[int] = set()
         self.moments_dtype = moments_dtype
         self.bandwidth: float | None = None
+        self.fixed_s = 0.05  # directory creation, fsyncs and the commit marker: refined by every save
         self._inflight: SaveHandle | None = None
         self._staging: Staging | None = None
         self.background_nice = background_nice
@@ -410,11 +412,15 @@ class Checkpointer:
             cast_moments(state, flat, self.moments_dtype)
         specs = plan_files(flat, threads=self.threads, max_file_bytes=self.max_file_bytes)
         budget = deadline - self._clock() if deadline is not None else None
+        predicted = self.predict(flat.tensor_bytes)
+        extra = {**(extra or {}), "predicted_save_s": predicted}
         if not blocking:
             return self._save_async(
                 flat, specs, step=step, path=path, start=start, reason=reason, budget=budget, extra=dict(extra or {})
             )
-        self._event("save_started", step, reason=reason, budget_s=budget, bytes=flat.tensor_bytes)
+        self._event(
+            "save_started", step, reason=reason, budget_s=budget, bytes=flat.tensor_bytes, predicted_s=predicted
+        )
         job = _Job(
             step=step,
             path=path,
@@ -443,6 +449,12 @@ class Checkpointer:
         with contextlib.suppress(Exception):  # its failure belongs to its own handle
             handle.wait()
         self._inflight = None
+
+    def predict(self, nbytes: int) -> float | None:
+        """Seconds a save of ``nbytes`` should take from here, by the bandwidth recent saves measured."""
+        if not self.bandwidth:
+            return None
+        return round(nbytes / self.bandwidth + self.fixed_s, 3)
 
     @property
     def inflight(self) -> SaveHandle | None:
@@ -489,6 +501,7 @@ class Checkpointer:
             bytes=staged.nbytes,
             asynchronous=True,
             stall_s=round(job.timings["stall"], 6),
+            predicted_s=extra.get("predicted_save_s"),
         )
         return self._spawn(job, staged)
 
@@ -540,6 +553,7 @@ class Checkpointer:
         if result.bytes and write_s > 0:
             bw = result.bytes / write_s
             self.bandwidth = bw if self.bandwidth is None else 0.5 * self.bandwidth + 0.5 * bw
+            self.fixed_s = 0.5 * self.fixed_s + 0.5 * result.timings.get("commit", self.fixed_s)
         remaining = job.deadline - self._clock() if job.deadline is not None else None
         self._event(
             "save_committed",
@@ -547,6 +561,7 @@ class Checkpointer:
             reason=job.reason,
             bytes=result.bytes,
             seconds=round(result.seconds, 6),
+            predicted_s=result.predicted_s,
             throughput_mb_s=round(result.throughput / 1e6, 3),
             timings={k: round(v, 6) for k, v in result.timings.items()},
             budget_s=job.budget,
@@ -589,7 +604,12 @@ class Checkpointer:
         timings["commit"] = end - t_write
         timings["total"] = end - job.start
         return SaveResult(
-            step=job.step, path=job.path, bytes=manifest.total_bytes, seconds=end - job.start, timings=timings
+            step=job.step,
+            path=job.path,
+            bytes=manifest.total_bytes,
+            seconds=end - job.start,
+            timings=timings,
+            predicted_s=manifest.predicted_save_s,
         )
 
     # staging and pre-staging ----------------------------------------------------------------------------------

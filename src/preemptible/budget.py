@@ -1,0 +1,392 @@
+"""Will the emergency checkpoint fit in the window? Size math, a bandwidth probe on the real destination,
+the prediction, the verdict, what would make it fit, and the Young/Daly periodic interval.
+
+``predicted emergency save = time to the boundary (one step) + bytes / bandwidth + commit + exit``, measured on
+the storage the checkpoints will go to, compared with the platform's notice window.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from preemptible.sources.detect import WINDOWS
+from preemptible.store import layout
+from preemptible.store.io import Storage, storage_for
+from preemptible.writer import DEFAULT_THREADS, parallel_map
+
+OPTIMIZER_MOMENTS = {"adamw": 2, "adam": 2, "sgd": 1, "none": 0}
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+EXIT_S = 0.5
+"""Seconds from the commit to the process being gone (journal, handlers, interpreter teardown; measured ~0.3 s)."""
+DEFAULT_PROBE_BYTES = 256 << 20
+HEADROOM = 0.8
+"""A plan fits when the prediction leaves this share of the window: bandwidth drifts, and steps vary."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StateSize:
+    """What is saved, described rather than measured: ``params`` parameters with an optimizer.
+
+    Weights take the dtype's bytes; Adam/AdamW keep two moments and SGD (momentum) one, in the parameters' own
+    dtype as PyTorch does (fp32 for fp32 weights), or bfloat16 with ``bf16_moments``. The state is striped
+    across ``world_size`` ranks (replicated data parallel: each writes a share).
+    """
+
+    params: float
+    optimizer: str = "adamw"
+    dtype: str = "fp32"
+    bf16_moments: bool = False
+    world_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZER_MOMENTS:
+            raise ValueError(f"expected optimizer among {sorted(OPTIMIZER_MOMENTS)}, found {self.optimizer!r}")
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"expected dtype among {sorted(DTYPE_BYTES)}, found {self.dtype!r}")
+        if self.params <= 0 or self.world_size < 1:
+            raise ValueError(f"expected params > 0 and world_size >= 1, found {self.params} and {self.world_size}")
+
+    @property
+    def bytes(self) -> int:
+        weight = DTYPE_BYTES[self.dtype]
+        moment = 2 if self.bf16_moments else weight
+        return int(self.params * (weight + OPTIMIZER_MOMENTS[self.optimizer] * moment))
+
+    @property
+    def bytes_per_rank(self) -> int:
+        return math.ceil(self.bytes / self.world_size)
+
+
+def live_bytes(state: Mapping[str, Any] | Any) -> int:
+    """Exact tensor bytes of a live state (a `Run` or a mapping of stateful objects), as the writer would write."""
+    from preemptible.state import capture, flatten
+
+    if hasattr(state, "state") and hasattr(state, "checkpointer"):  # a Run
+        return flatten(capture(state.state)).tensor_bytes
+    return flatten(capture(state)).tensor_bytes
+
+
+def window_for(platform: str | None, window: float | None) -> tuple[float, str]:
+    """(seconds, where it comes from): an explicit window wins, else the platform's documented one."""
+    if window is not None:
+        if window <= 0:
+            raise ValueError(f"expected a window > 0 seconds, found {window}")
+        return float(window), "given"
+    if platform is None:
+        return WINDOWS["k8s"], "default (30 s: GCP, Azure and Kubernetes grace)"
+    if platform not in WINDOWS:
+        raise ValueError(f"expected a platform among {sorted(k for k in WINDOWS if k != 'local')}, found {platform!r}")
+    note = {
+        "aws": "AWS spot: 2-minute notice",
+        "gcp": "GCP Spot: ~30 s from SIGTERM",
+        "azure": "Azure Spot: Preempt at least 30 s ahead",
+        "gke": "GKE Spot pods: ~15 s",
+        "k8s": "Kubernetes terminationGracePeriodSeconds default",
+        "slurm": "SLURM --signal lead (default 60 s; pass --window for yours)",
+        "local": "default",
+    }[platform]
+    return WINDOWS[platform], note
+
+
+@dataclass(frozen=True)
+class Bandwidth:
+    bytes_per_s: float
+    fixed_s: float  # directory creation, fsyncs and the commit marker, measured
+    probe_bytes: int
+    where: str
+
+
+def probe(
+    root: str | os.PathLike[str],
+    *,
+    nbytes: int = DEFAULT_PROBE_BYTES,
+    storage: Storage | None = None,
+    threads: int = DEFAULT_THREADS,
+) -> Bandwidth:
+    """Measure fsync'd write bandwidth on ``root`` itself with the checkpoint writer's own path, then clean up.
+
+    Writes ``nbytes`` of incompressible data into a temporary directory under the root (the same file system,
+    the same direct-I/O path and the same number of parallel writer threads as a save), times it, and times
+    the fixed costs of a commit (directory fsyncs and an atomic marker). The directory is removed afterwards,
+    even on failure.
+    """
+    storage = storage or storage_for(root)
+    storage.makedirs(storage.root)
+    tmp = storage.join(storage.root, f".preemptible-probe-{os.getpid()}-{time.monotonic_ns()}")
+    block = os.urandom(1 << 20)
+    data = memoryview(bytearray(block * 16))  # 16 MiB pieces, as the writer sends them
+    try:
+        t0 = time.perf_counter()
+        storage.makedirs(tmp)
+        storage.sync_dir(storage.root)
+        t1 = time.perf_counter()
+
+        def write(i: int) -> None:  # as a save does: one file per writer thread, in parallel
+            stream = storage.open_write(storage.join(tmp, f"probe-{i}.bin"))
+            left = nbytes // threads
+            while left > 0:
+                piece = data[: min(len(data), left)]
+                stream.write(piece)
+                left -= len(piece)
+            stream.close()
+
+        parallel_map(write, list(range(threads)), threads=threads, name="preemptible-probe")
+        t2 = time.perf_counter()
+        storage.sync_dir(tmp)
+        storage.publish(storage.join(tmp, layout.COMMIT), b"{}")
+        t3 = time.perf_counter()
+    finally:
+        storage.remove_tree(tmp)
+    return Bandwidth(nbytes / (t2 - t1), (t1 - t0) + (t3 - t2), nbytes, storage.root)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recommendation:
+    name: str
+    description: str
+    predicted_save_s: float
+    fits: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """The verdict for one state, storage and window. ``to_json()`` has the stable keys of ``plan --json``."""
+
+    state_bytes: int
+    bandwidth_bytes_per_s: float
+    predicted_save_s: float
+    window_s: float
+    margin_s: float
+    fits: bool
+    recommendations: list[Recommendation]
+    periodic_interval_s: float | None
+    breakdown: dict[str, float] = field(default_factory=dict)
+    window_source: str = ""
+    lost_work_s: dict[str, float | None] = field(default_factory=dict)
+    size: StateSize | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["recommendations"] = [asdict(r) for r in self.recommendations]
+        doc["size"] = asdict(self.size) if self.size else None
+        return doc
+
+    @property
+    def summary(self) -> str:
+        verdict = "fits" if self.fits else "does NOT fit"
+        return (
+            f"emergency save of {self.state_bytes / 1e9:.2f} GB predicted {self.predicted_save_s:.1f} s "
+            f"in a {self.window_s:.0f} s window: {verdict} ({self.margin_s:+.1f} s)"
+        )
+
+
+def predict(nbytes: int, bw: float, *, step_time: float = 0.0, fixed_s: float = 0.1) -> dict[str, float]:
+    """Seconds by phase: waiting for the boundary (one step), writing, committing, exiting."""
+    return {"boundary_s": step_time, "write_s": nbytes / bw, "commit_s": fixed_s, "exit_s": EXIT_S}
+
+
+def young_daly(save_s: float, mtbf_s: float) -> float:
+    """Young/Daly optimal interval between periodic checkpoints: sqrt(2 C M), never shorter than a save."""
+    return max(math.sqrt(2 * save_s * mtbf_s), save_s)
+
+
+def evaluate(
+    *,
+    state_bytes: int | None = None,
+    size: StateSize | None = None,
+    bandwidth: float | Bandwidth,
+    window: float | None = None,
+    platform: str | None = None,
+    step_time: float = 0.0,
+    mtbf_hours: float | None = None,
+    world_size: int = 1,
+) -> Plan:
+    """Verdict and recommendations for an emergency save (pure: give it measured numbers).
+
+    Args:
+        state_bytes: exact bytes (from a live state), per rank; or ``size`` to compute them.
+        bandwidth: bytes per second of the destination (a number, or a `Bandwidth` from `probe`).
+        window, platform: the notice window, given or from the platform.
+        step_time: seconds per training step (the notice can arrive just after a boundary).
+        mtbf_hours: mean time between preemptions, for the Young/Daly interval and the lost work.
+        world_size: ranks that stripe the state (used with ``state_bytes``; ``size`` carries its own).
+    """
+    if isinstance(bandwidth, Bandwidth):
+        bw, fixed = bandwidth.bytes_per_s, bandwidth.fixed_s
+    else:
+        bw, fixed = float(bandwidth), 0.1
+    if bw <= 0:
+        raise ValueError(f"expected a bandwidth > 0 bytes/s, found {bw}")
+    if size is not None:
+        nbytes = size.bytes_per_rank
+        world = size.world_size
+    elif state_bytes is not None:
+        nbytes = math.ceil(state_bytes / world_size)
+        world = world_size
+    else:
+        raise ValueError("expected state_bytes or size")
+    win, source = window_for(platform, window)
+    phases = predict(nbytes, bw, step_time=step_time, fixed_s=fixed)
+    total = sum(phases.values())
+    fits = total <= HEADROOM * win
+    recs: list[Recommendation] = []
+
+    def rec(name: str, description: str, new_total: float) -> None:
+        recs.append(
+            Recommendation(
+                name=name,
+                description=description,
+                predicted_save_s=round(new_total, 2),
+                fits=new_total <= HEADROOM * win,
+            )
+        )
+
+    base_bytes = nbytes * world
+    budget_write = HEADROOM * win - step_time - fixed - EXIT_S
+    if size is not None and size.optimizer in ("adam", "adamw") and not size.bf16_moments:
+        smaller = StateSize(
+            params=size.params,
+            optimizer=size.optimizer,
+            dtype=size.dtype,
+            bf16_moments=True,
+            world_size=size.world_size,
+        )
+        t = sum(predict(smaller.bytes_per_rank, bw, step_time=step_time, fixed_s=fixed).values())
+        rec(
+            "bf16 moments",
+            f"Run(bf16_moments=True): optimizer moments in bfloat16, state "
+            f"{smaller.bytes / 1e9:.1f} GB instead of {size.bytes / 1e9:.1f} GB (lossy)",
+            t,
+        )
+    if budget_write > 0:
+        ranks = max(world * 2, math.ceil(base_bytes / bw / budget_write))
+        t = sum(predict(math.ceil(base_bytes / ranks), bw, step_time=step_time, fixed_s=fixed).values())
+        rec(
+            "stripe across ranks",
+            f"save from {ranks} data-parallel ranks, each writing 1/{ranks} of the state "
+            "(needs that much aggregate bandwidth: separate disks or a parallel file system)",
+            t,
+        )
+    if step_time > 0:
+        t = nbytes / bw + fixed + EXIT_S
+        rec(
+            "pre-staged buffer",
+            f"Run(prestage_every=K): flush a state at most K-1 steps old without waiting "
+            f"{step_time:.1f} s for the step in progress",
+            t,
+        )
+    if budget_write > 0:
+        need = nbytes / budget_write
+        if need > bw:
+            rec(
+                "faster storage",
+                f"storage writing at {need / 1e9:.2f} GB/s or more (this one: {bw / 1e9:.2f} GB/s), "
+                "e.g. a local NVMe or more throughput on the volume",
+                HEADROOM * win,
+            )
+    else:
+        rec(
+            "shorter steps or a longer window",
+            f"the step alone ({step_time:.1f} s) and fixed costs use the whole {win:.0f} s window",
+            total,
+        )
+    periodic = young_daly(nbytes / bw + fixed, mtbf_hours * 3600) if mtbf_hours else None
+    lost: dict[str, float | None] = {}
+    if periodic is not None:
+        lost = {"with_notice_s": 0.0 if fits else periodic / 2, "without_notice_s": periodic / 2}
+        if not fits:
+            rec(
+                "save more often",
+                f"periodic saves every {periodic:.0f} s (Young/Daly for an MTBF of "
+                f"{mtbf_hours:g} h) bound what a failed emergency save loses to {periodic / 2:.0f} s on average",
+                total,
+            )
+    return Plan(
+        state_bytes=nbytes * world,
+        bandwidth_bytes_per_s=bw,
+        predicted_save_s=round(total, 3),
+        window_s=win,
+        margin_s=round(win - total, 3),
+        fits=fits,
+        recommendations=recs,
+        periodic_interval_s=round(periodic, 1) if periodic is not None else None,
+        breakdown={k: round(v, 3) for k, v in phases.items()},
+        window_source=source,
+        lost_work_s=lost,
+        size=size,
+    )
+
+
+def clean_probe_leftovers(root: str) -> None:
+    """Remove probe directories a killed probe left behind."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(".preemptible-probe-"):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def plan(
+    root: str | os.PathLike[str] | None = None,
+    *,
+    state: Any = None,
+    params: float | None = None,
+    optimizer: str = "adamw",
+    dtype: str = "fp32",
+    bf16_moments: bool = False,
+    world_size: int = 1,
+    window: float | None = None,
+    platform: str | None = None,
+    step_time: float = 0.0,
+    mtbf_hours: float | None = None,
+    bandwidth: float | None = None,
+    probe_bytes: int = DEFAULT_PROBE_BYTES,
+) -> Plan:
+    """Will this state's emergency checkpoint fit in this window on this storage?
+
+    Args:
+        root: where checkpoints will go; its bandwidth is measured with a short fsync'd probe (cleaned up),
+            unless ``bandwidth`` (bytes/s) is given.
+        state: a live `Run` or mapping of stateful objects (exact bytes); or describe it with ``params``,
+            ``optimizer`` (adamw, adam, sgd, none), ``dtype`` (fp32, bf16, fp16) and ``bf16_moments``.
+        world_size: data-parallel ranks striping the save.
+        window, platform: the notice window in seconds, or the platform whose window applies (aws 120, gcp 30,
+            azure 30, gke 15, k8s 30, slurm 60 unless given).
+        step_time: seconds per step (the notice can land just after a boundary).
+        mtbf_hours: mean time between preemptions, for the Young/Daly periodic interval.
+
+    Returns:
+        A `Plan`: ``fits``, ``predicted_save_s``, ``margin_s``, ``recommendations``, ``periodic_interval_s``...
+    """
+    if bandwidth is None:
+        if root is None:
+            raise ValueError("plan() needs root (to measure its bandwidth) or bandwidth= in bytes per second")
+        bw: float | Bandwidth = probe(root, nbytes=probe_bytes)
+    else:
+        bw = bandwidth
+    if state is not None:
+        if bf16_moments:
+            raise ValueError("with a live state, bf16_moments is read from the state; pass params= to describe one")
+        return evaluate(
+            state_bytes=live_bytes(state),
+            bandwidth=bw,
+            window=window,
+            platform=platform,
+            step_time=step_time,
+            mtbf_hours=mtbf_hours,
+            world_size=world_size,
+        )
+    if params is None:
+        raise ValueError("plan() needs state= (a Run or stateful objects) or params= (a parameter count)")
+    size = StateSize(params=params, optimizer=optimizer, dtype=dtype, bf16_moments=bf16_moments, world_size=world_size)
+    return evaluate(
+        size=size, bandwidth=bw, window=window, platform=platform, step_time=step_time, mtbf_hours=mtbf_hours
+    )

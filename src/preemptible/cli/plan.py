@@ -1,0 +1,102 @@
+"""``preemptible plan ROOT``: will the emergency checkpoint fit in the window? Measured on ROOT itself."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from preemptible import budget
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="predict whether the emergency checkpoint fits in the notice window, and what would make it fit",
+        description=(
+            "Measures the fsync'd write bandwidth of ROOT with a short probe (removed afterwards), sizes the state "
+            "from its description, predicts the emergency save (one step to the boundary + write + commit + exit) "
+            "and compares it with the window. Fits means the prediction leaves 20%% of the window spare."
+        ),
+    )
+    p.add_argument("root", help="where checkpoints will be written (a directory; created if missing)")
+    p.add_argument("--params", type=float, required=True, help="parameters, e.g. 7e9")
+    p.add_argument("--optimizer", choices=sorted(budget.OPTIMIZER_MOMENTS), default="adamw")
+    p.add_argument("--dtype", choices=sorted(budget.DTYPE_BYTES), default="fp32", help="parameter dtype")
+    p.add_argument("--bf16-moments", action="store_true", help="optimizer moments saved as bfloat16")
+    p.add_argument("--world-size", type=int, default=1, help="data-parallel ranks striping the save")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--window", type=float, help="seconds from notice to hard stop")
+    group.add_argument("--platform", choices=["aws", "gcp", "azure", "gke", "k8s", "slurm"])
+    p.add_argument("--step-time", type=float, default=0.0, metavar="S", help="seconds per training step")
+    p.add_argument("--mtbf", type=float, default=None, metavar="HOURS", help="mean time between preemptions")
+    p.add_argument("--bandwidth", type=float, default=None, metavar="BYTES_PER_S", help="skip the probe")
+    p.add_argument("--probe-mb", type=float, default=256, help="probe size in MB (default 256)")
+    p.add_argument("--json", action="store_true", help="machine-readable output with stable keys")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        result = budget.plan(
+            args.root,
+            params=args.params,
+            optimizer=args.optimizer,
+            dtype=args.dtype,
+            bf16_moments=args.bf16_moments,
+            world_size=args.world_size,
+            window=args.window,
+            platform=args.platform,
+            step_time=args.step_time,
+            mtbf_hours=args.mtbf,
+            bandwidth=args.bandwidth,
+            probe_bytes=int(args.probe_mb * 1e6),
+        )
+    except (ValueError, OSError) as e:
+        print(f"preemptible plan: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result.to_json(), indent=1))
+    else:
+        print(render(result, color=_color()))
+    return 0 if result.fits else 1
+
+
+def _color() -> bool:
+    return sys.stdout.isatty() and os.environ.get("NO_COLOR") is None and os.environ.get("TERM") != "dumb"
+
+
+def render(p: budget.Plan, *, color: bool = False) -> str:
+    def c(text: str, code: str) -> str:
+        return f"\033[{code}m{text}\033[0m" if color else text
+
+    ok = c("FITS", "1;32") if p.fits else c("DOES NOT FIT", "1;31")
+    b = p.breakdown
+    lines = [
+        f"state             {p.state_bytes / 1e9:10.2f} GB"
+        + (f"  ({p.size.world_size} ranks)" if p.size and p.size.world_size > 1 else ""),
+        f"bandwidth         {p.bandwidth_bytes_per_s / 1e9:10.2f} GB/s  (measured fsync'd write)",
+        f"window            {p.window_s:10.0f} s     ({p.window_source})",
+        "",
+        f"  wait for boundary {b['boundary_s']:8.1f} s",
+        f"  write             {b['write_s']:8.1f} s",
+        f"  commit            {b['commit_s']:8.1f} s",
+        f"  exit              {b['exit_s']:8.1f} s",
+        f"predicted save    {p.predicted_save_s:10.1f} s",
+        f"margin            {p.margin_s:+10.1f} s",
+        f"verdict           {ok}",
+    ]
+    if p.recommendations:
+        lines += ["", "what would change it:"]
+        for r in p.recommendations:
+            mark = c("fits", "32") if r.fits else c("short", "33")
+            lines.append(f"  {r.name:<22} {r.predicted_save_s:8.1f} s  {mark:<5}  {r.description}")
+    if p.periodic_interval_s is not None:
+        lines += ["", f"periodic saves     every {p.periodic_interval_s:.0f} s (Young/Daly)"]
+        lost = p.lost_work_s
+        lines.append(
+            f"expected lost work {lost['with_notice_s'] or 0:.0f} s with a notice, "
+            f"{lost['without_notice_s'] or 0:.0f} s without"
+        )
+    return "\n".join(lines)
