@@ -19,6 +19,7 @@ from preemptible import (
     UnsupportedStateError,
 )
 from preemptible.store.checkpointer import CheckpointFallbackWarning
+from preemptible.store.layout import seal
 
 
 def build(seed: int = 0, hidden: int = 16) -> dict[str, Any]:
@@ -324,7 +325,7 @@ def test_hostile_manifests_are_refused(tmp_path: Path, edit: Any, message: str) 
     path = tmp_path / "step-000000000001" / "COMMIT.json"
     doc = json.loads(path.read_text())
     edit(doc)
-    path.write_text(json.dumps(doc))
+    path.write_text(json.dumps(seal(doc)))  # a consistent manifest: each check must catch it on its own
     with pytest.warns(CheckpointFallbackWarning), pytest.raises(CheckpointCorruptError, match=message):
         ck.restore(build())
 
@@ -336,6 +337,7 @@ def test_commit_json_keys_are_the_documented_ones(tmp_path: Path) -> None:
     ck.save(state, 4)
     doc = json.loads((tmp_path / "step-000000000004" / "COMMIT.json").read_text())
     assert set(doc) == {
+        "manifest_checksum",
         "format_version",
         "step",
         "created",

@@ -479,6 +479,9 @@ def report(scenario: dict[str, Any]) -> str:
         "restore (warm) / read ceiling (throughput)": res["ceiling: read (warm)"].median()
         / res["preemptible restore (warm)"].median(),
         "checksum time / emergency save time": scenario["checksum_share"],
+        "checksum time / restore (warm) time": scenario["checksum_share"]
+        * res["preemptible emergency save"].median()
+        / res["preemptible restore (warm)"].median(),
     }
     if "dcp.save thread_count=2" in res:
         ratios["emergency save speed vs dcp.save (2 threads)"] = res["dcp.save thread_count=2"].median() / ours

@@ -22,7 +22,7 @@ import torch
 
 from preemptible import dist
 from preemptible._version import __version__
-from preemptible.errors import PreemptibleError, UnsupportedStateError
+from preemptible.errors import CheckpointCorruptError, PreemptibleError, UnsupportedStateError
 from preemptible.guard import Guard
 from preemptible.journal import Journal
 from preemptible.notice import Clock, Notice, NoticeKind, NoticeSource
@@ -30,6 +30,7 @@ from preemptible.sources import slurm
 from preemptible.state import RNGState, capture, check_state, flatten
 from preemptible.store import layout
 from preemptible.store.checkpointer import Checkpointer, SaveHandle, SaveResult
+from preemptible.validate import DEFAULT_RTOL, Probe
 from preemptible.writer import SaveCancelled, deadline_choice
 
 log = logging.getLogger("preemptible")
@@ -74,6 +75,13 @@ class Run:
             journal says so. None: off.
         bf16_moments: write optimizer moments as bfloat16 (halves optimizer state; lossy: a resumed run is close
             to, not bit-identical with, an uninterrupted one). Restored into the optimizer's own dtype.
+        probe: a function returning a loss on a fixed batch, e.g. ``lambda: loss_fn(model(x0), y0)``. Its value is
+            stored at every save and recomputed after a restore; a checkpoint whose probe disagrees (relative
+            difference over ``probe_rtol``) is marked invalid and the previous one is used. It runs with
+            gradients off, modules in eval mode and the random streams forked: it never changes training.
+        verify_after_save: read every file back and check its checksum before committing a save.
+        allow_fresh_start: when checkpoints exist but none verifies, move them aside (``<root>/quarantine/``)
+            and start at step 0 instead of raising `CheckpointCorruptError` (the default: never silently).
         exit_on_notice: True (default) ends the process after the emergency save; False ends ``steps()``
             instead and leaves ``run.notice`` set, for loops that must do more before exiting.
         guard: a ready `Guard` to use instead of building one from ``sources``/``grace``.
@@ -102,6 +110,10 @@ class Run:
         async_save: bool = True,
         prestage_every: int | None = None,
         bf16_moments: bool = False,
+        probe: Probe | None = None,
+        probe_rtol: float = DEFAULT_RTOL,
+        verify_after_save: bool = False,
+        allow_fresh_start: bool = False,
         guard: Guard | None = None,
         clock: Clock = time.time,
         monotonic: Callable[[], float] = time.monotonic,
@@ -141,7 +153,11 @@ class Run:
             clock=clock,
             monotonic=monotonic,
             moments_dtype=torch.bfloat16 if bf16_moments else None,
+            probe=probe,
+            probe_rtol=probe_rtol,
+            verify_after_save=verify_after_save,
         )
+        self.allow_fresh_start = allow_fresh_start
         self.guard = guard if guard is not None else Guard(sources, grace=grace, clock=clock)
         self._meta: dict[str, Any] = {}
         self.state: dict[str, Any] = {**state, _RNG: RNGState(), _RUN: self._meta}
@@ -285,7 +301,21 @@ class Run:
         assert self.journal is not None
         t0 = self._monotonic()
         self.checkpointer.cleanup()
-        restored = self.checkpointer.restore(self.state)
+        try:
+            restored = self.checkpointer.restore(self.state)
+        except CheckpointCorruptError as e:
+            if not self.allow_fresh_start:
+                raise
+            moved = self.checkpointer.quarantine()
+            self.journal.event("fresh_after_corruption", 0, error=str(e), quarantined=moved)
+            log.error(
+                "[rank=%d] no checkpoint under %s verifies; allow_fresh_start=True: starting at step 0 and "
+                "moving them aside to %s",
+                self.rank,
+                self.root,
+                moved,
+            )
+            restored = None
         if restored is None:
             self.journal.event("fresh", 0)
             log.info("[rank=%d] no checkpoint under %s: starting at step 0", self.rank, self.root)

@@ -322,6 +322,8 @@ def _diff(live: Any, stored: Any, path: str, out: list[str]) -> None:
 def apply(state: Mapping[str, Any], loaded: Mapping[str, Any]) -> None:
     """Load ``loaded`` into the live objects in place."""
     for name, obj in state.items():
+        if name not in loaded and name.startswith("_"):
+            continue  # preemptible's own entry, absent from a checkpoint a bare Checkpointer wrote
         value = loaded[name]
         if isinstance(obj, MutableMapping):
             obj.clear()

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from preemptible._version import __version__
 
-SUBCOMMANDS = ("bench", "emulate", "plan")
+SUBCOMMANDS = ("bench", "emulate", "inspect", "plan", "verify")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,6 +11,7 @@ import contextlib
 import errno
 import json
 import logging
+import math
 import os
 import shutil
 import threading
@@ -47,6 +48,7 @@ from preemptible.store import checksum, layout, retention, tagged_json
 from preemptible.store import format as tensor_format
 from preemptible.store.io import FileTooLargeError, Storage, storage_for
 from preemptible.store.layout import CheckpointInfo, FileRecord, Manifest
+from preemptible.validate import DEFAULT_RTOL, Probe, ProbeCheck, run_probe
 from preemptible.writer import (
     DEFAULT_MAX_FILE_BYTES,
     DEFAULT_THREADS,
@@ -81,6 +83,7 @@ class _Job:
     deadline: float | None
     progress: Progress
     timings: dict[str, float] = field(default_factory=dict)
+    probe: float | None = None
 
 
 @dataclass
@@ -94,6 +97,7 @@ class _Opened:
     numpy: set[str] = field(default_factory=set)
     casts: dict[str, torch.dtype] = field(default_factory=dict)
     entries: dict[str, tensor_format.Entry] = field(default_factory=dict)
+    extra_files: list[str] = field(default_factory=list)
     file_entries: dict[str, list[tensor_format.Entry]] = field(default_factory=dict)
 
     def bad(self, why: str) -> CheckpointCorruptError:
@@ -230,6 +234,10 @@ class Checkpointer:
             background then uses the cycles training leaves idle. Emergency saves run at full priority.
         background_threads: writer threads of a background save (1: it is not in a hurry, and each thread
             competes with training for the CPU). Emergency saves use ``threads``.
+        probe: a function returning a loss on a fixed batch (see `preemptible.validate`): stored at save,
+            recomputed after restore; a mismatch beyond ``probe_rtol`` (relative) invalidates that checkpoint.
+        verify_after_save: read every file back and check its checksum before committing (off by default: it
+            costs a full read of the checkpoint; see the README for the measured cost).
         clock: epoch seconds. monotonic: a monotonic clock for durations.
 
     Attributes:
@@ -251,6 +259,9 @@ class Checkpointer:
         storage: Storage | None = None,
         background_nice: int = 10,
         background_threads: int = 1,
+        probe: Probe | None = None,
+        probe_rtol: float = DEFAULT_RTOL,
+        verify_after_save: bool = False,
         clock: Clock = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -275,6 +286,9 @@ class Checkpointer:
         self._staging: Staging | None = None
         self.background_nice = background_nice
         self.background_threads = background_threads
+        self.probe = probe
+        self.probe_rtol = probe_rtol
+        self.verify_after_save = verify_after_save
 
     def __repr__(self) -> str:
         return f"Checkpointer({self.root!r}, keep={self.keep})"
@@ -288,6 +302,33 @@ class Checkpointer:
 
     def is_committed(self, step: int) -> bool:
         return self.storage.exists(self._commit_path(step))
+
+    def _replaceable(self, step: int) -> bool:
+        """A committed checkpoint that failed validation: a new save of its step replaces it."""
+        return self.storage.exists(self.storage.join(self.path_of(step), layout.INVALID))
+
+    def _read_back(self, job: _Job, records: Mapping[str, FileRecord]) -> None:
+        """Read every file back and check it hashes as written (verify_after_save)."""
+        for name, rec in records.items():
+            stream = self.storage.open_read(self.storage.join(job.path, name))
+            hasher = checksum.new()
+            buf = memoryview(bytearray(tensor_format.READ_CHUNK_BYTES))
+            try:
+                while True:
+                    n = stream.readinto(buf)
+                    if not n:
+                        break
+                    hasher.update(buf[:n])
+            finally:
+                stream.close()
+            if hasher.hexdigest() != rec.checksum:
+                raise SaveError(
+                    f"read-back verification of {name} in step {job.step} failed: written with checksum "
+                    f"{rec.checksum}, read back as {hasher.hexdigest()}; the storage altered it on the way. Nothing "
+                    "was committed; check the disk or the mount",
+                    path=job.path,
+                    step=job.step,
+                )
 
     def _event(self, event: str, step: int | None, **fields: Any) -> None:
         if self.journal is not None:
@@ -318,10 +359,20 @@ class Checkpointer:
                     size += self.storage.size(self.storage.join(path, name))
             return CheckpointInfo(step=step, path=path, committed=False, bytes=size)
         validated = self.storage.exists(self.storage.join(path, layout.VALID))
+        invalid = None
+        invalid_path = self.storage.join(path, layout.INVALID)
+        if self.storage.exists(invalid_path):
+            try:
+                invalid = str(json.loads(self.storage.read_bytes(invalid_path, 1 << 20)).get("reason", "invalid"))
+            except (OSError, ValueError, AttributeError):
+                invalid = "marked invalid"
+            validated = False
         try:
             manifest = self._manifest(step)
         except CheckpointCorruptError as e:
-            return CheckpointInfo(step=step, path=path, committed=True, validated=validated, error=str(e))
+            return CheckpointInfo(
+                step=step, path=path, committed=True, validated=validated, error=str(e), invalid=invalid
+            )
         return CheckpointInfo(
             step=step,
             path=path,
@@ -332,6 +383,7 @@ class Checkpointer:
             save_s=manifest.timings.get("total"),
             predicted_save_s=manifest.predicted_save_s,
             manifest=manifest,
+            invalid=invalid,
         )
 
     def latest(self) -> int | None:
@@ -404,9 +456,11 @@ class Checkpointer:
         start = self._monotonic()
         path = self.path_of(step)
         self._wait_inflight(reason)
-        if self.is_committed(step):
+        if self.is_committed(step) and not self._replaceable(step):
             self._event("save_skipped", step, reason=reason, why="already committed")
             return SaveHandle(step, result=SaveResult(step=step, path=path, bytes=0, seconds=0.0, skipped=True))
+        probe_value = self._probe_at_save(state, step)
+        t_probe = self._monotonic() - start
         flat = flatten(capture(state))
         if self.moments_dtype is not None:
             cast_moments(state, flat, self.moments_dtype)
@@ -416,7 +470,16 @@ class Checkpointer:
         extra = {**(extra or {}), "predicted_save_s": predicted}
         if not blocking:
             return self._save_async(
-                flat, specs, step=step, path=path, start=start, reason=reason, budget=budget, extra=dict(extra or {})
+                flat,
+                specs,
+                step=step,
+                path=path,
+                start=start,
+                reason=reason,
+                budget=budget,
+                extra=dict(extra or {}),
+                probe=probe_value,
+                probe_s=t_probe,
             )
         self._event(
             "save_started", step, reason=reason, budget_s=budget, bytes=flat.tensor_bytes, predicted_s=predicted
@@ -430,25 +493,44 @@ class Checkpointer:
             budget=budget,
             deadline=deadline,
             progress=Progress(total=flat.tensor_bytes),
+            probe=probe_value,
         )
         job.timings["capture"] = self._monotonic() - start
+        if self.probe is not None:
+            job.timings["probe"] = t_probe
         result = self._write_and_commit(job, specs, state_json(flat), blobs=None)
         return SaveHandle(step, result=result, progress=job.progress)
+
+    def _probe_at_save(self, state: Mapping[str, Any], step: int) -> float | None:
+        """The probe's value on the weights being saved (None without a probe; non-finite values are kept out of
+        the manifest, with a warning, since they cannot validate anything)."""
+        if self.probe is None:
+            return None
+        value = run_probe(self.probe, state)
+        if not math.isfinite(value):
+            log.warning(
+                "the probe returned %r at step %d: this checkpoint cannot be validated by its probe", value, step
+            )
+            return None
+        return value
 
     def _wait_inflight(self, reason: str) -> None:
         handle = self._inflight
         if handle is None:
             return
-        if not handle.done():
-            log.info(
-                "%s save waits for the background save of step %d to finish (saves come faster than storage "
-                "absorbs them; consider a larger save_every)",
-                reason,
-                handle.step,
-            )
+        t0 = self._monotonic()
         with contextlib.suppress(Exception):  # its failure belongs to its own handle
             handle.wait()
+        waited = self._monotonic() - t0
         self._inflight = None
+        if waited > 0.5 and reason != "emergency":
+            log.warning(
+                "%s save waited %.1f s for the background save of step %d: saves come faster than the storage "
+                "absorbs them; a larger save_every (or save_interval_s) stops stalling training",
+                reason,
+                waited,
+                handle.step,
+            )
 
     def predict(self, nbytes: int) -> float | None:
         """Seconds a save of ``nbytes`` should take from here, by the bandwidth recent saves measured."""
@@ -473,6 +555,8 @@ class Checkpointer:
         reason: str,
         budget: float | None,
         extra: dict[str, Any],
+        probe: float | None,
+        probe_s: float,
     ) -> SaveHandle:
         staging = self.staging
         staging.busy.acquire()
@@ -490,9 +574,12 @@ class Checkpointer:
             budget=budget,
             deadline=None,
             progress=Progress(total=staged.nbytes),
+            probe=probe,
         )
         job.timings["capture"] = self._monotonic() - start
         job.timings["stall"] = job.timings["capture"]
+        if self.probe is not None:
+            job.timings["probe"] = probe_s
         self._event(
             "save_started",
             step,
@@ -597,8 +684,12 @@ class Checkpointer:
             files=records,
             timings={k: round(v, 6) for k, v in timings.items()},
             predicted_save_s=job.extra.pop("predicted_save_s", None),
+            probe=job.probe,
             extra=job.extra,
         )
+        if self.verify_after_save:
+            self._read_back(job, records)
+            timings["read_back"] = self._monotonic() - t_write
         self.storage.publish(self._commit_path(job.step), manifest.to_json())
         end = self._monotonic()
         timings["commit"] = end - t_write
@@ -720,6 +811,20 @@ class Checkpointer:
             self._event("rotated", None, deleted=deleted, kept=sorted(kept))
         return deleted
 
+    def quarantine(self) -> str | None:
+        """Move every checkpoint directory aside to ``<root>/quarantine/<utc>/`` (for a deliberate fresh start
+        when none verifies: kept for inspection, out of the way of new saves). Returns where, or None."""
+        infos = self.checkpoints(include_uncommitted=True)
+        if not infos:
+            return None
+        stamp = layout.now_iso(self._clock()).replace(":", "").replace("-", "")
+        target = self.storage.join(self.root, "quarantine", stamp)
+        self.storage.makedirs(target)
+        for info in infos:
+            self.storage.move(info.path, self.storage.join(target, layout.step_dir(info.step)))
+        self.storage.sync_dir(self.root)
+        return target
+
     def cleanup(self, infos: list[CheckpointInfo] | None = None) -> list[int]:
         """Delete uncommitted leftovers older than ``stale_after_s``; younger ones may still be being written."""
         if infos is None:
@@ -768,6 +873,12 @@ class Checkpointer:
             size = self.storage.size(p)
             if size != rec.bytes:
                 raise bad(f"file {name} is {size} bytes, COMMIT.json records {rec.bytes} (truncated or replaced)")
+        markers = (layout.COMMIT, layout.VALID, layout.INVALID)
+        opened.extra_files = sorted(
+            n
+            for n in self.storage.listdir(directory)
+            if n not in manifest.files and n not in markers and not n.startswith(tuple(m + ".tmp-" for m in markers))
+        )
         rec = manifest.files[layout.STATE]
         raw = self.storage.read_bytes(self.storage.join(directory, layout.STATE), max(rec.bytes, 0))
         found = checksum.of_bytes(raw)
@@ -869,22 +980,55 @@ class Checkpointer:
             raise opened.bad(f"{layout.STATE} holds a {type(loaded).__name__}, expected an object of state entries")
         return loaded
 
+    def verify_report(self, step: int) -> tuple[CheckpointInfo, list[str]]:
+        """`verify`, plus warnings that do not fail it (files the manifest does not list)."""
+        opened = self._open(step)
+        self._read(opened, None)
+        if opened.manifest.probe is None:
+            self._mark_valid(step, by="verify")
+        notes = [f"extra file not in COMMIT.json (ignored): {n}" for n in opened.extra_files]
+        if opened.manifest.probe is not None:
+            notes.append("probe value stored: checked by the next restore, which has the model")
+        return self._info(step, self.path_of(step)), notes
+
     def verify(self, step: int) -> CheckpointInfo:
-        """Fully verify checkpoint ``step`` (manifest, sizes, checksums) and mark it validated.
+        """Fully verify checkpoint ``step``: manifest, sizes, headers, every checksum.
+
+        It is then marked validated, unless it carries a probe value: that needs the model, and is checked by the
+        next restore (``CheckpointInfo.validated`` stays False until then).
 
         Raises:
             CheckpointNotFoundError, CheckpointCorruptError.
         """
-        self.load(step)
-        self._mark_valid(step, by="verify")
-        return self._info(step, self.path_of(step))
+        return self.verify_report(step)[0]
 
-    def _mark_valid(self, step: int, *, by: str) -> None:
-        doc = {"validated_at": layout.now_iso(self._clock()), "by": by, "checksums": True, "probe": None}
+    def _probe_check(self, state: Mapping[str, Any], manifest: Manifest) -> ProbeCheck | None:
+        if self.probe is None or manifest.probe is None:
+            return None
+        return ProbeCheck(manifest.probe, run_probe(self.probe, state), self.probe_rtol)
+
+    def _mark_valid(self, step: int, *, by: str, probe: ProbeCheck | None = None) -> None:
+        doc = {
+            "validated_at": layout.now_iso(self._clock()),
+            "by": by,
+            "checksums": True,
+            "probe": {"stored": probe.stored, "recomputed": probe.recomputed, "rtol": probe.rtol} if probe else None,
+        }
+        directory = self.path_of(step)
         try:
-            self.storage.publish(self.storage.join(self.path_of(step), layout.VALID), json.dumps(doc).encode())
+            self.storage.publish(self.storage.join(directory, layout.VALID), json.dumps(doc).encode())
+            self.storage.remove(self.storage.join(directory, layout.INVALID))
         except OSError as e:
             log.warning("could not record that step %d validated (%s); it stays unvalidated", step, e)
+
+    def _mark_invalid(self, step: int, reason: str) -> None:
+        doc = {"invalidated_at": layout.now_iso(self._clock()), "reason": reason}
+        directory = self.path_of(step)
+        try:
+            self.storage.remove(self.storage.join(directory, layout.VALID))
+            self.storage.publish(self.storage.join(directory, layout.INVALID), json.dumps(doc).encode())
+        except OSError as e:
+            log.warning("could not record that step %d is invalid (%s)", step, e)
 
     def restore(self, state: Mapping[str, Any], step: int | None = None) -> int | None:
         """Load the newest committed checkpoint that verifies into ``state``, in place.
@@ -945,8 +1089,35 @@ class Checkpointer:
                     stacklevel=2,
                 )
                 continue
+            if opened.extra_files:
+                warnings.warn(
+                    f"the checkpoint of step {candidate} holds files its COMMIT.json does not list, ignored: "
+                    f"{', '.join(opened.extra_files)}",
+                    CheckpointFallbackWarning,
+                    stacklevel=2,
+                )
             apply(state, loaded)
-            self._mark_valid(candidate, by="restore")
+            check = self._probe_check(state, opened.manifest)
+            if check is not None and not check.ok:
+                reason = check.describe()
+                failures.append((candidate, reason))
+                self._mark_invalid(candidate, reason)
+                self._event(
+                    "checkpoint_invalid",
+                    candidate,
+                    error=reason,
+                    stored_probe=check.stored,
+                    recomputed_probe=check.recomputed,
+                )
+                if step is not None:
+                    raise opened.bad(reason)
+                warnings.warn(
+                    f"skipping the checkpoint of step {candidate}: {reason}; falling back to the next newest",
+                    CheckpointFallbackWarning,
+                    stacklevel=2,
+                )
+                continue
+            self._mark_valid(candidate, by="restore", probe=check)
             self._event(
                 "restored", candidate, seconds=round(self._monotonic() - t0, 6), skipped=[s for s, _ in failures]
             )
@@ -960,7 +1131,9 @@ class Checkpointer:
         )
 
     def _check_fits(self, state: Mapping[str, Any], loaded: Mapping[str, Any], step: int) -> None:
-        missing = [name for name in state if name not in loaded]
+        # Entries named "_..." are preemptible's own (RNG streams, run metadata): a checkpoint written by a bare
+        # Checkpointer lacks them, and restores fine (with a warning in the journal).
+        missing = [name for name in state if name not in loaded and not name.startswith("_")]
         diffs = [f"{name}: missing from checkpoint (it holds {sorted(loaded)})" for name in missing]
         for name, obj in state.items():
             if name in loaded and not isinstance(obj, (dict, RNGState)):

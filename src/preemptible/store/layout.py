@@ -21,6 +21,7 @@ STEP_DIGITS = 12
 STEP_RE = re.compile(rf"^step-(\d{{{STEP_DIGITS}}})$")
 COMMIT = "COMMIT.json"
 VALID = "VALID.json"
+INVALID = "INVALID.json"
 STATE = "state.json"
 DONE = "DONE.json"
 JOURNAL_DIR = "journal"
@@ -43,7 +44,7 @@ def parse_step_dir(name: str) -> int | None:
 
 def safe_file_name(name: str) -> bool:
     """A plain file name: no separators, no ``..``, not absolute, not hidden, not a marker."""
-    return bool(_SAFE_NAME.match(name)) and ".." not in name and name not in (COMMIT, VALID)
+    return bool(_SAFE_NAME.match(name)) and ".." not in name and name not in (COMMIT, VALID, INVALID)
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ class Manifest:
             "predicted_save_s": self.predicted_save_s,
         }
         doc.update(self.extra)
-        return (json.dumps(doc, indent=1, allow_nan=False) + "\n").encode()
+        return (json.dumps(seal(doc), indent=1, allow_nan=False) + "\n").encode()
 
     @classmethod
     def from_json(cls, raw: bytes, *, where: str, expect_step: int | None = None) -> Manifest:
@@ -151,7 +152,20 @@ class Manifest:
             "probe",
             "timings",
             "predicted_save_s",
+            SELF_CHECKSUM,
         }
+        sealed = doc.get(SELF_CHECKSUM)
+        if sealed is None:
+            unknown = sorted(k for k in doc if k not in known)
+            raise bad(
+                f"COMMIT.json has no {SELF_CHECKSUM} (unknown keys: {unknown}); it was altered after it was "
+                "written; the checkpoint cannot be trusted"
+            )
+        if sealed != _canonical_checksum(doc):
+            raise bad(
+                f"COMMIT.json does not match its own checksum ({SELF_CHECKSUM} {sealed!r}): it was altered after it "
+                "was written (bit rot or an edit); the checkpoint cannot be trusted"
+            )
         return cls(
             format_version=version,
             step=step,
@@ -164,6 +178,23 @@ class Manifest:
             predicted_save_s=float(predicted) if isinstance(predicted, (int, float)) else None,
             extra={k: v for k, v in doc.items() if k not in known},
         )
+
+
+SELF_CHECKSUM = "manifest_checksum"
+
+
+def _canonical_checksum(doc: Mapping[str, Any]) -> str:
+    from preemptible.store import checksum
+
+    body = {k: v for k, v in doc.items() if k != SELF_CHECKSUM}
+    return checksum.of_bytes(json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode())
+
+
+def seal(doc: dict[str, Any]) -> dict[str, Any]:
+    """Add the manifest's own checksum (over its canonical JSON), so a flipped bit anywhere in COMMIT.json is
+    caught, not only in the fields that are checked one by one."""
+    doc[SELF_CHECKSUM] = _canonical_checksum(doc)
+    return doc
 
 
 def _is_int(v: object) -> TypeGuard[int]:
@@ -186,6 +217,7 @@ class CheckpointInfo:
         predicted_save_s: the prediction made before the save, or None.
         manifest: the parsed COMMIT.json, or None if uncommitted or unreadable.
         error: why the manifest could not be read, or None.
+        invalid: why a restore rejected it (INVALID.json: a probe mismatch), or None.
     """
 
     step: int
@@ -198,6 +230,18 @@ class CheckpointInfo:
     predicted_save_s: float | None = None
     manifest: Manifest | None = None
     error: str | None = None
+    invalid: str | None = None
+
+    @property
+    def status(self) -> str:
+        """``uncommitted``, ``committed``, ``validated``, ``invalid`` or ``unreadable``."""
+        if not self.committed:
+            return "uncommitted"
+        if self.error is not None:
+            return "unreadable"
+        if self.invalid is not None:
+            return "invalid"
+        return "validated" if self.validated else "committed"
 
 
 def now_iso(ts: float) -> str:

@@ -1,0 +1,172 @@
+"""Crash-consistency sweep: kill -9 a process that saves checkpoints back to back, at random instants, and
+check that a restore afterwards yields a committed checkpoint holding exactly the values of its step.
+
+Processes come from a zygote: one pristine Python that imports torch and preemptible once, then forks a fresh
+saver per kill (a fork takes milliseconds; a new interpreter with torch takes seconds). The zygote never runs
+torch ops or starts threads before forking, so its children start clean. Used by the test suite (a short
+sweep) and by ``benchmarks/crash_sweep.py`` (the full one).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def values(step: int, size: int) -> dict[str, Any]:
+    """The state a saver holds at ``step``: every value derived from the step, so a restore can be checked."""
+    return {
+        "weights": {
+            "big": torch.arange(size, dtype=torch.int64) + step * 1_000_000_000,
+            "f": torch.full((size // 4 + 1,), float(step), dtype=torch.float32),
+            "small": {f"t{i}": torch.full((i + 1,), step * 10 + i, dtype=torch.int32) for i in range(40)},
+        },
+        "meta": {"step": step, "size": size},
+    }
+
+
+def template(size: int) -> dict[str, Any]:
+    return {"weights": {}, "meta": {}}
+
+
+def check(state: dict[str, Any], step: int) -> str | None:
+    """None if ``state`` holds exactly the values of ``step``, else what differs."""
+    size = state["meta"].get("size")
+    if state["meta"].get("step") != step or size is None:
+        return f"meta says {state['meta']}, expected step {step}"
+    want = values(step, size)["weights"]
+    got = state["weights"]
+    for key in ("big", "f"):
+        if not torch.equal(got[key], want[key]):
+            return f"weights/{key} differ from step {step}'s"
+    for k, v in want["small"].items():
+        if not torch.equal(got["small"][k], v):
+            return f"weights/small/{k} differs from step {step}'s"
+    return None
+
+
+def _saver(root: str, seed: int) -> None:  # pragma: no cover - runs in a forked child, killed mid-flight
+    from preemptible import Checkpointer
+
+    torch.set_num_threads(1)
+    rng = random.Random(seed)
+    size = rng.choice([1_000, 200_000, 2_000_000])  # 8 KB to 24 MB of tensors: kills land in every phase
+    ck = Checkpointer(root, keep=2)
+    found = ck.latest()
+    step = (found or 0) + 1
+    while True:
+        state = values(step, size)
+        ck.save(state, step, blocking=rng.random() < 0.6).wait()
+        step += 1
+
+
+def zygote_main() -> None:  # pragma: no cover - the zygote process
+    import preemptible  # noqa: F401  (import once, before any fork)
+
+    for line in sys.stdin:
+        cmd = line.split()
+        if not cmd:
+            continue
+        if cmd[0] == "run":
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    _saver(cmd[1], int(cmd[2]))
+                finally:
+                    os._exit(1)
+            print(pid, flush=True)
+        elif cmd[0] == "wait":
+            os.waitpid(int(cmd[1]), 0)
+            print("dead", flush=True)
+        elif cmd[0] == "quit":
+            return
+
+
+@dataclass
+class Sweep:
+    kills: int = 0
+    restores_ok: int = 0
+    bad: list[str] = field(default_factory=list)
+    phases: dict[str, int] = field(default_factory=dict)
+    committed_steps: list[int] = field(default_factory=list)
+
+
+def classify(root: Path) -> str:
+    """Where the kill landed, judged from what it left behind."""
+    leftovers = [d for d in root.glob("step-*") if d.is_dir() and not (d / "COMMIT.json").exists()]
+    if any(p.name.startswith("COMMIT.json.tmp-") for d in root.glob("step-*") for p in d.iterdir()):
+        return "during commit"
+    if leftovers:
+        newest = max(leftovers)
+        names = [p.name for p in newest.iterdir()]
+        if "state.json" in names:
+            return "after data, before commit"
+        return "writing data" if names else "creating the directory"
+    return "between saves (capture, staging, rotation)"
+
+
+def sweep(root: Path, kills: int, *, seed: int = 0, max_delay: float = 0.35) -> Sweep:
+    """Kill a saver ``kills`` times at random instants; after each, restore and check."""
+    from preemptible import Checkpointer
+    from preemptible.errors import PreemptibleError
+
+    rng = random.Random(seed)
+    result = Sweep()
+    zygote = subprocess.Popen(
+        [sys.executable, "-c", "from preemptible._crashkit import zygote_main; zygote_main()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert zygote.stdin is not None
+    assert zygote.stdout is not None
+    try:
+        for i in range(kills):
+            zygote.stdin.write(f"run {root} {rng.randrange(1 << 30)}\n")
+            zygote.stdin.flush()
+            pid = int(zygote.stdout.readline())
+            time.sleep(rng.uniform(0.005, max_delay))
+            os.kill(pid, signal.SIGKILL)
+            zygote.stdin.write(f"wait {pid}\n")
+            zygote.stdin.flush()
+            assert zygote.stdout.readline().strip() == "dead"
+            result.kills += 1
+            phase = classify(root)
+            result.phases[phase] = result.phases.get(phase, 0) + 1
+            ck = Checkpointer(str(root), keep=2)
+            state = template(0)
+            try:
+                step = ck.restore(state)
+            except PreemptibleError as e:
+                result.bad.append(f"kill {i} ({phase}): restore failed: {e}")
+                continue
+            if step is None:
+                if ck.checkpoints():
+                    result.bad.append(f"kill {i} ({phase}): committed checkpoints exist but restore found none")
+                continue
+            problem = check(state, step)
+            if problem is None:
+                try:
+                    ck.verify(step)
+                except PreemptibleError as e:
+                    problem = f"verify failed: {e}"
+            if problem:
+                result.bad.append(f"kill {i} ({phase}): step {step}: {problem}")
+            else:
+                result.restores_ok += 1
+                result.committed_steps.append(step)
+    finally:
+        if zygote.stdin:
+            zygote.stdin.write("quit\n")
+            zygote.stdin.close()
+        zygote.wait(10)
+    return result

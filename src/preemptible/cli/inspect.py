@@ -1,0 +1,74 @@
+"""``preemptible inspect ROOT``: every checkpoint under a root, its state, size and timings."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from preemptible.store import layout
+from preemptible.store.checkpointer import Checkpointer
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "inspect",
+        help="list the checkpoints under a root: step, state, bytes, save and predicted seconds",
+        description="Reads manifests only (fast); `preemptible verify` checks every byte.",
+    )
+    p.add_argument("root")
+    p.add_argument("--json", action="store_true")
+
+
+def collect(root: str) -> dict[str, Any]:
+    ck = Checkpointer(root)
+    rows = []
+    for info in ck.checkpoints(include_uncommitted=True):
+        m = info.manifest
+        rows.append(
+            {
+                "step": info.step,
+                "status": info.status,
+                "bytes": info.bytes,
+                "files": len(m.files) if m else None,
+                "save_s": info.save_s,
+                "predicted_s": info.predicted_save_s,
+                "created": info.created,
+                "probe": m.probe if m else None,
+                "why": info.invalid or info.error,
+            }
+        )
+    done_path = ck.storage.join(ck.root, layout.DONE)
+    done = None
+    if ck.storage.exists(done_path):
+        try:
+            done = json.loads(ck.storage.read_bytes(done_path, 1 << 16))
+        except (OSError, ValueError):
+            done = {"error": "unreadable DONE.json"}
+    return {"root": ck.root, "checkpoints": rows, "done": done}
+
+
+def run(args: argparse.Namespace) -> int:
+    doc = collect(args.root)
+    if args.json:
+        print(json.dumps(doc, indent=1))
+        return 0
+    rows = doc["checkpoints"]
+    if not rows:
+        print(f"{doc['root']}: no checkpoints")
+        return 0
+    print(f"{doc['root']}")
+    print(f"  {'step':>12}  {'status':<11} {'MB':>10} {'save s':>8} {'predicted s':>11}  created")
+    for r in rows:
+        save = f"{r['save_s']:.2f}" if r["save_s"] is not None else "-"
+        pred = f"{r['predicted_s']:.2f}" if r["predicted_s"] is not None else "-"
+        print(
+            f"  {r['step']:>12}  {r['status']:<11} {r['bytes'] / 1e6:>10.1f} {save:>8} {pred:>11}  "
+            f"{r['created'] or '-'}"
+        )
+        if r["why"]:
+            print(f"  {'':>12}  {r['why']}", file=sys.stdout)
+    if doc["done"]:
+        print(f"  finished: step {doc['done'].get('step')} at {doc['done'].get('finished')}")
+    return 0
