@@ -50,7 +50,10 @@ class Guard:
         """Where this process runs (from local evidence), with its signal grace and exit-code defaults."""
         self.sources = detect.resolve(sources, grace=grace, clock=clock, platform=self.platform)
         self.board = NoticeBoard()
-        self._agreement = agreement if agreement is not None else dist.LocalAgreement()
+        self._explicit_agreement = agreement is not None
+        self._agreement: dist.Agreement = agreement if agreement is not None else dist.LocalAgreement()
+        self.coordinator = dist.Coordinator.from_env() if agreement is None else None
+        """The job's store coordinator under torchrun (None in one process): notices travel through it."""
         self._started: list[NoticeSource] = []
 
     def __repr__(self) -> str:
@@ -69,6 +72,10 @@ class Guard:
             return self
         self._entered = True
         try:
+            if self.coordinator is not None and not self._explicit_agreement:
+                self._agreement = dist.StoreAgreement(
+                    self.coordinator, record=self.board.record, local_notice=lambda: self.board.first
+                )
             for source in self.sources:
                 source.start(self.board.record)
                 self._started.append(source)

@@ -198,6 +198,14 @@ class Run:
         _ensure_log_handler()
         self.journal = Journal(self.checkpointer.storage, rank=self.rank, clock=self._clock)
         self.checkpointer.journal = self.journal
+        coord = self.checkpointer.coordinator
+        if coord is not None:
+            if self.save_interval_s is not None or self.prestage_every is not None:
+                raise PreemptibleError(
+                    f"save_interval_s and prestage_every need one process; this job has {coord.world} ranks, whose "
+                    "clocks would pick different steps. Use save_every (steps), which every rank counts alike"
+                )
+            check_shared_root(self.checkpointer, coord)
         self.guard.start()
         if self.prestage_every is not None:
             self._watcher = _PrestageWatcher(self)
@@ -381,7 +389,8 @@ class Run:
         if not result.skipped and not self._planned:
             self._plan(result)
         if not result.skipped:
-            log.info(
+            log.log(
+                logging.INFO if self.rank == 0 or reason == "emergency" else logging.DEBUG,
                 "[rank=%d] %s checkpoint of step %d committed: %.1f MB in %.2f s (%.0f MB/s)",
                 self.rank,
                 reason,
@@ -408,7 +417,8 @@ class Run:
         self.journal.event("plan", result.step, platform=platform.name, **verdict.to_json())
         where = f"{platform.name} window {verdict.window_s:.0f} s"
         if verdict.fits:
-            log.info("[rank=%d] plan: %s (%s)", self.rank, verdict.summary, where)
+            if self.rank == 0:
+                log.info("[rank=%d] plan: %s (%s)", self.rank, verdict.summary, where)
             return
         fixes = [r for r in verdict.recommendations if r.fits] or verdict.recommendations
         fix = f"; to make it fit: {fixes[0].description} ({fixes[0].predicted_save_s:.1f} s)" if fixes else ""
@@ -419,8 +429,9 @@ class Run:
         self._reap(block=True)
         self._save(total, "final", raise_errors=True)
         storage = self.checkpointer.storage
-        doc = f'{{"step": {total}, "finished": "{layout.now_iso(self._clock())}"}}\n'.encode()
-        storage.publish(storage.join(self.checkpointer.root, layout.DONE), doc)
+        if self.rank == 0:
+            doc = f'{{"step": {total}, "finished": "{layout.now_iso(self._clock())}"}}\n'.encode()
+            storage.publish(storage.join(self.checkpointer.root, layout.DONE), doc)
         self.journal.event("done", total, total=total)
 
     def _advisory(self, completed: int) -> bool:
@@ -648,6 +659,37 @@ class _PrestageWatcher:
                 self.handle = run.checkpointer.flush_staged(reason="prestaged", deadline=run._clock() + remaining)
                 return
             self._boundary.wait(0.02)
+
+
+def check_shared_root(checkpointer: Checkpointer, coord: dist.Coordinator) -> None:
+    """Every rank must see the same root (striped saves): rank 0 writes a token the others must read back.
+
+    Raises:
+        PreemptibleError: some rank cannot see it (a node-local path in a multi-node job), naming them.
+    """
+    import secrets
+
+    storage = checkpointer.storage
+    store = coord.client()
+    storage.makedirs(storage.root)
+    name = storage.join(storage.root, ".preemptible-shared-check")
+    if coord.rank == 0:
+        token = secrets.token_hex(8)
+        storage.publish(name, token.encode())
+        store.set("shared/token", token)
+    token = coord.collect_one(store, "shared/token")
+    try:
+        seen = storage.read_bytes(name, 64).decode() == token
+    except OSError:
+        seen = False
+    answers = coord.gather(store, "shared/seen", "yes" if seen else "no")
+    blind = [r for r, a in enumerate(answers) if a != "yes"]
+    if blind:
+        raise PreemptibleError(
+            f"checkpoint root {storage.root} is not shared by all {coord.world} ranks: rank(s) {blind} cannot see "
+            "what rank 0 wrote there (a node-local path in a multi-node job?). Every rank writes part of each "
+            "checkpoint, so the root must be one shared file system or bucket that all nodes mount"
+        )
 
 
 def _ensure_log_handler() -> None:

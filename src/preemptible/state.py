@@ -107,6 +107,10 @@ class FlatState:
     numpy: set[str] = field(default_factory=set)
     stored: dict[str, torch.dtype] = field(default_factory=dict)
     """Tensors written in another dtype than they live in (bf16 optimizer moments), by name."""
+    dtensors: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Sharded tensors (DTensor, FSDP2): the local shard is stored; this says how it fits the whole."""
+    dtensor_objs: dict[str, Any] = field(default_factory=dict)
+    """The live DTensors by name (never written)."""
 
     def stored_dtype(self, name: str) -> torch.dtype:
         return self.stored.get(name, self.tensors[name].dtype)
@@ -156,8 +160,13 @@ def flatten(captured: Mapping[str, Any]) -> FlatState:
     seen: dict[tuple[Any, ...], str] = {}
 
     def sink(obj: Any, path: str, is_numpy: bool) -> str:
+        sharded = None
         if is_numpy:
             tensor = _from_numpy(obj, path)
+        elif is_dtensor(obj):
+            sharded = obj
+            tensor = obj.to_local()  # this rank's shard, sharing the DTensor's memory
+            _check_tensor(tensor, path)
         else:
             tensor = obj
             _check_tensor(tensor, path)
@@ -166,6 +175,9 @@ def flatten(captured: Mapping[str, Any]) -> FlatState:
             return seen[key]
         name = _unique(path, flat.tensors)
         flat.tensors[name] = tensor.detach() if tensor.requires_grad else tensor
+        if sharded is not None:
+            flat.dtensors[name] = dtensor_meta(sharded)
+            flat.dtensor_objs[name] = sharded
         if is_numpy:
             flat.numpy.add(name)
         elif key is not None:
@@ -174,6 +186,49 @@ def flatten(captured: Mapping[str, Any]) -> FlatState:
 
     flat.tree = tagged_json.encode(dict(captured), sink)
     return flat
+
+
+def select(flat: FlatState, entries: set[str]) -> FlatState:
+    """The part of a flattened state that belongs to the given top-level entries."""
+
+    def mine(name: str) -> bool:
+        return group_of(name) in entries
+
+    return FlatState(
+        tree={k: v for k, v in flat.tree.items() if k in entries},
+        tensors={n: t for n, t in flat.tensors.items() if mine(n)},
+        numpy={n for n in flat.numpy if mine(n)},
+        stored={n: d for n, d in flat.stored.items() if mine(n)},
+        dtensors={n: m for n, m in flat.dtensors.items() if mine(n)},
+        dtensor_objs={n: o for n, o in flat.dtensor_objs.items() if mine(n)},
+    )
+
+
+def is_dtensor(t: Any) -> bool:
+    return type(t).__name__ == "DTensor" and hasattr(t, "to_local") and hasattr(t, "placements")
+
+
+def dtensor_meta(t: Any) -> dict[str, Any]:
+    return {
+        "shape": list(t.shape),
+        "stride": list(t.stride()),
+        "placements": [repr(p) for p in t.placements],
+        "mesh": list(t.device_mesh.shape),
+    }
+
+
+def parse_placement(text: str) -> Any:
+    """``Shard(dim=0)`` / ``Replicate()`` / ``Partial(sum)`` -> the placement object."""
+    import re
+
+    from torch.distributed.tensor import Replicate, Shard
+
+    m = re.fullmatch(r"Shard\(dim=(\d+)\)", text)
+    if m:
+        return Shard(int(m.group(1)))
+    if text.startswith("Replicate"):
+        return Replicate()
+    raise ValueError(f"unsupported DTensor placement {text!r} (expected Shard(dim=N) or Replicate())")
 
 
 def _check_tensor(t: torch.Tensor, path: str) -> None:
@@ -287,6 +342,8 @@ def _has_tensor(x: Any) -> bool:
 
 def _diff(live: Any, stored: Any, path: str, out: list[str]) -> None:
     where = path or "<root>"
+    if is_dtensor(live):
+        live = live.to_local()  # sharded: the file holds this rank's shard
     if isinstance(live, torch.Tensor) or isinstance(stored, torch.Tensor):
         if isinstance(live, torch.Tensor) and isinstance(stored, torch.Tensor):
             if live.shape != stored.shape or live.dtype != stored.dtype:

@@ -189,6 +189,7 @@ def state_json(flat: FlatState) -> bytes:
         "version": 1,
         "numpy": sorted(flat.numpy),
         "casts": {n: str(flat.tensors[n].dtype).removeprefix("torch.") for n in sorted(flat.stored)},
+        "dtensors": {n: flat.dtensors[n] for n in sorted(flat.dtensors)},
         "tree": flat.tree,
     }
     return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
@@ -262,12 +263,26 @@ def parallel_map(fn: Callable[[T], R], items: Sequence[T], *, threads: int, name
 
 # staging --------------------------------------------------------------------------------------------------
 @dataclass
+class SavePlan:
+    """What this process writes for one save: its tensor files and its state documents.
+
+    One process writes everything. Under several ranks, replicated state is striped (each rank writes some of
+    its files) and per-rank state (RNG streams, ...) goes to files and a state document of each rank's own.
+    """
+
+    specs: list[FileSpec]
+    docs: dict[str, bytes]
+    nbytes: int
+    total_bytes: int  # tensor bytes of the whole checkpoint (all ranks)
+
+
+@dataclass
 class Staged:
     """A state copied into the staging arena: what the background writer needs, nothing live."""
 
     specs: list[FileSpec]
     blobs: dict[str, memoryview]
-    state_json: bytes
+    docs: dict[str, bytes]
     nbytes: int
     step: int | None = None
     staged_at: float = 0.0
@@ -299,7 +314,7 @@ class Staging:
     def nbytes(self) -> int:
         return 0 if self._arena is None else int(self._arena.numel())
 
-    def _prepare(self, flat: FlatState, specs: Sequence[FileSpec]) -> None:
+    def _prepare(self, specs: Sequence[FileSpec]) -> None:
         key = tuple(
             (spec.name, tuple((n, tuple(t.shape), spec.stored.get(n, t.dtype)) for n, t in spec.items))
             for spec in specs
@@ -325,13 +340,14 @@ class Staging:
             views[e.name] = arena[start : start + e.nbytes].view(e.dtype).view(e.shape)
         self._arena, self._views, self._regions, self._key = arena, views, regions, key
 
-    def stage(self, flat: FlatState, specs: list[FileSpec], *, step: int | None = None) -> Staged:
-        """Copy every tensor of ``flat`` into the arena (the caller holds ``busy``). Returns what to write."""
+    def stage(self, plan: SavePlan, *, step: int | None = None) -> Staged:
+        """Copy every tensor of the plan into the arena (the caller holds ``busy``). Returns what to write."""
         t0 = time.monotonic()
-        self._prepare(flat, specs)
+        specs = plan.specs
+        self._prepare(specs)
         assert self._arena is not None
         pairs: dict[tuple[torch.device, torch.dtype, torch.dtype], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
-        for name, t in flat.tensors.items():
+        for name, t in (item for spec in specs for item in spec.items):
             dst = self._views[name]
             src = t.detach()
             bucket = pairs.setdefault((src.device, src.dtype, dst.dtype), ([], []))
@@ -356,8 +372,8 @@ class Staging:
         staged = Staged(
             staged_specs,
             blobs,
-            state_json(flat),
-            flat.tensor_bytes,
+            dict(plan.docs),
+            plan.nbytes,
             step=step,
             staged_at=time.time(),
             seconds=time.monotonic() - t0,

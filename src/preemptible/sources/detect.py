@@ -284,9 +284,12 @@ def resolve(
     else:
         items = list(spec)
     sources: list[NoticeSource] = []
+    other_local_rank = int(env.get("LOCAL_RANK", "0")) != 0
     for item in items:
         if isinstance(item, str):
             (name,) = parse_source_names(item)
+            if name in CLOUD_SOURCES and other_local_rank:
+                continue  # metadata is polled once per node, by local rank 0; the notice reaches us via the store
             sources.append(FACTORIES[name](opts))
         elif isinstance(item, NoticeSource):
             sources.append(item)

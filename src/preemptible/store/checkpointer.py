@@ -17,7 +17,7 @@ import shutil
 import threading
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +33,6 @@ from preemptible.errors import (
 from preemptible.journal import Journal
 from preemptible.notice import Clock
 from preemptible.state import (
-    FlatState,
     RNGState,
     apply,
     capture,
@@ -42,6 +41,8 @@ from preemptible.state import (
     differences,
     flatten,
     gc_paused,
+    group_of,
+    select,
     unflatten,
 )
 from preemptible.store import checksum, layout, retention, tagged_json
@@ -55,6 +56,7 @@ from preemptible.writer import (
     FileSpec,
     Progress,
     SaveCancelled,
+    SavePlan,
     Staged,
     Staging,
     parallel_map,
@@ -84,6 +86,7 @@ class _Job:
     progress: Progress
     timings: dict[str, float] = field(default_factory=dict)
     probe: float | None = None
+    seq: int = 0  # the n-th save of this process: names its keys in the store (same on every rank)
 
 
 @dataclass
@@ -99,11 +102,37 @@ class _Opened:
     entries: dict[str, tensor_format.Entry] = field(default_factory=dict)
     extra_files: list[str] = field(default_factory=list)
     file_entries: dict[str, list[tensor_format.Entry]] = field(default_factory=dict)
+    selected: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    dtensors: dict[str, dict[str, Any]] = field(default_factory=dict)
+    entry_owner: dict[str, int | None] = field(default_factory=dict)
 
     def bad(self, why: str) -> CheckpointCorruptError:
         return CheckpointCorruptError(
             f"checkpoint of step {self.step} at {self.directory}: {why}", path=self.directory, step=self.step
         )
+
+
+_UNSET: Any = object()
+
+
+def assign(specs: Sequence[FileSpec], world: int) -> list[int]:
+    """Which rank writes each file: largest first, to the least loaded rank. The same on every rank."""
+    load = [0] * world
+    owner = [0] * len(specs)
+    for i in sorted(range(len(specs)), key=lambda i: (-specs[i].nbytes, specs[i].name)):
+        r = min(range(world), key=lambda r: (load[r], r))
+        owner[i] = r
+        load[r] += specs[i].nbytes
+    return owner
+
+
+def _records_doc(records: Mapping[str, FileRecord]) -> dict[str, list[Any]]:
+    return {n: [r.bytes, r.checksum] for n, r in records.items()}
+
+
+def _records_from(doc: Mapping[str, list[Any]]) -> dict[str, FileRecord]:
+    return {n: FileRecord(int(v[0]), str(v[1])) for n, v in doc.items()}
 
 
 def _lower_priority(nice: int) -> None:
@@ -238,6 +267,9 @@ class Checkpointer:
             recomputed after restore; a mismatch beyond ``probe_rtol`` (relative) invalidates that checkpoint.
         verify_after_save: read every file back and check its checksum before committing (off by default: it
             costs a full read of the checkpoint; see the README for the measured cost).
+        per_rank: under several ranks, the state entries that differ between ranks (RNG streams, data loader
+            positions): each rank saves its own. Every other entry is taken to be replicated (DDP) and is
+            striped: each rank writes a share of its files.
         clock: epoch seconds. monotonic: a monotonic clock for durations.
 
     Attributes:
@@ -262,6 +294,7 @@ class Checkpointer:
         probe: Probe | None = None,
         probe_rtol: float = DEFAULT_RTOL,
         verify_after_save: bool = False,
+        per_rank: Collection[str] = ("_rng",),
         clock: Clock = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -284,6 +317,9 @@ class Checkpointer:
         self.fixed_s = 0.05  # directory creation, fsyncs and the commit marker: refined by every save
         self._inflight: SaveHandle | None = None
         self._staging: Staging | None = None
+        self._seq = 0
+        self._coordinator: Any = _UNSET
+        self.per_rank = frozenset(per_rank)
         self.background_nice = background_nice
         self.background_threads = background_threads
         self.probe = probe
@@ -358,6 +394,15 @@ class Checkpointer:
                 with contextlib.suppress(OSError):
                     size += self.storage.size(self.storage.join(path, name))
             return CheckpointInfo(step=step, path=path, committed=False, bytes=size)
+        try:
+            manifest = self._manifest(step)
+        except CheckpointCorruptError as e:
+            manifest_error: str | None = str(e)
+            manifest = None
+        except CheckpointNotFoundError:  # deleted a moment ago (rotation): no longer a checkpoint
+            return CheckpointInfo(step=step, path=path, committed=False)
+        else:
+            manifest_error = None
         validated = self.storage.exists(self.storage.join(path, layout.VALID))
         invalid = None
         invalid_path = self.storage.join(path, layout.INVALID)
@@ -367,11 +412,9 @@ class Checkpointer:
             except (OSError, ValueError, AttributeError):
                 invalid = "marked invalid"
             validated = False
-        try:
-            manifest = self._manifest(step)
-        except CheckpointCorruptError as e:
+        if manifest is None:
             return CheckpointInfo(
-                step=step, path=path, committed=True, validated=validated, error=str(e), invalid=invalid
+                step=step, path=path, committed=True, validated=validated, error=manifest_error, invalid=invalid
             )
         return CheckpointInfo(
             step=step,
@@ -461,17 +504,14 @@ class Checkpointer:
             return SaveHandle(step, result=SaveResult(step=step, path=path, bytes=0, seconds=0.0, skipped=True))
         probe_value = self._probe_at_save(state, step)
         t_probe = self._monotonic() - start
-        flat = flatten(capture(state))
-        if self.moments_dtype is not None:
-            cast_moments(state, flat, self.moments_dtype)
-        specs = plan_files(flat, threads=self.threads, max_file_bytes=self.max_file_bytes)
+        plan = self._plan(state)
         budget = deadline - self._clock() if deadline is not None else None
-        predicted = self.predict(flat.tensor_bytes)
+        predicted = self.predict(plan.nbytes)
         extra = {**(extra or {}), "predicted_save_s": predicted}
+        self._seq += 1
         if not blocking:
             return self._save_async(
-                flat,
-                specs,
+                plan,
                 step=step,
                 path=path,
                 start=start,
@@ -481,9 +521,7 @@ class Checkpointer:
                 probe=probe_value,
                 probe_s=t_probe,
             )
-        self._event(
-            "save_started", step, reason=reason, budget_s=budget, bytes=flat.tensor_bytes, predicted_s=predicted
-        )
+        self._event("save_started", step, reason=reason, budget_s=budget, bytes=plan.nbytes, predicted_s=predicted)
         job = _Job(
             step=step,
             path=path,
@@ -492,14 +530,51 @@ class Checkpointer:
             extra=dict(extra or {}),
             budget=budget,
             deadline=deadline,
-            progress=Progress(total=flat.tensor_bytes),
+            progress=Progress(total=plan.nbytes),
             probe=probe_value,
+            seq=self._seq,
         )
         job.timings["capture"] = self._monotonic() - start
         if self.probe is not None:
             job.timings["probe"] = t_probe
-        result = self._write_and_commit(job, specs, state_json(flat), blobs=None)
+        result = self._write_and_commit(job, plan.specs, plan.docs, blobs=None)
         return SaveHandle(step, result=result, progress=job.progress)
+
+    def _plan(self, state: Mapping[str, Any]) -> SavePlan:
+        """Which tensors and documents this process writes (see `SavePlan`)."""
+        coord = self.coordinator
+        world, me = (coord.world, coord.rank) if coord is not None else (1, 0)
+        flat = flatten(capture(state))
+        if self.moments_dtype is not None:
+            cast_moments(state, flat, self.moments_dtype)
+        if world == 1:
+            specs = plan_files(flat, threads=self.threads, max_file_bytes=self.max_file_bytes)
+            return SavePlan(specs, {layout.STATE: state_json(flat)}, flat.tensor_bytes, flat.tensor_bytes)
+        # Entries that differ between ranks (named per_rank, or holding sharded DTensors) are each rank's own;
+        # the rest is replicated and striped across ranks.
+        sharded = {group_of(n) for n in flat.dtensors}
+        own = {n for n in state if n in self.per_rank} | sharded
+        shared = select(flat, set(state) - own)
+        mine_flat = select(flat, own)
+        specs = plan_files(shared, threads=self.threads * world, max_file_bytes=self.max_file_bytes)
+        mine = [s for s, owner in zip(specs, assign(specs, world), strict=True) if owner == me]
+        own_specs = [
+            FileSpec(layout.with_rank(s.name, me), s.items, s.stored)
+            for s in plan_files(mine_flat, threads=self.threads, max_file_bytes=self.max_file_bytes)
+        ]
+        docs = {f"state{layout.rank_suffix(me)}.json": state_json(mine_flat)}
+        if me == 0:
+            docs[layout.STATE] = state_json(shared)
+        nbytes = sum(s.nbytes for s in mine) + mine_flat.tensor_bytes
+        return SavePlan(mine + own_specs, docs, nbytes, shared.tensor_bytes + mine_flat.tensor_bytes)
+
+    @property
+    def coordinator(self) -> dist.Coordinator | None:
+        """The job's store coordinator (several ranks under torchrun), found at the first save; else None."""
+        if self._coordinator is _UNSET:
+            self._coordinator = dist.Coordinator.from_env()
+        coordinator: dist.Coordinator | None = self._coordinator
+        return coordinator
 
     def _probe_at_save(self, state: Mapping[str, Any], step: int) -> float | None:
         """The probe's value on the weights being saved (None without a probe; non-finite values are kept out of
@@ -546,8 +621,7 @@ class Checkpointer:
 
     def _save_async(
         self,
-        flat: FlatState,
-        specs: list[FileSpec],
+        plan: SavePlan,
         *,
         step: int,
         path: str,
@@ -561,7 +635,7 @@ class Checkpointer:
         staging = self.staging
         staging.busy.acquire()
         try:
-            staged = staging.stage(flat, specs, step=step)
+            staged = staging.stage(plan, step=step)
         except BaseException:
             staging.busy.release()
             raise
@@ -575,6 +649,7 @@ class Checkpointer:
             deadline=None,
             progress=Progress(total=staged.nbytes),
             probe=probe,
+            seq=self._seq,
         )
         job.timings["capture"] = self._monotonic() - start
         job.timings["stall"] = job.timings["capture"]
@@ -601,7 +676,7 @@ class Checkpointer:
             _lower_priority(self.background_nice)
             try:
                 handle._result = self._write_and_commit(
-                    job, staged.specs, staged.state_json, blobs=staged.blobs, threads=self.background_threads
+                    job, staged.specs, staged.docs, blobs=staged.blobs, threads=self.background_threads
                 )
             except BaseException as e:
                 handle._error = e
@@ -617,16 +692,17 @@ class Checkpointer:
         self,
         job: _Job,
         specs: list[FileSpec],
-        state_doc: bytes,
+        docs: dict[str, bytes],
         *,
         blobs: dict[str, memoryview] | None,
         threads: int | None = None,
     ) -> SaveResult:
         self._writing.add(job.step)
         try:
-            result = self._write(job, specs, state_doc, blobs, threads or self.threads)
+            result = self._write(job, specs, docs, blobs, threads or self.threads)
         except BaseException as e:
-            self._abandon(job.path)
+            if self.coordinator is None or self.coordinator.rank == 0:
+                self._abandon(job.path)
             if isinstance(e, SaveCancelled):
                 self._event("save_abandoned", job.step, reason=job.reason, written=job.progress.done)
                 raise
@@ -654,32 +730,86 @@ class Checkpointer:
             budget_s=job.budget,
             remaining_s=remaining,
         )
-        self.rotate()
+        if self.coordinator is None or self.coordinator.rank == 0:
+            self.rotate()  # one rank deletes; the others would race it
         return result
 
     def _write(
-        self, job: _Job, specs: list[FileSpec], state_doc: bytes, blobs: dict[str, memoryview] | None, threads: int
+        self,
+        job: _Job,
+        specs: list[FileSpec],
+        docs: dict[str, bytes],
+        blobs: dict[str, memoryview] | None,
+        threads: int,
     ) -> SaveResult:
         t0 = self._monotonic()
-        if self.storage.exists(job.path):
-            log.info("removing uncommitted leftovers of step %d at %s before writing it again", job.step, job.path)
-            self.storage.remove_tree(job.path)
-        self.storage.makedirs(job.path)
-        self.storage.sync_dir(self.root)
-        records: dict[str, FileRecord] = write_files(
-            self.storage, job.path, specs, threads=threads, progress=job.progress, blobs=blobs
-        )
-        records[layout.STATE] = write_bytes(self.storage, job.path, layout.STATE, state_doc)
-        self.storage.sync_dir(job.path)
+        coord = self.coordinator
+        store = coord.client() if coord is not None else None
+        key = f"save/{job.seq}"
+        if coord is None or coord.rank == 0:
+            if self.storage.exists(job.path):
+                log.info("removing uncommitted leftovers of step %d at %s before writing it again", job.step, job.path)
+                self.storage.remove_tree(job.path)
+            self.storage.makedirs(job.path)
+            self.storage.sync_dir(self.root)
+            if store is not None:
+                store.set(f"{key}/ready", str(job.step))
+        else:
+            assert store is not None
+            coord.collect_one(store, f"{key}/ready")  # rank 0 has cleared leftovers and made the directory
+        try:
+            records: dict[str, FileRecord] = write_files(
+                self.storage, job.path, specs, threads=threads, progress=job.progress, blobs=blobs
+            )
+            for name, doc in docs.items():
+                records[name] = write_bytes(self.storage, job.path, name, doc)
+            self.storage.sync_dir(job.path)
+            if self.verify_after_save:
+                t_read = self._monotonic()
+                self._read_back(job, records)
+                job.timings["read_back"] = self._monotonic() - t_read
+            job.progress.add(0)  # last chance to abandon before the commit point
+        except BaseException as e:
+            if store is not None and coord is not None:
+                store.set(f"{key}/report/{coord.rank}", json.dumps({"error": f"{type(e).__name__}: {e}"}))
+            raise
         t_write = self._monotonic()
-        job.progress.add(0)  # last chance to abandon before the commit point
+        world = 1
+        if store is not None and coord is not None:
+            # IMPORTANT: the commit barrier. Every rank reports its files as durable; rank 0 commits only if all
+            # did, within the timeout; everyone learns the outcome. A dead rank means no commit.
+            reports = coord.gather(store, f"{key}/report", json.dumps({"files": _records_doc(records)}))
+            errors = [(r, json.loads(x)["error"]) for r, x in enumerate(reports) if "error" in json.loads(x)]
+            if coord.rank != 0:
+                outcome = coord.collect_one(store, f"{key}/outcome")
+                if outcome != "committed":
+                    raise SaveError(f"step {job.step} was not committed: {outcome}", path=job.path, step=job.step)
+                timings = dict(job.timings)
+                timings["write"] = t_write - t0
+                timings["total"] = self._monotonic() - job.start
+                return SaveResult(
+                    step=job.step,
+                    path=job.path,
+                    bytes=sum(r.bytes for r in records.values()),
+                    seconds=self._monotonic() - job.start,
+                    timings=timings,
+                )
+            if errors:
+                why = "; ".join(f"rank {r}: {e}" for r, e in errors)
+                store.set(f"{key}/outcome", f"rank(s) failed: {why}")
+                raise SaveError(
+                    f"step {job.step} was not committed, a rank failed: {why}", path=job.path, step=job.step
+                )
+            for x in reports:
+                records.update(_records_from(json.loads(x)["files"]))
+            world = coord.world
         timings = dict(job.timings)
         timings["write"] = t_write - t0
         timings["total"] = t_write - job.start
         manifest = Manifest(
             step=job.step,
             created=layout.now_iso(self._clock()),
-            world_size=dist.world_size(),
+            world_size=world,
             checksum_algorithm=checksum.ALGORITHM,
             files=records,
             timings={k: round(v, 6) for k, v in timings.items()},
@@ -687,10 +817,14 @@ class Checkpointer:
             probe=job.probe,
             extra=job.extra,
         )
-        if self.verify_after_save:
-            self._read_back(job, records)
-            timings["read_back"] = self._monotonic() - t_write
-        self.storage.publish(self._commit_path(job.step), manifest.to_json())
+        try:
+            self.storage.publish(self._commit_path(job.step), manifest.to_json())
+        except BaseException as e:
+            if store is not None:
+                store.set(f"{key}/outcome", f"rank 0 could not write COMMIT.json: {e}")
+            raise
+        if store is not None:
+            store.set(f"{key}/outcome", "committed")
         end = self._monotonic()
         timings["commit"] = end - t_write
         timings["total"] = end - job.start
@@ -720,10 +854,7 @@ class Checkpointer:
         if not staging.busy.acquire(blocking=False):
             return False
         try:
-            flat = flatten(capture(state))
-            if self.moments_dtype is not None:
-                cast_moments(state, flat, self.moments_dtype)
-            staging.stage(flat, plan_files(flat, threads=self.threads, max_file_bytes=self.max_file_bytes), step=step)
+            staging.stage(self._plan(state), step=step)
         finally:
             staging.busy.release()
         return True
@@ -755,6 +886,8 @@ class Checkpointer:
             deadline=deadline,
             progress=Progress(total=staged.nbytes),
         )
+        self._seq += 1
+        job.seq = self._seq
         self._event(
             "save_started",
             staged.step,
@@ -853,8 +986,12 @@ class Checkpointer:
         """
         return self._read(self._open(step), into)
 
-    def _open(self, step: int) -> _Opened:
-        """Everything but the tensor data: manifest, file sizes, state.json, tensor headers. Cheap."""
+    def _open(self, step: int, rank: int | None = None) -> _Opened:
+        """Everything but the tensor data: manifest, file sizes, state documents, tensor headers. Cheap.
+
+        ``rank``: read what that rank needs (the replicated files, and its own per-rank files, or rank 0's when
+        the checkpoint was written by fewer ranks); None: every file (verification).
+        """
         manifest = self._manifest(step)
         directory = self.path_of(step)
         opened = _Opened(step=step, directory=directory, manifest=manifest)
@@ -879,20 +1016,30 @@ class Checkpointer:
             for n in self.storage.listdir(directory)
             if n not in manifest.files and n not in markers and not n.startswith(tuple(m + ".tmp-" for m in markers))
         )
-        rec = manifest.files[layout.STATE]
-        raw = self.storage.read_bytes(self.storage.join(directory, layout.STATE), max(rec.bytes, 0))
-        found = checksum.of_bytes(raw)
-        if found != rec.checksum:
-            raise bad(f"{layout.STATE} checksum mismatch: COMMIT.json records {rec.checksum}, file hashes to {found}")
-        try:
-            doc = json.loads(raw)
-            opened.tree, opened.numpy = doc["tree"], set(doc.get("numpy", []))
-            opened.casts = {str(n): _dtype(str(d)) for n, d in (doc.get("casts") or {}).items()}
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise bad(f"{layout.STATE} is not a preemptible state document ({e})") from e
-        for name, rec in manifest.files.items():
+        opened.selected = self._select(manifest, rank, opened)
+        opened.tree = {}
+        for name in [n for n in opened.selected if n.endswith(".json")]:
+            rec = manifest.files[name]
+            raw = self.storage.read_bytes(self.storage.join(directory, name), max(rec.bytes, 0))
+            found = checksum.of_bytes(raw)
+            if found != rec.checksum:
+                raise bad(f"{name} checksum mismatch: COMMIT.json records {rec.checksum}, file hashes to {found}")
+            try:
+                doc = json.loads(raw)
+                tree = doc["tree"]
+                if not isinstance(tree, dict) or next(iter(tree), "").startswith("$"):
+                    raise TypeError("the tree is not an object of state entries")
+                if rank is None or name == layout.STATE or not (opened.tree.keys() & tree.keys()):
+                    opened.tree.update(tree)
+                opened.numpy |= set(doc.get("numpy", []))
+                opened.dtensors.update(doc.get("dtensors") or {})
+                opened.casts.update({str(n): _dtype(str(d)) for n, d in (doc.get("casts") or {}).items()})
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                raise bad(f"{name} is not a preemptible state document ({e})") from e
+        for name in opened.selected:
             if not name.endswith(layout.TENSOR_SUFFIX):
                 continue
+            rec = manifest.files[name]
             p = self.storage.join(directory, name)
             stream = self.storage.open_read(p)
             try:
@@ -901,12 +1048,56 @@ class Checkpointer:
                 raise bad(str(e)) from e
             finally:
                 stream.close()
+            owner = layout.file_rank(name)
             for entry in entries:
-                if entry.name in opened.entries:
+                if entry.name in opened.entries and opened.entry_owner.get(entry.name) == owner:
                     raise bad(f"tensor {entry.name!r} appears in more than one file")
                 opened.entries[entry.name] = entry
+                opened.entry_owner[entry.name] = owner
             opened.file_entries[name] = entries
         return opened
+
+    def _select(self, manifest: Manifest, rank: int | None, opened: _Opened) -> list[str]:
+        """The files one rank reads (see `_open`)."""
+        names = list(manifest.files)
+        if rank is None:
+            return names
+        ranks = {layout.file_rank(n) for n in names} - {None}
+        own = rank if rank in ranks else 0
+        if ranks and own != rank:
+            opened.notes.append(
+                f"the checkpoint was written by {manifest.world_size} rank(s) and holds no per-rank state of rank "
+                f"{rank}: rank 0's (RNG streams, ...) is used instead"
+            )
+        return [n for n in names if layout.file_rank(n) in (None, own)]
+
+    @staticmethod
+    def _rewrap(opened: _Opened, tensors: dict[str, Any], live: Mapping[str, Any]) -> None:
+        """Local shards back into DTensors: the live DTensor when its shard was read in place, else a new one on
+        the live state's device mesh (an optimizer's moments, created lazily, have no live DTensor yet)."""
+        from torch.distributed.tensor import DTensor
+
+        from preemptible.state import parse_placement
+
+        mesh = next((t.device_mesh for t in live.values()), None)
+        for name, meta in opened.dtensors.items():
+            local = tensors.get(name)
+            if local is None:
+                continue
+            existing = live.get(name)
+            if existing is not None and existing.to_local().data_ptr() == local.data_ptr():
+                tensors[name] = existing
+                continue
+            if mesh is None:
+                raise opened.bad(f"{name} is sharded (DTensor) but the live state has no device mesh to place it on")
+            tensors[name] = DTensor.from_local(
+                local,
+                mesh,
+                [parse_placement(p) for p in meta["placements"]],
+                run_check=False,
+                shape=torch.Size(meta["shape"]),
+                stride=tuple(meta["stride"]),
+            )
 
     def _skeleton(self, opened: _Opened) -> dict[str, Any]:
         """The stored state with shape-and-dtype placeholders (meta tensors) instead of data."""
@@ -922,7 +1113,27 @@ class Checkpointer:
             raise opened.bad(f"{layout.STATE} holds a {type(tree).__name__}, expected an object of state entries")
         return tree
 
-    def _read(self, opened: _Opened, into: Mapping[str, torch.Tensor] | None) -> dict[str, Any]:
+    def _check_sharding(self, opened: _Opened, coord: dist.Coordinator | None) -> None:
+        if not opened.dtensors:
+            return
+        world = coord.world if coord is not None else 1
+        if opened.manifest.world_size != world:
+            raise StateMismatchError(
+                f"the checkpoint of step {opened.step} holds sharded state (DTensor/FSDP2) written by "
+                f"{opened.manifest.world_size} ranks; this job has {world}. Resharding is not supported: restore "
+                f"it with {opened.manifest.world_size} ranks (the same mesh), or save full tensors",
+                path=opened.directory,
+                step=opened.step,
+                differences=[f"world size {opened.manifest.world_size} in checkpoint, {world} live"],
+            )
+
+    def _read(
+        self,
+        opened: _Opened,
+        into: Mapping[str, torch.Tensor] | None,
+        *,
+        sharded: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
         into = into or {}
 
         def target(e: tensor_format.Entry) -> torch.Tensor | None:
@@ -957,7 +1168,7 @@ class Checkpointer:
                 stream.close()
 
         names = sorted(
-            (n for n in opened.manifest.files if n.endswith(layout.TENSOR_SUFFIX)),
+            (n for n in opened.selected if n.endswith(layout.TENSOR_SUFFIX)),
             key=lambda n: -opened.manifest.files[n].bytes,
         )
         tensors: dict[str, torch.Tensor] = {}
@@ -972,6 +1183,8 @@ class Checkpointer:
                 tensors[name] = live.detach().copy_(stored)
             else:
                 tensors[name] = stored.to(dtype)
+        if opened.dtensors:
+            self._rewrap(opened, tensors, sharded or {})
         try:
             loaded = unflatten(opened.tree, tensors, opened.numpy)
         except CheckpointCorruptError as e:
@@ -1071,24 +1284,59 @@ class Checkpointer:
 
     def _restore(self, state: Mapping[str, Any], candidates: list[int], step: int | None) -> int:
         failures: list[tuple[int, str]] = []
-        live = flatten(capture(state)).tensors
+        live_flat = flatten(capture(state))
+        live = live_flat.tensors
+        coord = self.coordinator
+        store = coord.client() if coord is not None else None
         for candidate in candidates:
             t0 = self._monotonic()
+            check: ProbeCheck | None = None
+            opened: _Opened | None = None
             try:
-                opened = self._open(candidate)
+                opened = self._open(candidate, rank=coord.rank if coord is not None else 0)
+                self._check_sharding(opened, coord)
                 self._check_fits(state, self._skeleton(opened), candidate)  # before a single byte changes
-                loaded = self._read(opened, live)
-            except CheckpointCorruptError as e:
-                failures.append((candidate, str(e)))
-                self._event("checkpoint_invalid", candidate, error=str(e))
+                loaded = self._read(opened, live, sharded=live_flat.dtensor_objs)
+                apply(state, loaded)
+                check = self._probe_check(state, opened.manifest)
+                if check is not None and not check.ok:
+                    self._event(
+                        "checkpoint_invalid",
+                        candidate,
+                        error=check.describe(),
+                        stored_probe=check.stored,
+                        recomputed_probe=check.recomputed,
+                    )
+                    raise opened.bad(check.describe())
+                local_error: CheckpointCorruptError | None = None
+            except CheckpointCorruptError as corrupt:
+                local_error = corrupt
+            if coord is not None and store is not None:
+                # Every rank must restore the same step: a checkpoint counts only if it verified on all of them.
+                self._seq += 1
+                reports = coord.gather(store, f"restore/{self._seq}", str(local_error or "ok"))
+                others = [f"rank {r}: {x}" for r, x in enumerate(reports) if x != "ok" and r != coord.rank]
+                if local_error is None and others:
+                    local_error = CheckpointCorruptError(
+                        "; ".join(others), path=self.path_of(candidate), step=candidate
+                    )
+            if local_error is not None:
+                failures.append((candidate, str(local_error)))
+                if check is not None and not check.ok and (coord is None or coord.rank == 0):
+                    self._mark_invalid(candidate, check.describe())
+                else:
+                    self._event("checkpoint_invalid", candidate, error=str(local_error))
                 if step is not None:
-                    raise
+                    raise local_error
                 warnings.warn(
-                    f"skipping the checkpoint of step {candidate}: {e}; trying the next newest",
+                    f"skipping the checkpoint of step {candidate}: {local_error}; falling back to the next newest",
                     CheckpointFallbackWarning,
                     stacklevel=2,
                 )
                 continue
+            assert opened is not None
+            for note in opened.notes:
+                log.warning("restoring step %d: %s", candidate, note)
             if opened.extra_files:
                 warnings.warn(
                     f"the checkpoint of step {candidate} holds files its COMMIT.json does not list, ignored: "
@@ -1096,28 +1344,8 @@ class Checkpointer:
                     CheckpointFallbackWarning,
                     stacklevel=2,
                 )
-            apply(state, loaded)
-            check = self._probe_check(state, opened.manifest)
-            if check is not None and not check.ok:
-                reason = check.describe()
-                failures.append((candidate, reason))
-                self._mark_invalid(candidate, reason)
-                self._event(
-                    "checkpoint_invalid",
-                    candidate,
-                    error=reason,
-                    stored_probe=check.stored,
-                    recomputed_probe=check.recomputed,
-                )
-                if step is not None:
-                    raise opened.bad(reason)
-                warnings.warn(
-                    f"skipping the checkpoint of step {candidate}: {reason}; falling back to the next newest",
-                    CheckpointFallbackWarning,
-                    stacklevel=2,
-                )
-                continue
-            self._mark_valid(candidate, by="restore", probe=check)
+            if coord is None or coord.rank == 0:
+                self._mark_valid(candidate, by="restore", probe=check)
             self._event(
                 "restored", candidate, seconds=round(self._monotonic() - t0, 6), skipped=[s for s, _ in failures]
             )

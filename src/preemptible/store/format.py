@@ -386,16 +386,13 @@ def _read_run(
     _readinto_exact(source, view, where)
     hasher.update(view)
     targets = [into(e) if into is not None else None for e in run]
-    fresh = buf.clone() if any(t is None for t in targets) else None  # one allocation for all the new ones
     base = run[0].begin
-    for e, target in zip(run, targets, strict=True):
+    for e, live in zip(run, targets, strict=True):
         a, b = e.begin - base, e.end - base
-        if target is not None:
-            target.view(-1).view(torch.uint8).copy_(buf[a:b])
-            out[e.name] = target
-        else:
-            assert fresh is not None
-            out[e.name] = fresh[a:b].view(e.dtype).view(e.shape)
+        # A tensor of its own, not a view into one shared block: each restored tensor owns (and frees) its memory.
+        target = live if live is not None else torch.empty(e.shape, dtype=e.dtype)
+        target.view(-1).view(torch.uint8).copy_(buf[a:b])
+        out[e.name] = target
 
 
 def _read_exact(source: Source, n: int, where: str) -> bytes:

@@ -42,6 +42,25 @@ def parse_step_dir(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def rank_suffix(rank: int) -> str:
+    return f"-r{rank:05d}"
+
+
+_RANK_FILE = re.compile(r"-r(\d{5})(?:\.safetensors|\.json)$")
+
+
+def with_rank(name: str, rank: int) -> str:
+    """``_rng.safetensors`` -> ``_rng-r00001.safetensors``: a file of one rank's own state."""
+    stem, dot, ext = name.rpartition(".")
+    return f"{stem}{rank_suffix(rank)}{dot}{ext}"
+
+
+def file_rank(name: str) -> int | None:
+    """The rank a per-rank file belongs to, or None for a file every rank reads."""
+    m = _RANK_FILE.search(name)
+    return int(m.group(1)) if m else None
+
+
 def safe_file_name(name: str) -> bool:
     """A plain file name: no separators, no ``..``, not absolute, not hidden, not a marker."""
     return bool(_SAFE_NAME.match(name)) and ".." not in name and name not in (COMMIT, VALID, INVALID)

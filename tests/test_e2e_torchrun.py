@@ -1,0 +1,212 @@
+"""Real torchrun, gloo, CPU: ranks stop together at one agreed step, save striped, commit once, resume exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import REPO, clean_env, final_digest, wait_for_event
+from preemptible.emulate import AwsEmulator
+
+EXAMPLE = REPO / "examples" / "train_ddp.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Torchrun:
+    def __init__(
+        self, root: Path, nproc: int, *args: str, env: dict[str, str] | None = None, script: Path | None = None
+    ) -> None:
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            str(nproc),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(free_port()),
+            str(script or EXAMPLE),
+            "--root",
+            str(root),
+            *args,
+        ]
+        self.root = root
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(**(env or {}))
+        )
+        self.lines: list[str] = []
+
+    def wait_for_step(self, step: int, timeout: float = 90) -> None:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            if line.startswith(f"step {step} ") or time.monotonic() > deadline:
+                return
+        raise AssertionError(f"never reached step {step}: {self.proc.stderr.read() if self.proc.stderr else ''}")
+
+    def finish(self, timeout: float = 120) -> tuple[int, str, str]:
+        out, err = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, "".join(self.lines) + out, err
+
+
+def journals(root: Path) -> dict[int, list[dict[str, Any]]]:
+    out: dict[int, list[dict[str, Any]]] = {}
+    for path in sorted((root / "journal").glob("*.jsonl")):
+        rank = int(path.stem.rsplit("-r", 1)[1])
+        out.setdefault(rank, []).extend(json.loads(x) for x in path.read_text().splitlines() if x.strip())
+    return out
+
+
+def last(events: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    return [e for e in events if e["event"] == name][-1]
+
+
+ARGS = ("--steps", "90", "--save-every", "40")
+SLOW = ("--step-time", "0.02")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
+    digests = {}
+    for nproc in (2, 3):
+        code, out, err = Torchrun(tmp_path_factory.mktemp(f"ref{nproc}") / "ckpt", nproc, *ARGS).finish()
+        assert code == 0, err
+        digests[nproc] = final_digest(out)
+    return digests
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_sigterm_to_torchrun_stops_every_rank_at_one_step_and_resumes_exactly(
+    tmp_path: Path, reference: dict[int, str], nproc: int
+) -> None:
+    root = tmp_path / "ckpt"
+    t = Torchrun(root, nproc, *ARGS, *SLOW)
+    t.wait_for_step(50)
+    t.proc.send_signal(signal.SIGTERM)
+    code, _, err = t.finish()
+    assert code == 1, err  # torchrun raises SignalException after a SIGTERM to its agent, whatever the workers did
+    ranks = journals(root)
+    assert sorted(ranks) == list(range(nproc))
+    stops = {r: last(ev, "exit")["step"] for r, ev in ranks.items()}
+    assert len(set(stops.values())) == 1, stops
+    stop = stops[0]
+    assert all(last(ev, "exit")["code"] == 0 and last(ev, "exit")["saved"] for ev in ranks.values())
+    commit = json.loads((root / f"step-{stop:012d}" / "COMMIT.json").read_text())
+    assert commit["world_size"] == nproc
+    assert {f"_rng-r{r:05d}.safetensors" for r in range(nproc)} <= set(commit["files"])
+
+    code, out, err = Torchrun(root, nproc, *ARGS).finish()
+    assert code == 0, err
+    assert f"resumed_from={stop}" in out
+    assert final_digest(out) == reference[nproc]
+
+    # The same checkpoint restores into a single process (2 or 3 ranks -> 1), replicated state intact.
+    import torch
+
+    import preemptible
+
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(64, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=50, gamma=0.7)
+    ck = preemptible.Checkpointer(str(root))
+    assert (
+        ck.restore({"model": model, "optimizer": opt, "scheduler": sched, "_rng": preemptible.RNGState()}, step=stop)
+        == stop
+    )
+    assert sched.last_epoch == stop
+
+
+def test_sigterm_to_one_worker_stops_all_ranks_together(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    t = Torchrun(root, 2, *ARGS, *SLOW)
+    t.wait_for_step(45)
+    worker = last(journals(root)[1], "start")["pid"]
+    os.kill(worker, signal.SIGTERM)
+    code, _, err = t.finish()
+    assert code == 0, err  # every worker exited 0 after its checkpoint: torchrun reports success
+    ranks = journals(root)
+    assert last(ranks[1], "notice")["detail"] == "SIGTERM"
+    assert last(ranks[0], "notice")["detail"] == "SIGTERM (seen by rank 1)"
+    assert last(ranks[0], "exit")["step"] == last(ranks[1], "exit")["step"]
+    assert (root / f"step-{last(ranks[0], 'exit')['step']:012d}" / "COMMIT.json").exists()
+
+
+def test_a_cloud_notice_polled_by_one_rank_reaches_all(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    with AwsEmulator() as emu:
+        t = Torchrun(
+            root, 2, *ARGS, *SLOW, env={"PREEMPTIBLE_SOURCES": "signal,aws", "PREEMPTIBLE_AWS_ENDPOINT": emu.url}
+        )
+        t.wait_for_step(45)
+        emu.notice()
+        code, _, err = t.finish()
+        gets = [r for r in emu.requests if r.method == "GET"]
+    assert code == 0, err
+    ranks = journals(root)
+    assert last(ranks[0], "notice")["source"] == "aws"
+    assert last(ranks[1], "notice")["source"] == "aws"
+    assert "seen by rank 0" in last(ranks[1], "notice")["detail"]  # local rank 1 never polled
+    assert last(ranks[0], "exit")["step"] == last(ranks[1], "exit")["step"]
+    assert gets
+
+
+def test_a_rank_killed_during_the_save_means_no_commit(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    env = {"PREEMPTIBLE_COORD_TIMEOUT": "5"}
+    t = Torchrun(root, 2, "--steps", "1000", "--save-every", "20", "--hidden", "200000", env=env)
+    wait_for_event(root, lambda e: e["event"] == "save_committed" and e["step"] == 20 and e["rank"] == 0, timeout=90)
+    started = wait_for_event(
+        root, lambda e: e["event"] == "save_started" and e["step"] == 40 and e["rank"] == 1, timeout=90
+    )
+    worker = next(e["pid"] for e in journals(root)[1] if e["event"] == "start")
+    os.kill(worker, signal.SIGKILL)
+    code, _, _ = t.finish(timeout=120)
+    assert code != 0
+    assert started["step"] == 40
+    assert not (root / "step-000000000040" / "COMMIT.json").exists()
+    from preemptible import Checkpointer
+
+    assert Checkpointer(str(root)).verify(20).step == 20  # the previous checkpoint is intact
+
+
+FSDP = REPO / "examples" / "train_fsdp.py"
+
+
+def test_fsdp2_sharded_state_saved_per_rank_resumes_exactly_and_refuses_another_world_size(tmp_path: Path) -> None:
+    ref = Torchrun(tmp_path / "ref", 2, script=FSDP)
+    code, out, err = ref.finish()
+    assert code == 0, err
+    root = tmp_path / "ckpt"
+    t = Torchrun(root, 2, *SLOW, script=FSDP)
+    t.wait_for_step(50)
+    t.proc.send_signal(signal.SIGTERM)
+    t.finish()
+    stop = last(journals(root)[0], "exit")["step"]
+    files = set(json.loads((root / f"step-{stop:012d}" / "COMMIT.json").read_text())["files"])
+    assert {"model-r00000.safetensors", "model-r00001.safetensors", "optimizer-r00001.safetensors"} <= files
+    code, resumed, err = Torchrun(root, 2, script=FSDP).finish()
+    assert code == 0, err
+    assert f"resumed_from={stop}" in resumed
+    assert final_digest(resumed) == final_digest(out)
+    code, _, err = Torchrun(root, 3, script=FSDP).finish()
+    assert code != 0
+    assert "Resharding is not supported: restore it with 2 ranks" in err
