@@ -19,7 +19,10 @@ REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "train.py"
 
 NO_DMI = "/nonexistent/preemptible-test-dmi"
-_PLATFORM_PREFIXES = ("SLURM_", "KUBERNETES_", "PREEMPTIBLE_", "TORCHELASTIC_", "AWS_", "GCE_", "AZURE_")
+_PLATFORM_PREFIXES = (
+    *("SLURM_", "KUBERNETES_", "PREEMPTIBLE_", "TORCHELASTIC_"),  # schedulers, launchers, our own settings
+    *("AWS_", "GCE_", "AZURE_", "GOOGLE_", "FSSPEC_", "GCSFS_", "STORAGE_EMULATOR_HOST"),  # clouds and their clients
+)
 
 
 def _platform_var(key: str) -> bool:
@@ -71,7 +74,7 @@ def assert_same_tensors(a: dict[str, Any], b: dict[str, Any]) -> None:
 class Trainer:
     """The example training script as a real child process, with its stdout read line by line."""
 
-    def __init__(self, root: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, root: Path | str, *args: str, env: dict[str, str] | None = None) -> None:
         self.root = root
         cmd = [sys.executable, str(EXAMPLE), "--root", str(root), *args]
         self.proc = subprocess.Popen(

@@ -75,8 +75,9 @@ def test_sigkill_during_save_leaves_previous_checkpoint_restorable(tmp_path: Pat
 
 def test_second_sigterm_during_the_emergency_save_does_not_interrupt_it(tmp_path: Path) -> None:
     root = tmp_path / "ckpt"
-    t = Trainer(root, *BIG, "--steps", "1000")
+    t = Trainer(root, "--hidden", "4000", "--width", "64", "--save-every", "3", "--steps", "1000")  # a ~200 MB save
     wait_for_event(root, lambda e: e["event"] == "save_committed" and e["step"] == 3)
+    t.wait_for_step(4)  # past the periodic save's boundary: the emergency save has new steps to write
     t.signal(signal.SIGTERM)
     wait_for_event(root, lambda e: e["event"] == "save_started" and e["reason"] == "emergency")
     t.signal(signal.SIGTERM)

@@ -75,10 +75,13 @@ class Journal:
         with self._lock:
             if self._file is not None and not self._failed:
                 try:
-                    self._file.flush()
-                    os.fsync(self._file.fileno())
-                except (OSError, AttributeError, ValueError):
-                    pass
+                    if getattr(self._file, "object_store", False):
+                        self._file.flush(force=True)  # one PUT of the whole journal so far
+                    else:
+                        self._file.flush()
+                        os.fsync(self._file.fileno())
+                except (OSError, AttributeError, ValueError) as e:
+                    log.debug("journal sync failed: %s", e)
 
     def close(self) -> None:
         self.sync()

@@ -30,6 +30,7 @@ from preemptible.sources import slurm
 from preemptible.state import RNGState, capture, check_state, flatten
 from preemptible.store import layout
 from preemptible.store.checkpointer import Checkpointer, SaveHandle, SaveResult
+from preemptible.store.io import ephemeral_reason
 from preemptible.validate import DEFAULT_RTOL, Probe
 from preemptible.writer import SaveCancelled, deadline_choice
 
@@ -82,6 +83,9 @@ class Run:
         verify_after_save: read every file back and check its checksum before committing a save.
         allow_fresh_start: when checkpoints exist but none verifies, move them aside (``<root>/quarantine/``)
             and start at step 0 instead of raising `CheckpointCorruptError` (the default: never silently).
+        storage_options: for a URL root (``s3://``, ``gs://``, ``az://``), arguments to its fsspec file system
+            (credentials, ``client_kwargs={"endpoint_url": ...}``); the backend's own environment variables and
+            credential chain apply as well.
         exit_on_notice: True (default) ends the process after the emergency save; False ends ``steps()``
             instead and leaves ``run.notice`` set, for loops that must do more before exiting.
         guard: a ready `Guard` to use instead of building one from ``sources``/``grace``.
@@ -114,6 +118,7 @@ class Run:
         probe_rtol: float = DEFAULT_RTOL,
         verify_after_save: bool = False,
         allow_fresh_start: bool = False,
+        storage_options: dict[str, Any] | None = None,
         guard: Guard | None = None,
         clock: Clock = time.time,
         monotonic: Callable[[], float] = time.monotonic,
@@ -156,6 +161,7 @@ class Run:
             probe=probe,
             probe_rtol=probe_rtol,
             verify_after_save=verify_after_save,
+            storage_options=storage_options,
         )
         self.allow_fresh_start = allow_fresh_start
         self.guard = guard if guard is not None else Guard(sources, grace=grace, clock=clock)
@@ -198,6 +204,15 @@ class Run:
         _ensure_log_handler()
         self.journal = Journal(self.checkpointer.storage, rank=self.rank, clock=self._clock)
         self.checkpointer.journal = self.journal
+        reason = ephemeral_reason(self.checkpointer.storage)
+        if reason is not None and self.rank == 0:
+            log.warning(
+                "[rank=%d] checkpoints will not survive the machine: %s. Use storage that outlives it: a network "
+                "or persistent volume, or an object store (s3://, gs://, az://)",
+                self.rank,
+                reason,
+            )
+            self.journal.event("ephemeral_root", None, why=reason)
         coord = self.checkpointer.coordinator
         if coord is not None:
             if self.save_interval_s is not None or self.prestage_every is not None:

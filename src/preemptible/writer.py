@@ -54,6 +54,7 @@ class Progress:
     done: int = 0
     started: float = field(default_factory=time.monotonic)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    deadline: float | None = None  # epoch seconds by which the save must be durable, if any
 
     def add(self, n: int) -> None:
         self.done += n  # one writer per file; the GIL keeps the int update whole
@@ -212,7 +213,24 @@ def write_files(
     found = blobs or {}
 
     def write_one(spec: FileSpec) -> FileRecord:
-        return write_tensor_file(storage, directory, spec, progress=progress, blob=found.get(spec.name))
+        if storage.kind != "object":
+            return write_tensor_file(storage, directory, spec, progress=progress, blob=found.get(spec.name))
+        from preemptible.store.objstore import retrying
+
+        def upload() -> FileRecord:  # whole-file retry: a failed or short upload goes up again from the start
+            record = write_tensor_file(storage, directory, spec, progress=None, blob=found.get(spec.name))
+            stored = storage.size(storage.join(directory, spec.name))
+            if stored != record.bytes:
+                raise ConnectionError(f"{spec.name}: the store holds {stored} bytes of the {record.bytes} uploaded")
+            return record
+
+        budget = 30.0  # a background save may keep trying a while; an emergency one only within its deadline
+        if progress is not None and progress.deadline is not None:
+            budget = max(0.0, min(budget, progress.deadline - time.time() - 2.0))
+        record = retrying(upload, what=f"upload of {spec.name}", budget_s=budget)
+        if progress is not None:
+            progress.add(record.bytes)
+        return record
 
     records = parallel_map(write_one, ordered, threads=threads, name="preemptible-write")
     return {s.name: r for s, r in zip(ordered, records, strict=True)}

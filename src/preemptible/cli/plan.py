@@ -21,7 +21,9 @@ def add_parser(sub: Any) -> None:
             "and compares it with the window. Fits means the prediction leaves 20%% of the window spare."
         ),
     )
-    p.add_argument("root", help="where checkpoints will be written (a directory; created if missing)")
+    p.add_argument(
+        "root", help="where checkpoints will be written: a directory (created if missing) or s3://, gs://, az:// URL"
+    )
     p.add_argument("--params", type=float, required=True, help="parameters, e.g. 7e9")
     p.add_argument("--optimizer", choices=sorted(budget.OPTIMIZER_MOMENTS), default="adamw")
     p.add_argument("--dtype", choices=sorted(budget.DTYPE_BYTES), default="fp32", help="parameter dtype")

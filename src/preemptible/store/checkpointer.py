@@ -68,6 +68,7 @@ from preemptible.writer import (
 
 log = logging.getLogger("preemptible")
 
+OBJECT_STORE_THREADS = 8
 STALE_AFTER_S = 15 * 60
 """Uncommitted leftovers younger than this may belong to a machine still inside its notice window."""
 
@@ -283,7 +284,7 @@ class Checkpointer:
         *,
         keep: int = 2,
         journal: Journal | None = None,
-        threads: int = DEFAULT_THREADS,
+        threads: int | None = None,
         max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
         stale_after_s: float = STALE_AFTER_S,
         storage_options: dict[str, Any] | None = None,
@@ -303,6 +304,8 @@ class Checkpointer:
                 f"expected keep >= 2 (the previous checkpoint must stay until the newest has validated), found {keep}"
             )
         self.storage: Storage = storage if storage is not None else storage_for(root, storage_options)
+        if threads is None:  # object stores gain from many uploads at once; a disk from a few
+            threads = OBJECT_STORE_THREADS if self.storage.kind == "object" else DEFAULT_THREADS
         self.root = self.storage.root
         self.keep = keep
         self.journal = journal
@@ -530,7 +533,7 @@ class Checkpointer:
             extra=dict(extra or {}),
             budget=budget,
             deadline=deadline,
-            progress=Progress(total=plan.nbytes),
+            progress=Progress(total=plan.nbytes, deadline=deadline),
             probe=probe_value,
             seq=self._seq,
         )
@@ -732,6 +735,8 @@ class Checkpointer:
         )
         if self.coordinator is None or self.coordinator.rank == 0:
             self.rotate()  # one rank deletes; the others would race it
+        if self.journal is not None:
+            self.journal.sync()
         return result
 
     def _write(
@@ -1161,6 +1166,7 @@ class Checkpointer:
                     expected_checksum=rec.checksum,
                     into=target,
                     entries=opened.file_entries.get(name),
+                    chunk=(32 << 20) if self.storage.kind == "object" else tensor_format.READ_CHUNK_BYTES,
                 )
             except CheckpointCorruptError as e:
                 raise opened.bad(str(e)) from e

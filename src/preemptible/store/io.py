@@ -200,10 +200,55 @@ def storage_for(root: str | os.PathLike[str], storage_options: dict[str, Any] | 
     """The storage for a local path or an fsspec URL (``s3://``, ``gs://``, ``az://``, ``memory://``)."""
     text = os.fspath(root)
     if "://" in text and not text.startswith("file://"):
-        protocol = text.split("://", 1)[0]
-        raise PreemptibleError(
-            f"checkpoint root {text!r} uses the {protocol}:// protocol, but this version of preemptible stores "
-            "checkpoints on local or mounted file systems only; use a local path (object storage support is "
-            "being added)"
-        )
+        from preemptible.store.objstore import FsspecStorage
+
+        return FsspecStorage(text, storage_options)
     return LocalStorage(text.removeprefix("file://"))
+
+
+EPHEMERAL_PREFIXES = (
+    "/dev/shm",
+    "/run/",
+    "/mnt/resource",
+    "/mnt/ephemeral",
+    "/mnt/disks/local-ssd",
+    "/local_disk0",
+    "/media/ephemeral",
+    "/scratch/local",
+)
+TMPFS_MAGIC = (0x01021994, 0x858458F6)  # tmpfs, ramfs
+
+
+def ephemeral_reason(storage: Storage) -> str | None:
+    """Why the root will not outlive the machine (tmpfs, a known instance-store mount), or None."""
+    if storage.kind != "local":
+        return None
+    path = os.path.realpath(storage.root)
+    probe = path
+    while not os.path.exists(probe) and probe != os.path.dirname(probe):
+        probe = os.path.dirname(probe)
+    fstype = _fs_type(probe)
+    if fstype is not None and fstype in TMPFS_MAGIC:
+        return f"{path} is on tmpfs (memory): it is gone when the machine is"
+    for prefix in EPHEMERAL_PREFIXES:
+        if path == prefix.rstrip("/") or path.startswith(prefix.rstrip("/") + "/"):
+            return f"{path} is under {prefix.rstrip('/')}, an instance-local (ephemeral) disk on common clouds"
+    return None
+
+
+def _fs_type(path: str) -> int | None:
+    """statfs f_type on Linux (via ctypes; os.statvfs does not report it)."""
+    import ctypes
+    import ctypes.util
+
+    class StatFS(ctypes.Structure):
+        _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 120)]
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        buf = StatFS()
+        if libc.statfs(path.encode(), ctypes.byref(buf)) != 0:
+            return None
+        return int(buf.f_type) & 0xFFFFFFFF
+    except (OSError, AttributeError):
+        return None
