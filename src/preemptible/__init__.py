@@ -1,24 +1,70 @@
 """preemptible: make PyTorch training survive the end of its machine.
 
-Nothing starts on import: signal handlers and threads exist only while a `Guard` or `Run` is active.
+Nothing starts on import: signal handlers and threads exist only while a `Guard` or `Run` is active. The names
+below load on first use, so the command-line tools that need no torch (``preemptible run``, ``diagnose``,
+``emulate``) start in a fraction of a second.
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from preemptible._version import __version__
-from preemptible.budget import Plan, plan
-from preemptible.errors import (
-    CheckpointCorruptError,
-    CheckpointNotFoundError,
-    PreemptibleError,
-    SaveError,
-    StateMismatchError,
-    UnsupportedStateError,
-)
-from preemptible.guard import Guard
-from preemptible.notice import Notice, NoticeKind, NoticeSource
-from preemptible.run import Run
-from preemptible.state import RNGState, Stateful
-from preemptible.store.checkpointer import Checkpointer, SaveHandle, SaveResult
-from preemptible.store.layout import CheckpointInfo
+
+if TYPE_CHECKING:
+    from preemptible.budget import Plan, plan
+    from preemptible.errors import (
+        CheckpointCorruptError,
+        CheckpointNotFoundError,
+        PreemptibleError,
+        SaveError,
+        StateMismatchError,
+        UnsupportedStateError,
+    )
+    from preemptible.guard import Guard
+    from preemptible.notice import Notice, NoticeKind, NoticeSource
+    from preemptible.run import Run
+    from preemptible.state import RNGState, Stateful
+    from preemptible.store.checkpointer import Checkpointer, SaveHandle, SaveResult
+    from preemptible.store.layout import CheckpointInfo
+
+_EXPORTS = {
+    "Plan": "preemptible.budget",
+    "plan": "preemptible.budget",
+    "CheckpointCorruptError": "preemptible.errors",
+    "CheckpointNotFoundError": "preemptible.errors",
+    "PreemptibleError": "preemptible.errors",
+    "SaveError": "preemptible.errors",
+    "StateMismatchError": "preemptible.errors",
+    "UnsupportedStateError": "preemptible.errors",
+    "Guard": "preemptible.guard",
+    "Notice": "preemptible.notice",
+    "NoticeKind": "preemptible.notice",
+    "NoticeSource": "preemptible.notice",
+    "Run": "preemptible.run",
+    "RNGState": "preemptible.state",
+    "Stateful": "preemptible.state",
+    "Checkpointer": "preemptible.store.checkpointer",
+    "SaveHandle": "preemptible.store.checkpointer",
+    "SaveResult": "preemptible.store.checkpointer",
+    "CheckpointInfo": "preemptible.store.layout",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        try:  # a submodule used as an attribute: preemptible.state.flatten
+            return importlib.import_module(f"preemptible.{name}")
+        except ModuleNotFoundError:
+            raise AttributeError(f"module 'preemptible' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "CheckpointCorruptError",

@@ -18,7 +18,6 @@ from typing import Any
 from preemptible.sources.detect import WINDOWS
 from preemptible.store import layout
 from preemptible.store.io import Storage, storage_for
-from preemptible.writer import DEFAULT_THREADS, parallel_map
 
 OPTIMIZER_MOMENTS = {"adamw": 2, "adam": 2, "sgd": 1, "none": 0}
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -107,7 +106,7 @@ def probe(
     *,
     nbytes: int = DEFAULT_PROBE_BYTES,
     storage: Storage | None = None,
-    threads: int = DEFAULT_THREADS,
+    threads: int | None = None,
 ) -> Bandwidth:
     """Measure fsync'd write bandwidth on ``root`` itself with the checkpoint writer's own path, then clean up.
 
@@ -116,6 +115,9 @@ def probe(
     the fixed costs of a commit (directory fsyncs and an atomic marker). The directory is removed afterwards,
     even on failure.
     """
+    from preemptible.writer import DEFAULT_THREADS, parallel_map  # torch: only when a probe runs
+
+    threads = DEFAULT_THREADS if threads is None else threads
     storage = storage or storage_for(root)
     storage.makedirs(storage.root)
     tmp = storage.join(storage.root, f".preemptible-probe-{os.getpid()}-{time.monotonic_ns()}")

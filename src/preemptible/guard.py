@@ -8,11 +8,12 @@ a notice; several ranks: the agreed step, see ``dist.py``).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterable
 from types import TracebackType
 
-from preemptible import dist
+from preemptible import dist, relay
 from preemptible.errors import NoticeSourceError
 from preemptible.notice import Clock, Notice, NoticeBoard, NoticeKind, NoticeSource
 from preemptible.sources import detect
@@ -55,6 +56,8 @@ class Guard:
         self.coordinator = dist.Coordinator.from_env() if agreement is None else None
         """The job's store coordinator under torchrun (None in one process): notices travel through it."""
         self._started: list[NoticeSource] = []
+        self._relay_path = os.environ.get(relay.NOTICE_FILE_ENV, "").strip() or None
+        self._relayed: tuple[Notice, Notice] | None = None
 
     def __repr__(self) -> str:
         return f"Guard(sources={[s.name for s in self.sources]}, notice={self.notice})"
@@ -107,8 +110,33 @@ class Guard:
     # queries ---------------------------------------------------------------------------------------------
     @property
     def notice(self) -> Notice | None:
-        """The first notice that calls for a stop, or None."""
-        return self.board.first
+        """The first notice that calls for a stop, or None.
+
+        Under ``preemptible run`` (``$PREEMPTIBLE_NOTICE_FILE`` set), a signal is the wrapper relaying a cloud's
+        notice: the notice it wrote to that file, with its source, kind and deadline, is the one returned.
+        """
+        first = self.board.first
+        if first is None or self._relay_path is None or first.source != "signal":
+            return first
+        if self._relayed is None or self._relayed[0] is not first:
+            self._relayed = (first, self._resolve_relayed(first, self._relay_path))
+        return self._relayed[1]
+
+    @staticmethod
+    def _resolve_relayed(signalled: Notice, path: str) -> Notice:
+        relayed = relay.read_notice_file(path)
+        if relayed is None:
+            return signalled
+        log.info(
+            "the %s is %s's %s notice relayed by preemptible run", signalled.detail, relayed.source, relayed.kind.value
+        )
+        return Notice(
+            source=relayed.source,
+            kind=relayed.kind,
+            received_at=relayed.received_at,
+            deadline=relayed.deadline or signalled.deadline,
+            detail=f"{relayed.detail}; relayed as {signalled.detail} by preemptible run".lstrip("; "),
+        )
 
     @property
     def notices(self) -> list[Notice]:

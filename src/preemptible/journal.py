@@ -51,6 +51,8 @@ class Journal:
         self._file: Any = None
         self._failed = False
         self._directory = directory
+        self.report: Any = None
+        """A `preemptible.relay.ReportFile` that mirrors the milestones (set by `Run` under ``drill``)."""
 
     def event(self, event: str, step: int | None, **fields: Any) -> dict[str, Any]:
         record: dict[str, Any] = {"t": layout.now_iso(self._clock()), "event": event, "step": step, "rank": self.rank}
@@ -68,6 +70,8 @@ class Journal:
             except OSError as e:
                 self._failed = True
                 log.warning("journal %s cannot be written (%s); training continues without it", self.path, e)
+        if self.report is not None:
+            self.report.record(record)
         return record
 
     def sync(self) -> None:

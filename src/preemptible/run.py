@@ -26,6 +26,7 @@ from preemptible.errors import CheckpointCorruptError, PreemptibleError, Unsuppo
 from preemptible.guard import Guard
 from preemptible.journal import Journal
 from preemptible.notice import Clock, Notice, NoticeKind, NoticeSource
+from preemptible.relay import ReportFile
 from preemptible.sources import slurm
 from preemptible.state import RNGState, capture, check_state, flatten
 from preemptible.store import layout
@@ -39,6 +40,8 @@ log = logging.getLogger("preemptible")
 EXIT_PREEMPTED = 0
 """Default exit code after a successful emergency save: a clean, intentional stop."""
 EXIT_SAVE_FAILED = 75
+ROOT_ENV = "PREEMPTIBLE_ROOT"
+"""Overrides the root given in code (``preemptible drill --reference`` gives its reference run a root of its own)."""
 """Exit code when the emergency save failed (EX_TEMPFAIL): nothing new committed, the previous checkpoint is
 intact, restart the job."""
 EXIT_CODE_ENV = "PREEMPTIBLE_EXIT_CODE"
@@ -54,7 +57,8 @@ class Run:
     """A preemption-safe training run.
 
     Args:
-        root: where checkpoints and the journal live (a local path).
+        root: where checkpoints and the journal live: a local path or an s3://, gs://, az:// URL
+            (``$PREEMPTIBLE_ROOT`` overrides it).
         save_every: save every this many completed steps (``step % save_every == 0``). None: no step-based saves.
         save_interval_s: save when this many seconds have passed since the last save. None: no time-based saves.
         keep: committed checkpoints kept (>= 2); the newest validated one is kept in addition.
@@ -141,7 +145,10 @@ class Run:
             raise ValueError(f"expected on_advisory to be 'save', 'stop' or 'ignore', found {on_advisory!r}")
         self.on_advisory = on_advisory
         self.requeue = requeue
-        self.root = os.fspath(root)
+        override = os.environ.get(ROOT_ENV, "").strip()
+        if override:
+            log.info("checkpoint root %s from $%s (the code asked for %s)", override, ROOT_ENV, os.fspath(root))
+        self.root = override or os.fspath(root)
         self.save_every = save_every
         self.save_interval_s = save_interval_s
         self.exit_code = exit_code
@@ -204,6 +211,8 @@ class Run:
         _ensure_log_handler()
         self.journal = Journal(self.checkpointer.storage, rank=self.rank, clock=self._clock)
         self.checkpointer.journal = self.journal
+        if self.rank == 0:
+            self.journal.report = ReportFile.from_env(root=self.root, journal=self.journal.path)
         reason = ephemeral_reason(self.checkpointer.storage)
         if reason is not None and self.rank == 0:
             log.warning(

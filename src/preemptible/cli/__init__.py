@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from preemptible._version import __version__
 
-SUBCOMMANDS = ("bench", "emulate", "inspect", "plan", "verify")
+SUBCOMMANDS = ("bench", "diagnose", "drill", "emulate", "inspect", "plan", "run", "verify")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,9 +7,6 @@ import json
 import sys
 from typing import Any
 
-from preemptible.store import layout
-from preemptible.store.checkpointer import Checkpointer
-
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
@@ -22,6 +19,9 @@ def add_parser(sub: Any) -> None:
 
 
 def collect(root: str) -> dict[str, Any]:
+    from preemptible.store import layout
+    from preemptible.store.checkpointer import Checkpointer
+
     ck = Checkpointer(root)
     rows = []
     for info in ck.checkpoints(include_uncommitted=True):

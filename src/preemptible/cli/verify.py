@@ -7,9 +7,6 @@ import json
 import time
 from typing import Any
 
-from preemptible.errors import CheckpointCorruptError, CheckpointNotFoundError
-from preemptible.store.checkpointer import Checkpointer
-
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
@@ -27,6 +24,9 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from preemptible.errors import CheckpointCorruptError, CheckpointNotFoundError
+    from preemptible.store.checkpointer import Checkpointer
+
     ck = Checkpointer(args.root)
     steps = [args.step] if args.step is not None else [c.step for c in ck.checkpoints()]
     results: list[dict[str, Any]] = []

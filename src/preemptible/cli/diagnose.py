@@ -1,0 +1,54 @@
+"""``preemptible diagnose``: was this run preempted, and what did it lose?"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "diagnose",
+        help="tell from logs, an exit code and the journal whether a run was preempted and what it lost",
+        description=(
+            "Read logs (SLURM, torchrun, kubectl describe/events, docker inspect, dmesg, the training script's own "
+            "output; '-' reads stdin), an exit code and the run's journal (--root), and give a verdict: preempted, "
+            "time-limit, oom, crashed, terminated, killed, completed or unknown, with the evidence lines, whether a "
+            "checkpoint committed after the notice, how many steps were lost, and how to confirm. "
+            "Exit code: 0 when a verdict was reached, 3 for unknown, 2 for bad arguments."
+        ),
+    )
+    p.add_argument("logs", nargs="*", metavar="LOG", help="log files to read ('-' for stdin)")
+    p.add_argument(
+        "--root", help="the run's checkpoint root (local path or s3://, gs://, az:// URL): reads its journal"
+    )
+    p.add_argument(
+        "--exit-code", type=int, default=None, metavar="N", help="the command's exit code (shell or -signal)"
+    )
+    p.add_argument("--json", action="store_true", help="print JSON (verdict, summary, evidence, checkpoint, ...)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from preemptible.diagnose import diagnose, read_log
+
+    logs = []
+    for path in args.logs:
+        if path == "-":
+            logs.append(("stdin", sys.stdin.read().splitlines()))
+            continue
+        try:
+            logs.append(read_log(path))
+        except OSError as e:
+            print(f"preemptible diagnose: cannot read log {path!r}: {e.strerror or e}", file=sys.stderr)
+            return 2
+    if not logs and args.root is None and args.exit_code is None:
+        print("preemptible diagnose: expected at least one of LOG, --root or --exit-code; found none", file=sys.stderr)
+        return 2
+    result = diagnose(logs, exit_code=args.exit_code, root=args.root)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        print(result.render())
+    return 3 if result.verdict == "unknown" else 0

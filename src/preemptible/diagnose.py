@@ -1,0 +1,604 @@
+"""Was this run preempted, and what did it lose? A verdict from logs, an exit code and the run's journal.
+
+Every recognised line becomes `Evidence`: the verdict it points to, how strongly (``strong``: it names the
+cause, e.g. SLURM's "DUE TO PREEMPTION"; ``weak``: a symptom, e.g. exit code 143, which says SIGTERM but not who
+sent it), and where it was found. The verdict is the highest-ranked verdict among the strong evidence, else
+among the weak, in the order of `VERDICTS` (a preemption explains a SIGTERM, an OOM explains a SIGKILL, ...).
+
+Lines inside a Python traceback count only as the crash they report: a traceback that mentions "preemption"
+is a crash, not a preemption. torchrun's summary counts only its "Root Cause" entry as the cause: the other
+ranks' ``exitcode: -15`` there is torchrun tearing them down after the first failure.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+VERDICTS = ("preempted", "time-limit", "oom", "crashed", "terminated", "killed", "completed", "unknown")
+"""In order of precedence: the first with evidence wins."""
+
+
+@dataclass(frozen=True)
+class Evidence:
+    verdict: str
+    strength: str  # "strong" names the cause; "weak" is a symptom
+    why: str  # what the line means, in words
+    where: str  # file name, "exit code" or "journal"
+    line: int | None  # 1-based line number in ``where`` (None for the exit code)
+    text: str  # the line itself (trimmed)
+    platform: str | None = None  # slurm, k8s, aws, gcp, azure, torchrun, docker, kernel, preemptible
+
+
+@dataclass(frozen=True)
+class Rule:
+    verdict: str
+    strength: str
+    pattern: re.Pattern[str]
+    why: str
+    platform: str | None = None
+
+
+def _r(verdict: str, strength: str, pattern: str, why: str, platform: str | None = None, *, flags: int = re.I) -> Rule:
+    return Rule(verdict, strength, re.compile(pattern, flags), why, platform)
+
+
+# Formats from the providers' and tools' documentation (see shared/reference/cloud-notices.md).
+RULES: tuple[Rule, ...] = (
+    # preemption: the platform says so
+    _r(
+        "preempted",
+        "strong",
+        r"\*\*\* (JOB|STEP) \S+ ON \S+ CANCELLED AT \S+ DUE TO PREEMPTION",
+        "SLURM cancelled the job to preempt it",
+        "slurm",
+    ),
+    _r("preempted", "strong", r"^\s*\d+(\.\w+)?\s.*\bPREEMPTED\b", "sacct: job state PREEMPTED", "slurm", flags=0),
+    _r(
+        "preempted",
+        "strong",
+        r"terminated in response to imminent node shutdown",
+        "Kubernetes graceful node shutdown (GKE Spot/preemptible node reclaimed)",
+        "k8s",
+    ),
+    _r(
+        "preempted",
+        "strong",
+        r"\bReason:\s*NodeShutdown\b|\"reason\":\s*\"NodeShutdown\"",
+        "Kubernetes pod ended by a node shutdown",
+        "k8s",
+    ),
+    _r(
+        "preempted",
+        "strong",
+        r"\bPreempted by \S+ on node\b|\bPreemptionByScheduler\b|\bPreemptionByKubeScheduler\b",
+        "Kubernetes scheduler preempted the pod for a higher-priority one",
+        "k8s",
+    ),
+    _r(
+        "preempted",
+        "strong",
+        r"spot instance interruption|\bSPOT_ITN\b|\bBidEvictedEvent\b|spot[ -]interruption notice",
+        "AWS Spot interruption notice",
+        "aws",
+    ),
+    _r(
+        "preempted",
+        "strong",
+        r"spot/instance-action|\"action\"\s*:\s*\"(terminate|stop|hibernate)\"\s*,\s*\"time\"",
+        "AWS IMDS spot instance-action document",
+        "aws",
+    ),
+    _r(
+        "preempted",
+        "strong",
+        r"compute\.instances\.preempted|instance was preempted|instance/preempted\W+TRUE",
+        "GCP preempted the VM (Spot/preemptible)",
+        "gcp",
+    ),
+    _r(
+        "preempted",
+        "strong",
+        r"\"EventType\"\s*:\s*\"Preempt\"",
+        "Azure Scheduled Events: Preempt (Spot eviction)",
+        "azure",
+    ),
+    _r(
+        "preempted",
+        "strong",
+        r"preemptible run: (aws|gcp|azure) \w+ notice",
+        "preemptible run relayed a cloud's notice to the command",
+        "preemptible",
+    ),
+    _r(
+        "preempted",
+        "strong",
+        r"\] (aws|gcp|azure) notice \(.*\) received; stopping at step",
+        "preemptible: a cloud's notice reached the run",
+        "preemptible",
+    ),
+    _r(
+        "preempted",
+        "strong",
+        r"\b(managed |spot )?job\b.*\bwas preempted\b|\bpreempted, recovering\b",
+        "the job manager reports a preemption",
+        None,
+    ),
+    # time limits
+    _r(
+        "time-limit",
+        "strong",
+        r"\*\*\* (JOB|STEP) \S+ ON \S+ CANCELLED AT \S+ DUE TO TIME LIMIT",
+        "SLURM time limit reached",
+        "slurm",
+    ),
+    _r("time-limit", "strong", r"^\s*\d+(\.\w+)?\s.*\bTIMEOUT\b", "sacct: job state TIMEOUT", "slurm", flags=0),
+    _r(
+        "time-limit",
+        "strong",
+        r"Job was active longer than specified deadline|\bDeadlineExceeded\b",
+        "Kubernetes Job activeDeadlineSeconds reached",
+        "k8s",
+    ),
+    _r(
+        "time-limit",
+        "strong",
+        r"handling auto-requeue signal",
+        "Lightning got SLURM's --signal (sent ahead of the time limit)",
+        "slurm",
+    ),
+    # out of memory
+    _r(
+        "oom",
+        "strong",
+        r"Out of memory: Killed process|\boom-kill\b|Memory cgroup out of memory|\boom_reaper\b",
+        "the kernel's OOM killer",
+        "kernel",
+    ),
+    _r("oom", "strong", r"Detected \d+ oom[-_]kill event|\bOUT_OF_MEMORY\b", "SLURM: the step was OOM-killed", "slurm"),
+    _r("oom", "strong", r"\bOOMKilled\b", "container OOM-killed", "k8s"),
+    _r("oom", "strong", r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory", "GPU out of memory", None),
+    # crashes
+    _r(
+        "crashed",
+        "strong",
+        r"Watchdog caught collective operation timeout|\bNCCL (error|timeout)\b"
+        r"|nccl(Internal|UnhandledCuda|System)Error",
+        "NCCL collective failed or timed out",
+        "torchrun",
+    ),
+    _r(
+        "crashed",
+        "strong",
+        r"Segmentation fault|Fatal Python error|illegal memory access|\bBus error\b|core dumped",
+        "the process crashed",
+        None,
+    ),
+    _r(
+        "killed",
+        "strong",
+        r"DUE TO NODE FAILURE|\bNODE_FAIL\b",
+        "the node failed (everything on it died at once)",
+        "slurm",
+    ),
+    # terminations: a signal, sender unknown
+    _r(
+        "terminated",
+        "strong",
+        r"Received (15|Signals\.SIGTERM) death signal|got signal: 15\b|Signal 15 \(SIGTERM\) received",
+        "torchrun received SIGTERM",
+        "torchrun",
+    ),
+    _r(
+        "terminated",
+        "strong",
+        r"Received (1|2|3|Signals\.SIG(HUP|INT|QUIT)) death signal|got signal: (1|2|3)\b",
+        "torchrun received a terminating signal",
+        "torchrun",
+    ),
+    _r(
+        "terminated",
+        "strong",
+        r"\*\*\* (JOB|STEP) \S+ ON \S+ CANCELLED AT \S+( \*\*\*|$)",
+        "SLURM job cancelled (scancel by a user or admin)",
+        "slurm",
+    ),
+    _r(
+        "terminated",
+        "strong",
+        r"\] signal notice \((SIG\w+)\) received; stopping at step",
+        "preemptible: a signal reached the run",
+        "preemptible",
+    ),
+    _r("terminated", "strong", r"Received SIG(TERM|INT|USR1|USR2): \d+", "Lightning received a signal", None),
+    _r(
+        "terminated",
+        "strong",
+        r"\bThe node was low on resource\b|\bReason:\s*Evicted\b",
+        "Kubernetes evicted the pod (node pressure)",
+        "k8s",
+    ),
+    _r(
+        "terminated",
+        "weak",
+        r"\b\d+ Terminated\b|^Terminated$|: task \d+: Terminated",
+        "the shell or srun reports the command died of SIGTERM",
+        None,
+    ),
+    _r("terminated", "weak", r"^\s*KeyboardInterrupt\s*$", "interrupted (SIGINT / Ctrl-C)", None),
+    # kills
+    _r(
+        "killed",
+        "strong",
+        r"forcefully exiting via Signals\.SIGKILL",
+        "torchrun SIGKILLed workers that outlived the shutdown grace period",
+        "torchrun",
+    ),
+    _r("killed", "weak", r"Signal 9 \(SIGKILL\) received|got signal: 9\b", "SIGKILL (cannot be caught)", "torchrun"),
+    _r("killed", "weak", r"\b\d+ Killed\b|^Killed$", "the shell reports the command died of SIGKILL", None),
+    # completion
+    _r("completed", "weak", r"^\s*\d+(\.\w+)?\s.*\bCOMPLETED\b", "sacct: job state COMPLETED", "slurm", flags=0),
+    _r("completed", "weak", r"\bReason:\s*Completed\b", "Kubernetes: container completed", "k8s"),
+)
+
+_EXIT_SIGNALS = {int(s): s.name for s in signal.Signals}
+_TRACEBACK_START = re.compile(r"Traceback \(most recent call last\):")
+_EXCEPTION_LINE = re.compile(
+    r"^(\[[^\]]*\]:?\s*)?([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failure|Warning)\b|[A-Za-z_][\w.]*Error)(:.*)?$"
+)
+_NOT_A_CRASH = ("SignalException", "KeyboardInterrupt", "SystemExit", "ChildFailedError")
+_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\)")
+_FAILURES = re.compile(r"^\s*Failures:")
+_EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
+_STATUS_LINE = re.compile(r"^\s*Exit Code:\s*(\d+)\s*$")  # kubectl describe pod
+
+
+def _strip_prefix(line: str) -> str:
+    """``[rank0]: ...`` / ``[default0]:...`` (torchrun) and ``0: ...`` (srun --label) prefixes."""
+    return re.sub(r"^(\[[^\]]*\]:\s?|\d+: )", "", line).rstrip()
+
+
+def _oom(line: str) -> bool:
+    return any(r.verdict == "oom" and r.pattern.search(line) for r in RULES)
+
+
+def scan_lines(lines: Sequence[str], where: str) -> list[Evidence]:
+    """Evidence from one log's lines."""
+    found: list[Evidence] = []
+    in_traceback = False
+    block = ""  # "" | "root" | "failures": where we are in torchrun's error summary
+    for number, raw in enumerate(lines, start=1):
+        line = _strip_prefix(raw)
+        text = raw.strip()[:400]
+        if _TRACEBACK_START.search(line):
+            in_traceback = True
+            continue
+        if in_traceback:
+            match = _EXCEPTION_LINE.match(line) if line[:1] not in (" ", "\t") else None
+            if match is None:
+                continue  # frames, source lines, carets, "During handling of ..." between chained tracebacks
+            in_traceback = False
+            name = match.group(2).rsplit(".", 1)[-1]
+            if name == "KeyboardInterrupt":
+                found.append(Evidence("terminated", "weak", "interrupted (SIGINT / Ctrl-C)", where, number, text))
+                continue
+            if name in _NOT_A_CRASH and name != "SignalException":
+                continue  # torchrun's wrapper error: its summary below names the cause
+            if name != "SignalException" and not _oom(line):
+                found.append(Evidence("crashed", "strong", f"unhandled {name}", where, number, text))
+                continue  # nothing in a crash's message counts as other evidence ("... preemption ...")
+        if _ROOT_CAUSE.search(line):
+            block = "root"
+            continue
+        if _FAILURES.search(line):
+            block = "failures"
+            continue
+        status = _STATUS_LINE.search(line)
+        if status:
+            found.append(_exit_evidence(int(status.group(1)), "container exit code", where, number, text))
+            continue
+        if re.fullmatch(r"\s*={10,}\s*", line):
+            block = ""  # the summary's frame
+            continue
+        if block == "failures":
+            continue  # the other ranks' codes and signals: torchrun's own teardown after the first failure
+        code_match = _EXITCODE.search(line)
+        if code_match and block == "root":
+            code = int(code_match.group(1))
+            found.append(_exit_evidence(code, "torchrun root cause: exitcode", where, number, text, strong=True))
+            continue
+        for rule in RULES:
+            if rule.pattern.search(line):
+                found.append(Evidence(rule.verdict, rule.strength, rule.why, where, number, text, rule.platform))
+                break
+    return found
+
+
+def _exit_evidence(code: int, what: str, where: str, line: int | None, text: str, *, strong: bool = False) -> Evidence:
+    signum = -code if code < 0 else code - 128 if code > 128 else None
+    name = _EXIT_SIGNALS.get(signum) if signum is not None else None
+    strength = "strong" if strong else "weak"
+    if code == 0:
+        return Evidence("completed", "weak", f"{what} 0: a clean exit", where, line, text)
+    if name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"):
+        return Evidence(
+            "terminated",
+            strength,
+            f"{what} {code}: died of {name}; the code does not say who sent it",
+            where,
+            line,
+            text,
+        )
+    if name == "SIGKILL":
+        return Evidence(
+            "killed",
+            strength,
+            f"{what} {code}: SIGKILL (an OOM kill, a grace period that ran out, or kill -9)",
+            where,
+            line,
+            text,
+        )
+    if name in ("SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL"):
+        return Evidence("crashed", "strong", f"{what} {code}: died of {name}", where, line, text)
+    if code == 124:
+        return Evidence("time-limit", "weak", f"{what} 124: timeout(1) ran out", where, line, text)
+    return Evidence("crashed", strength, f"{what} {code}: the program reported a failure", where, line, text)
+
+
+# the journal -------------------------------------------------------------------------------------------------
+@dataclass
+class JournalFacts:
+    """What the newest process start of a run wrote in its journal (rank 0)."""
+
+    file: str | None = None
+    notice: dict[str, Any] | None = None
+    exit: dict[str, Any] | None = None
+    done: bool = False
+    last_step: int | None = None
+    committed_after_notice: int | None = None
+    last_committed: int | None = None
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+def journal_facts(root: str) -> JournalFacts:
+    from preemptible import journal as journal_mod
+    from preemptible.store.checkpointer import Checkpointer
+    from preemptible.store.io import storage_for
+
+    storage = storage_for(root)
+    records = [r for r in journal_mod.read(storage) if r.get("rank", 0) == 0]
+    facts = JournalFacts()
+    ck = Checkpointer(root, storage=storage)
+    committed = [c.step for c in ck.checkpoints()]
+    facts.last_committed = max(committed) if committed else None
+    if not records:
+        return facts
+    newest = max(str(r["file"]) for r in records)
+    events = [r for r in records if r["file"] == newest]
+    facts.file, facts.events = newest, events
+    steps = [int(e["step"]) for e in events if isinstance(e.get("step"), int)]
+    facts.last_step = max(steps) if steps else None
+    for e in events:
+        kind = e.get("event")
+        if kind == "notice" and facts.notice is None:
+            facts.notice = e
+        elif kind == "save_committed" and facts.notice is not None:
+            facts.committed_after_notice = int(e["step"])
+        elif kind == "exit":
+            facts.exit = e
+        elif kind == "done":
+            facts.done = True
+    return facts
+
+
+def _journal_evidence(facts: JournalFacts) -> list[Evidence]:
+    out: list[Evidence] = []
+    where = f"journal {facts.file}"
+    if facts.notice is not None:
+        n = facts.notice
+        source = str(n.get("source"))
+        detail = n.get("detail") or "no detail"
+        text = f"{source} notice ({n.get('kind')}, {detail}) at step {n.get('step')}, t={n.get('t')}"
+        if source in ("aws", "gcp", "azure"):
+            out.append(
+                Evidence(
+                    "preempted",
+                    "strong",
+                    f"the {source} metadata service announced the reclaim",
+                    where,
+                    None,
+                    text,
+                    source,
+                )
+            )
+        else:
+            out.append(
+                Evidence(
+                    "terminated",
+                    "strong",
+                    f"a {n.get('detail') or source} reached the run; who sent it is not recorded",
+                    where,
+                    None,
+                    text,
+                    "preemptible",
+                )
+            )
+    if facts.done:
+        out.append(
+            Evidence("completed", "strong", "the run finished all its steps (DONE)", where, None, "done", "preemptible")
+        )
+    if facts.exit is not None and facts.exit.get("reason") == "notice":
+        saved = facts.exit.get("saved")
+        out.append(
+            Evidence(
+                "terminated",
+                "weak",
+                "the run exited on purpose after the notice",
+                where,
+                None,
+                f"exit at step {facts.exit.get('step')} with code {facts.exit.get('code')}, "
+                f"{'checkpoint saved' if saved else 'no checkpoint saved'}, t={facts.exit.get('t')}",
+                "preemptible",
+            )
+        )
+    return out
+
+
+# the verdict -------------------------------------------------------------------------------------------------
+CONFIRM: dict[str, list[str]] = {
+    "preempted": [
+        "SLURM: sacct -j $JOBID -o JobID,State,ExitCode,Reason (State PREEMPTED)",
+        "AWS: EventBridge/CloudTrail for the instance id: 'EC2 Spot Instance Interruption Warning', BidEvictedEvent",
+        "GCP: gcloud compute operations list --filter='operationType=compute.instances.preempted'",
+        "Azure: the VM's Activity Log (Spot eviction) or Scheduled Events history",
+        "Kubernetes: kubectl get events --field-selector involvedObject.name=$POD; kubectl describe node",
+    ],
+    "time-limit": [
+        "SLURM: sacct -j $JOBID -o JobID,State,Elapsed,Timelimit (State TIMEOUT); save ahead with --signal=USR1@120",
+        "Kubernetes: kubectl describe job (DeadlineExceeded, activeDeadlineSeconds)",
+    ],
+    "oom": [
+        "dmesg -T | grep -i -E 'out of memory|oom-kill' on the node",
+        "SLURM: sacct -j $JOBID -o JobID,State,MaxRSS,ReqMem (State OUT_OF_MEMORY)",
+        "Kubernetes: kubectl describe pod $POD (Last State: Terminated, Reason: OOMKilled) vs resources.limits.memory",
+        "GPU: the traceback's 'Tried to allocate' figure against torch.cuda.max_memory_allocated()",
+    ],
+    "crashed": [
+        "read the first traceback (the root cause; later ones are usually consequences)",
+        "torchrun: the 'Root Cause (first observed failure)' block names the rank and its error file",
+        "NCCL: rerun with NCCL_DEBUG=INFO TORCH_NCCL_ASYNC_ERROR_HANDLING=1 to see the failing collective",
+    ],
+    "terminated": [
+        "who sent the signal: the scheduler's accounting (sacct Reason; kubectl get events; docker events)",
+        "SLURM: sacct -j $JOBID -o JobID,State,ExitCode (CANCELLED by <uid> means scancel)",
+        "Kubernetes: kubectl get events for Killing/Evicted/Preempted, and the node's events (a drain or a shutdown)",
+        "on spot machines, the cloud's interruption record for the instance (a SIGTERM there is often a reclaim)",
+    ],
+    "killed": [
+        "OOM first: dmesg -T | grep -i oom (a SIGKILL without an OOM record is a grace period that ran out or kill -9)",
+        "the grace period: terminationGracePeriodSeconds, SLURM KillWait, docker stop -t, torchrun's shutdown timeout",
+        "whether a SIGTERM came before it in the logs (then the process did not exit in time)",
+    ],
+    "completed": ["the journal's done event / DONE.json in the checkpoint root; the final step in the logs"],
+    "unknown": [
+        "pass the scheduler's log (slurm-$JOBID.out, kubectl logs --previous), the exit code (--exit-code) and --root",
+    ],
+}
+
+
+@dataclass
+class Diagnosis:
+    verdict: str
+    summary: str
+    evidence: list[Evidence]
+    exit_code: int | None
+    checkpoint: dict[str, Any]
+    steps_lost: int | None
+    steps_lost_exact: bool
+    confirm: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["evidence"] = [asdict(e) for e in self.evidence]
+        return doc
+
+    def render(self) -> str:
+        lines = [f"verdict: {self.verdict}  ({self.summary})", "", "evidence:"]
+        if not self.evidence:
+            lines.append("  none recognised")
+        for e in self.evidence:
+            at = f"{e.where}:{e.line}" if e.line is not None else e.where
+            lines.append(f"  [{e.strength:6s} {e.verdict}] {at}: {e.text}")
+            lines.append(f"      {e.why}")
+        lines += ["", "checkpoint:"]
+        ck = self.checkpoint
+        if not ck:
+            lines.append("  no journal given (--root): cannot tell what was saved or lost")
+        else:
+            lines.append(f"  newest committed step: {ck.get('last_committed')}")
+            if ck.get("notice_step") is not None:
+                after = ck.get("committed_after_notice")
+                lines.append(
+                    f"  notice at step {ck['notice_step']}: "
+                    + (
+                        f"checkpoint committed at step {after}"
+                        if after is not None
+                        else "no checkpoint committed after it"
+                    )
+                )
+            if self.steps_lost is not None:
+                qual = "" if self.steps_lost_exact else "at least "
+                lines.append(f"  steps lost: {qual}{self.steps_lost} (last step reached {ck.get('last_step')})")
+        lines += ["", "how to confirm:"] + [f"  - {c}" for c in self.confirm]
+        return "\n".join(lines)
+
+
+def diagnose(
+    logs: Iterable[tuple[str, Sequence[str]]] = (),
+    *,
+    exit_code: int | None = None,
+    root: str | None = None,
+) -> Diagnosis:
+    """The verdict for ``logs`` (pairs of a name and its lines), an exit code and a checkpoint root."""
+    evidence: list[Evidence] = []
+    for name, lines in logs:
+        evidence += scan_lines(lines, name)
+    facts = journal_facts(root) if root is not None else None
+    if facts is not None:
+        evidence += _journal_evidence(facts)
+    if exit_code is not None:
+        evidence.append(_exit_evidence(exit_code, "exit code", "exit code", None, str(exit_code)))
+    verdict = _decide(evidence)
+    deciding = [e for e in evidence if e.verdict == verdict]
+    strongest = next((e for e in deciding if e.strength == "strong"), deciding[0] if deciding else None)
+    summary = strongest.why if strongest is not None else "no recognised evidence"
+    if verdict == "terminated" and any(e.verdict == "killed" for e in evidence):
+        summary += "; then killed after the grace period"
+    checkpoint: dict[str, Any] = {}
+    lost: int | None = None
+    exact = False
+    if facts is not None:
+        checkpoint = {
+            "journal": facts.file,
+            "last_committed": facts.last_committed,
+            "notice_step": facts.notice.get("step") if facts.notice else None,
+            "committed_after_notice": facts.committed_after_notice,
+            "last_step": facts.last_step,
+            "exit": facts.exit,
+        }
+        if facts.last_step is not None:
+            base = facts.last_committed or 0
+            lost = max(0, facts.last_step - base)
+            exact = facts.exit is not None or facts.done  # a hard kill may have gone further than the journal saw
+    platforms = {e.platform for e in evidence if e.platform}
+    confirm = _confirm(verdict, platforms)
+    return Diagnosis(verdict, summary, evidence, exit_code, checkpoint, lost, exact, confirm)
+
+
+def _decide(evidence: Sequence[Evidence]) -> str:
+    for strength in ("strong", "weak"):
+        present = {e.verdict for e in evidence if e.strength == strength}
+        for verdict in VERDICTS:
+            if verdict in present:
+                return verdict
+    return "unknown"
+
+
+def _confirm(verdict: str, platforms: set[str]) -> list[str]:
+    items = CONFIRM[verdict]
+    tags = {"slurm": "SLURM", "k8s": "Kubernetes", "aws": "AWS", "gcp": "GCP", "azure": "Azure"}
+    named = {tags[p] for p in platforms if p in tags}
+    if not named:
+        return items
+    platform_items = [i for i in items if i.split(":", 1)[0] in named]
+    generic = [i for i in items if i.split(":", 1)[0] not in tags.values()]
+    return platform_items + generic or items
+
+
+def read_log(path: str) -> tuple[str, list[str]]:
+    text = Path(path).read_bytes().decode("utf-8", errors="replace")
+    return Path(path).name, text.splitlines()

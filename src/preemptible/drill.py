@@ -1,0 +1,465 @@
+"""``preemptible drill``: rehearse a preemption of your own training command, end to end, and grade it.
+
+1. (``--reference``) run the command uninterrupted to the end, on a root of its own, for comparison.
+2. Start the command (for a cloud source, beside that cloud's metadata emulator, with the endpoint set).
+3. Once its `Run` has restored and entered the loop, wait ``--at`` seconds and deliver the notice: a signal to
+   the command's process, or the cloud's notice through the emulator.
+4. Measure notice -> step boundary -> commit -> exit against the window; check a checkpoint committed.
+5. Restart the command and confirm from its journal that it resumed from that step.
+6. Stop it with a second notice (or, with ``--reference``, let it finish and compare the final checkpoints'
+   tensor checksums with the reference run's: a bit-exact resume).
+
+The drill follows the command's `Run` through ``$PREEMPTIBLE_REPORT_FILE`` (which `Run` honours); ``--root`` only
+adds a check of the checkpoint on storage. ``$PREEMPTIBLE_ROOT`` gives the reference run its own root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from preemptible import relay
+from preemptible.errors import PreemptibleError
+from preemptible.sources import detect
+
+SOURCES = ("signal", "sigint", "slurm", "aws", "gcp", "azure")
+SIGNALS = {"signal": signal.SIGTERM, "sigint": signal.SIGINT, "slurm": signal.SIGUSR1}
+ENDPOINT_ENV = {
+    "aws": "PREEMPTIBLE_AWS_ENDPOINT",
+    "gcp": "PREEMPTIBLE_GCP_ENDPOINT",
+    "azure": "PREEMPTIBLE_AZURE_ENDPOINT",
+}
+ROOT_ENV = "PREEMPTIBLE_ROOT"
+DEFAULT_AT_S = 3.0
+SLACK_S = 30.0  # beyond the window, how long the drill waits for an exit before it calls the run hung
+
+
+def default_window(source: str) -> float:
+    return {"aws": detect.WINDOWS["aws"], "gcp": detect.WINDOWS["gcp"], "azure": detect.WINDOWS["azure"]}.get(
+        source, detect.WINDOWS["slurm"] if source == "slurm" else detect.WINDOWS["local"]
+    )
+
+
+@dataclass
+class Check:
+    name: str
+    passed: bool
+    detail: str = ""
+
+
+@dataclass
+class DrillReport:
+    source: str
+    window_s: float
+    command: list[str]
+    checks: list[Check] = field(default_factory=list)
+    timings: dict[str, float | None] = field(default_factory=dict)
+    checkpoint_step: int | None = None
+    resumed_step: int | None = None
+    root: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.checks) and all(c.passed for c in self.checks)
+
+    @property
+    def notice_to_exit_s(self) -> float | None:
+        return self.timings.get("notice_to_exit_s")
+
+    def check(self, name: str, passed: bool, detail: str = "") -> bool:
+        self.checks.append(Check(name, passed, detail))
+        return passed
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "source": self.source,
+            "window_s": self.window_s,
+            "notice_to_exit_s": self.notice_to_exit_s,
+            "checkpoint_step": self.checkpoint_step,
+            "resumed_step": self.resumed_step,
+            "root": self.root,
+            "timings": self.timings,
+            "checks": [asdict(c) for c in self.checks],
+            "command": self.command,
+        }
+
+    def render(self) -> str:
+        width = max((len(c.name) for c in self.checks), default=10)
+        lines = [f"preemptible drill: {self.source} notice, {self.window_s:g} s window", ""]
+        for c in self.checks:
+            lines.append(f"  {'PASS' if c.passed else 'FAIL'}  {c.name.ljust(width)}  {c.detail}")
+        lines.append("")
+        names = {
+            "notice_to_boundary_s": "notice -> step boundary",
+            "notice_to_commit_s": "notice -> checkpoint committed",
+            "notice_to_exit_s": "notice -> process exited",
+            "restart_to_resumed_s": "restart -> training again",
+        }
+        for key, label in names.items():
+            value = self.timings.get(key)
+            if value is not None:
+                share = f"  ({100 * value / self.window_s:.0f}% of the window)" if key != "restart_to_resumed_s" else ""
+                lines.append(f"  {label:32s} {value:8.2f} s{share}")
+        lines += [
+            "",
+            f"{'PASSED' if self.passed else 'FAILED'}: {sum(c.passed for c in self.checks)}/{len(self.checks)} checks",
+        ]
+        return "\n".join(lines)
+
+
+def _t(event: dict[str, Any]) -> float:
+    return datetime.fromisoformat(str(event["t"]).replace("Z", "+00:00")).timestamp()
+
+
+class _Child:
+    """One start of the command, followed through its report file."""
+
+    def __init__(self, command: Sequence[str], env: dict[str, str], report_path: str, log_path: str) -> None:
+        self.report_path = report_path
+        self.log = open(log_path, "wb")  # noqa: SIM115 - closed in wait()
+        self.started = time.time()
+        self.proc = subprocess.Popen(
+            list(command), env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.exited_at: float | None = None
+        self.code: int | None = None
+
+    def report(self) -> dict[str, Any]:
+        try:
+            with open(self.report_path, encoding="utf-8") as f:
+                doc = json.load(f)
+        except (OSError, ValueError):
+            return {"events": []}
+        return doc if isinstance(doc, dict) else {"events": []}
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return [e for e in self.report().get("events", []) if e.get("event") == name]
+
+    def poll(self) -> int | None:
+        if self.code is None:
+            code = self.proc.poll()
+            if code is not None:
+                self.code, self.exited_at = code, time.time()
+        return self.code
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if predicate():
+                return True
+            if self.poll() is not None:
+                return predicate()
+            time.sleep(0.02)
+        return predicate()
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        return self.poll()
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.log.close()
+
+    def tail(self, n: int = 15) -> str:
+        self.log.flush()
+        try:
+            with open(self.log.name, "rb") as f:
+                return "\n".join(f.read().decode("utf-8", "replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+class Drill:
+    """Rehearses one preemption of ``command``; `run` returns the `DrillReport`.
+
+    Args:
+        command: the training command (it must use `preemptible.Run`).
+        source: how the notice comes: ``signal`` (SIGTERM), ``sigint``, ``slurm`` (SIGUSR1), ``aws``, ``gcp``,
+            ``azure`` (through that cloud's emulator).
+        at: seconds after the loop starts to deliver the notice, or ``"random"`` (uniformly 1-10 s).
+        window: the notice window to grade against (default: the platform's: AWS 120 s, GCP/Azure 30 s, ...).
+        root: the checkpoint root, to check the commit on storage as well (default: what the run reports).
+        reference: also run the command uninterrupted and compare the final states (needs a command that ends).
+        start_timeout: how long to wait for the command's `Run` to enter its loop.
+        progress: called with a line of text as the drill goes.
+    """
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        *,
+        source: str = "signal",
+        at: float | str = DEFAULT_AT_S,
+        window: float | None = None,
+        root: str | None = None,
+        reference: bool = False,
+        start_timeout: float = 120.0,
+        finish_timeout: float = 1800.0,
+        progress: Callable[[str], None] = lambda _line: None,
+    ) -> None:
+        if not command:
+            raise PreemptibleError("expected a command after '--' (e.g. preemptible drill -- python train.py)")
+        if source not in SOURCES:
+            raise PreemptibleError(f"expected --source to be one of {', '.join(SOURCES)}; found {source!r}")
+        if at != "random" and (not isinstance(at, (int, float)) or at < 0):
+            raise PreemptibleError(f"expected --at to be seconds >= 0 or 'random'; found {at!r}")
+        self.command = list(command)
+        self.source = source
+        self.at = at
+        self.window = window if window is not None else default_window(source)
+        self.root = root
+        self.reference = reference
+        self.start_timeout = start_timeout
+        self.finish_timeout = finish_timeout
+        self.progress = progress
+        self._workdir = ""
+        self._emulator: Any = None
+
+    # set-up -------------------------------------------------------------------------------------------------
+    def _env(self, label: str, **extra: str) -> tuple[dict[str, str], str]:
+        report_path = os.path.join(self._workdir, f"{label}.report.json")
+        env = {k: v for k, v in os.environ.items() if k not in (relay.NOTICE_FILE_ENV, ROOT_ENV)}
+        env.update({relay.REPORT_FILE_ENV: report_path, "PYTHONUNBUFFERED": "1", **extra})
+        if self.source in SIGNALS or label == "reference":
+            env[detect.SOURCES_ENV] = "signal"
+            env[detect.GRACE_ENV] = f"{self.window:g}"
+        else:
+            from preemptible.emulate import EMULATORS
+
+            if self._emulator is not None:
+                self._emulator.close()
+            # A fresh emulator per start: the previous one still answers with its notice.
+            self._emulator = EMULATORS[self.source](host="127.0.0.1", port=0).start()
+            env[detect.SOURCES_ENV] = f"signal,{self.source}"
+            env[ENDPOINT_ENV[self.source]] = self._emulator.url
+        return env, report_path
+
+    def _start(self, label: str, **extra: str) -> _Child:
+        env, report_path = self._env(label, **extra)
+        self.progress(f"drill: starting the command ({label})")
+        return _Child(self.command, env, report_path, os.path.join(self._workdir, f"{label}.log"))
+
+    def _deliver(self, child: _Child) -> float:
+        if self.source in SIGNALS:
+            sig = SIGNALS[self.source]
+            t = time.time()
+            os.kill(child.proc.pid, sig)
+            self.progress(f"drill: sent {sig.name} to pid {child.proc.pid}")
+            return t
+        t = time.time()
+        self._emulator.notice()
+        self.progress(f"drill: the {self.source} emulator now announces the notice")
+        return t
+
+    def _delay(self) -> float:
+        return random.uniform(1.0, 10.0) if self.at == "random" else float(self.at)
+
+    # the drill ----------------------------------------------------------------------------------------------
+    def run(self) -> DrillReport:
+        report = DrillReport(self.source, self.window, self.command, root=self.root)
+        self._workdir = tempfile.mkdtemp(prefix="preemptible-drill-")
+        children: list[_Child] = []
+        try:
+            reference_root = self._reference(report, children) if self.reference else None
+            if not self.reference or reference_root is not None:
+                self._drill(report, children, reference_root)
+        finally:
+            for c in children:
+                c.kill()
+            if self._emulator is not None:
+                self._emulator.close()
+            shutil.rmtree(self._workdir, ignore_errors=True)
+        return report
+
+    def _reference(self, report: DrillReport, children: list[_Child]) -> str | None:
+        """Runs the command to its end on a root of its own; that root, or None when it did not finish."""
+        ref_root = os.path.join(self._workdir, "reference-root")
+        child = self._start("reference", **{ROOT_ENV: ref_root})
+        children.append(child)
+        code = child.wait(self.finish_timeout)
+        done = child.events("done")
+        ok = code == 0 and bool(done)
+        detail = f"exit {code}, finished at step {done[-1]['step']}" if ok else f"exit {code}; output:\n{child.tail()}"
+        return ref_root if report.check("reference run finished uninterrupted", ok, detail) else None
+
+    def _drill(self, report: DrillReport, children: list[_Child], reference_root: str | None) -> None:
+        first = self._start("first")
+        children.append(first)
+        entered = first.wait_for(lambda: bool(first.events("resume") or first.events("fresh")), self.start_timeout)
+        doc = first.report()
+        report.root = self.root or doc.get("root")
+        if not report.check(
+            "the command's Run started",
+            entered,
+            f"root {report.root}" if entered else self._not_started(first),
+        ):
+            return
+        if reference_root is not None and first.events("resume"):
+            report.check(
+                "the drilled run starts fresh",
+                False,
+                f"it resumed from step {first.events('resume')[0]['step']}: point the command at an empty root for "
+                "a --reference drill, or delete the old checkpoints",
+            )
+            return
+        time.sleep(self._delay())
+        if first.poll() is not None:
+            report.check(
+                "the run was still training when the notice came",
+                False,
+                f"it exited {first.code} first; make it run longer",
+            )
+            return
+        t_notice = self._deliver(first)
+        code = first.wait(self.window + SLACK_S)
+        if code is None:
+            report.check(
+                "the process exited after the notice", False, f"still running {self.window + SLACK_S:g} s after it"
+            )
+            return
+        assert first.exited_at is not None
+        notices = first.events("notice")
+        commits = [e for e in first.events("save_committed") if e.get("reason") in ("emergency", "prestaged")]
+        exits = first.events("exit")
+        report.timings["notice_to_exit_s"] = round(first.exited_at - t_notice, 3)
+        if notices:
+            report.timings["notice_to_boundary_s"] = round(_t(notices[0]) - t_notice, 3)
+        if commits:
+            report.timings["notice_to_commit_s"] = round(_t(commits[-1]) - t_notice, 3)
+        seen = notices[0] if notices else None
+        report.check(
+            "the notice reached the run",
+            seen is not None,
+            f"{seen['source']} {seen['kind']} at step {seen['step']}"
+            if seen
+            else "no notice in the journal: " + first.tail(5),
+        )
+        skipped = [e for e in first.events("save_skipped") if e.get("reason") == "emergency"]
+        step = commits[-1]["step"] if commits else (skipped[-1]["step"] if skipped else None)
+        report.checkpoint_step = step
+        committed = bool(commits) and self._on_storage(report.root, step)
+        report.check(
+            "a checkpoint committed after the notice",
+            committed or bool(skipped),
+            f"step {step}" + (" (nothing new since the last one)" if skipped and not commits else "")
+            if step is not None
+            else "no emergency save committed",
+        )
+        expected = exits[-1].get("code") if exits else None
+        clean = code >= 0 and expected is not None and code == expected
+        report.check(
+            "the process exited cleanly", clean, f"exit code {code}" + ("" if clean else f" (journal said {expected})")
+        )
+        within = report.timings["notice_to_exit_s"] is not None and report.timings["notice_to_exit_s"] <= self.window
+        report.check(
+            "exit within the window", within, f"{report.timings['notice_to_exit_s']:.2f} s of {self.window:g} s"
+        )
+        if step is None:
+            return
+        second = self._start("restart")
+        children.append(second)
+        t0 = time.time()
+        resumed = second.wait_for(lambda: bool(second.events("resume") or second.events("fresh")), self.start_timeout)
+        resumes = second.events("resume")
+        report.resumed_step = resumes[0]["step"] if resumes else (0 if second.events("fresh") else None)
+        if resumes:
+            report.timings["restart_to_resumed_s"] = round(_t(resumes[0]) - t0, 3)
+        report.check(
+            "the restart resumed from that checkpoint",
+            resumed and report.resumed_step == step,
+            f"resumed at step {report.resumed_step}" if resumed else self._not_started(second),
+        )
+        if reference_root is not None:
+            self._finish_and_compare(report, second, reference_root)
+        else:
+            self._second_notice(report, second)
+
+    def _second_notice(self, report: DrillReport, child: _Child) -> None:
+        time.sleep(min(self._delay(), 1.0))
+        if child.poll() is not None:
+            report.check(
+                "a second notice stops the resumed run", child.code == 0, f"it had already exited {child.code}"
+            )
+            return
+        self._deliver(child)
+        code = child.wait(self.window + SLACK_S)
+        exits = child.events("exit")
+        ok = code is not None and code >= 0 and bool(exits) and exits[-1].get("code") == code
+        report.check("a second notice stops the resumed run", ok, f"exit code {code}")
+
+    def _finish_and_compare(self, report: DrillReport, child: _Child, reference_root: str) -> None:
+        code = child.wait(self.finish_timeout)
+        done = child.events("done")
+        if not report.check("the resumed run finished", code == 0 and bool(done), f"exit code {code}"):
+            return
+        ours = self._final_state(report.root, done[-1]["step"])
+        theirs = self._final_state(reference_root, done[-1]["step"])
+        same = ours is not None and ours == theirs
+        differing = sorted(k for k in (ours or {}) if (theirs or {}).get(k) != (ours or {}).get(k))
+        report.check(
+            "final state bit-identical to the uninterrupted run",
+            same,
+            f"{len(ours or {}) - 1} tensor files and the JSON state equal (RNG streams aside)"
+            if same
+            else f"differ: {', '.join(differing) or 'missing'}",
+        )
+
+    # helpers ------------------------------------------------------------------------------------------------
+    @staticmethod
+    def _final_state(root: str | None, step: int) -> dict[str, str] | None:
+        """The training state of a final checkpoint: each tensor file's checksum, and the JSON leaves. The RNG
+        streams are left out: a generator the script never seeds (Python's, NumPy's) differs between any two
+        runs, interrupted or not; the streams training draws from show in the weights."""
+        if root is None:
+            return None
+        from preemptible.store.checkpointer import Checkpointer
+
+        try:
+            ck = Checkpointer(root)
+            info = ck.verify(step)
+            tree = json.loads(ck.storage.read_bytes(ck.storage.join(info.path, "state.json"), 1 << 30))["tree"]
+        except Exception:
+            return None
+        if info.manifest is None:
+            return None
+        files = {n: f.checksum for n, f in info.manifest.files.items() if n.endswith(".safetensors")}
+        state = {k: v for k, v in files.items() if not k.startswith("_rng")}
+        state["state.json"] = json.dumps({k: v for k, v in tree.items() if not k.startswith("_")}, sort_keys=True)
+        return state
+
+    @staticmethod
+    def _on_storage(root: str | None, step: int | None) -> bool:
+        if root is None or step is None:
+            return False
+        from preemptible.store.checkpointer import Checkpointer
+
+        try:
+            return Checkpointer(root).is_committed(int(step))
+        except Exception:
+            return False
+
+    def _not_started(self, child: _Child) -> str:
+        if child.poll() is not None:
+            return f"the command exited {child.code} before its Run entered the loop; output:\n{child.tail()}"
+        return (
+            f"no Run reported within {self.start_timeout:g} s through ${relay.REPORT_FILE_ENV}; expected the command "
+            "to train with preemptible.Run (for other commands, rehearse with preemptible run)"
+        )

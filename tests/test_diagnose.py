@@ -1,0 +1,116 @@
+"""diagnose: the verdict over a corpus of realistic log excerpts (look-alikes included), the CLI, and the journal
+of real runs stopped by a real SIGTERM and a real SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import Trainer, clean_env
+from preemptible.cli import main
+from preemptible.diagnose import diagnose, read_log, scan_lines
+
+CORPUS = Path(__file__).parent / "corpus" / "diagnose"
+CASES: dict[str, dict[str, Any]] = {
+    k: v for k, v in json.loads((CORPUS / "cases.json").read_text()).items() if not k.startswith("_")
+}
+
+
+def test_the_corpus_covers_every_verdict_and_every_file_is_a_case() -> None:
+    from preemptible.diagnose import VERDICTS
+
+    assert {c["verdict"] for c in CASES.values()} == set(VERDICTS)
+    assert {p.name for p in CORPUS.iterdir() if p.name != "cases.json"} == set(CASES)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_verdict_and_evidence_line(name: str) -> None:
+    case = CASES[name]
+    result = diagnose([read_log(str(CORPUS / name))], exit_code=case.get("exit_code"))
+    assert result.verdict == case["verdict"], result.render()
+    deciding = [e.line for e in result.evidence if e.verdict == result.verdict]
+    if case["line"] is not None:
+        assert case["line"] in deciding, result.render()
+    assert result.confirm  # every verdict comes with how to confirm it
+
+
+def test_look_alikes_are_not_called_preemption() -> None:
+    # a traceback whose message says "preempted", an OOM kill with exit 137, and prose about OOMs
+    mention = diagnose([read_log(str(CORPUS / "traceback_mentions_preemption.log"))])
+    assert mention.verdict == "crashed" and all(e.verdict != "preempted" for e in mention.evidence)
+    oom = diagnose([read_log(str(CORPUS / "dmesg_oom.log"))], exit_code=137)
+    assert oom.verdict == "oom"
+    prose = diagnose([read_log(str(CORPUS / "completed.log"))], exit_code=0)
+    assert prose.verdict == "completed"
+
+
+def test_exit_codes_alone() -> None:
+    assert diagnose(exit_code=143).verdict == "terminated"
+    assert diagnose(exit_code=-15).verdict == "terminated"
+    assert diagnose(exit_code=137).verdict == "killed"
+    assert diagnose(exit_code=-9).verdict == "killed"
+    assert diagnose(exit_code=139).verdict == "crashed"
+    assert diagnose(exit_code=0).verdict == "completed"
+    assert diagnose().verdict == "unknown"
+
+
+def test_torchrun_teardown_of_other_ranks_is_not_the_cause() -> None:
+    lines = (CORPUS / "torchrun_crash.log").read_text().splitlines()
+    evidence = scan_lines(lines, "x")
+    assert not [e for e in evidence if e.verdict == "terminated"]  # the -15 of rank 0 was torchrun's own doing
+
+
+def test_cli_text_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["diagnose", str(CORPUS / "slurm_preempted.out"), "--exit-code", "0"]) == 0
+    text = capsys.readouterr().out
+    assert "verdict: preempted" in text and "slurm_preempted.out:4" in text and "sacct -j" in text
+    assert main(["diagnose", str(CORPUS / "gke_node_shutdown.txt"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["verdict"] == "preempted" and doc["evidence"][0]["line"] == 6
+    assert main(["diagnose", str(CORPUS / "empty.log")]) == 3  # unknown
+    assert main(["diagnose", "/nonexistent/log"]) == 2
+    assert "cannot read log" in capsys.readouterr().err
+
+
+def test_a_real_sigterm_run_from_its_journal(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    t = Trainer(root, "--steps", "100000", "--save-every", "1000")
+    t.wait_for_step(25)
+    t.signal(signal.SIGTERM)
+    code, _out, err = t.finish()
+    assert code == 0, err
+    result = diagnose([("stderr", err.splitlines())], exit_code=code, root=str(root))
+    assert result.verdict == "terminated", result.render()
+    ck = result.checkpoint
+    assert ck["committed_after_notice"] == ck["notice_step"] == ck["last_committed"]
+    assert result.steps_lost == 0 and result.steps_lost_exact
+    assert any(e.where.startswith("journal") for e in result.evidence)
+    # the same through the command line, as a person would run it
+    proc = subprocess.run(
+        [sys.executable, "-m", "preemptible", "diagnose", "--root", str(root), "--exit-code", "0", "--json"],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["verdict"] == "terminated"
+
+
+def test_a_run_killed_without_notice_lost_its_steps_since_the_last_save(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    t = Trainer(root, "--steps", "100000", "--save-every", "20")
+    t.wait_for_step(75)
+    t.signal(signal.SIGKILL)
+    code, _, _ = t.finish()
+    assert code == -9
+    result = diagnose(exit_code=code, root=str(root))
+    assert result.verdict == "killed"
+    assert result.checkpoint["last_committed"] in (60, 80)
+    assert result.steps_lost is not None and not result.steps_lost_exact  # "at least": the journal saw step 70

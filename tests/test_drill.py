@@ -1,0 +1,109 @@
+"""preemptible drill against the example training script, for every notice source, with real processes, real
+signals and the real metadata emulators; plus drills that must fail."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import EXAMPLE, clean_env
+from preemptible.diagnose import diagnose
+
+TRAIN = [sys.executable, str(EXAMPLE), "--steps", "100000", "--save-every", "1000", "--step-time", "0.005"]
+
+
+def drill(*args: str, timeout: float = 240) -> tuple[int, dict[str, Any], str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "preemptible", "drill", "--json", *args],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=timeout,
+        check=False,
+    )
+    try:
+        doc = json.loads(proc.stdout)
+    except ValueError:
+        raise AssertionError(f"drill printed no JSON (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}") from None
+    return proc.returncode, doc, proc.stderr
+
+
+@pytest.mark.parametrize("source", ["signal", "sigint", "slurm", "aws", "gcp", "azure"])
+def test_drill_every_source(source: str, tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    code, doc, err = drill("--source", source, "--at", "0.5", "--", *TRAIN, "--root", str(root))
+    assert code == 0 and doc["passed"], json.dumps(doc, indent=1) + err
+    assert doc["checkpoint_step"] == doc["resumed_step"] and doc["checkpoint_step"] > 0
+    assert 0 < doc["notice_to_exit_s"] < doc["window_s"]
+    assert doc["timings"]["notice_to_boundary_s"] <= doc["timings"]["notice_to_commit_s"] <= doc["notice_to_exit_s"]
+    assert doc["root"] == str(root)
+    expected = {"aws": 120, "gcp": 30, "azure": 30, "slurm": 60}.get(source, 30)
+    assert doc["window_s"] == expected
+    # the run's own journal, read after the fact, tells the same story
+    verdict = diagnose(root=str(root)).verdict
+    assert verdict == ("preempted" if source in ("aws", "gcp", "azure") else "terminated")
+
+
+def test_drill_with_reference_proves_the_resume_bit_exact(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    args = ("--steps", "400", "--save-every", "100", "--step-time", "0.004", "--root", str(root))
+    code, doc, err = drill("--reference", "--at", "0.5", "--", sys.executable, str(EXAMPLE), *args)
+    assert code == 0 and doc["passed"], json.dumps(doc, indent=1) + err
+    names = [c["name"] for c in doc["checks"]]
+    assert "final state bit-identical to the uninterrupted run" in names
+    assert 0 < doc["checkpoint_step"] < 400
+
+
+def test_a_drill_fails_when_the_window_is_missed(tmp_path: Path) -> None:
+    code, doc, _ = drill("--window", "0.001", "--at", "0.3", "--", *TRAIN, "--root", str(tmp_path / "ckpt"))
+    assert code == 1 and not doc["passed"]
+    failed = [c["name"] for c in doc["checks"] if not c["passed"]]
+    assert failed == ["exit within the window"]
+
+
+def test_the_final_state_comparison_sees_a_difference(tmp_path: Path) -> None:
+    import torch
+
+    from preemptible import Checkpointer
+    from preemptible.drill import Drill
+
+    def final(root: Path, seed: int) -> dict[str, str] | None:
+        torch.manual_seed(seed)
+        Checkpointer(str(root)).save({"model": torch.nn.Linear(4, 4)}, 10)
+        return Drill._final_state(str(root), 10)
+
+    assert final(tmp_path / "a", 0) == final(tmp_path / "b", 0)
+    assert final(tmp_path / "c", 0) != final(tmp_path / "d", 1)
+
+
+def test_a_drill_fails_for_a_command_without_a_run(capsys: pytest.CaptureFixture[str]) -> None:
+    code, doc, _ = drill("--start-timeout", "3", "--", sys.executable, "-c", "import time; time.sleep(30)", timeout=60)
+    assert code == 1 and not doc["passed"]
+    (check,) = doc["checks"]
+    assert check["name"] == "the command's Run started" and "PREEMPTIBLE_REPORT_FILE" in check["detail"]
+
+
+def test_drill_text_report_and_bad_arguments() -> None:
+    from preemptible.drill import Check, DrillReport
+
+    report = DrillReport("aws", 120.0, ["python", "train.py"], timings={"notice_to_exit_s": 1.5})
+    report.checks += [
+        Check("the notice reached the run", True, "aws terminate"),
+        Check("exit within the window", False),
+    ]
+    text = report.render()
+    assert "PASS  the notice reached the run" in text and "FAIL  exit within the window" in text
+    assert "notice -> process exited" in text and "(1% of the window)" in text and "FAILED: 1/2 checks" in text
+    bad = subprocess.run(
+        [sys.executable, "-m", "preemptible", "drill", "--at", "soon", "--", "true"],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        check=False,
+    )
+    assert bad.returncode == 2 and "expected seconds or 'random'" in bad.stderr
