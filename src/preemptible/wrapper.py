@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Sequence
 from types import FrameType
+from typing import Any
 
 from preemptible import dist, relay
 from preemptible.errors import PreemptibleError
@@ -131,7 +132,11 @@ class Wrapper:
         try:
             try:
                 # Its own process group, same session: a terminal's Ctrl-C reaches the wrapper, which forwards it.
-                self._child = subprocess.Popen(self.command, env=env, process_group=0)
+                # (No thread runs yet, so setpgrp in the child before exec is safe where process_group is missing.)
+                group: dict[str, Any] = (
+                    {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+                )
+                self._child = subprocess.Popen(self.command, env=env, **group)
             except (FileNotFoundError, PermissionError) as e:
                 print(
                     f"preemptible run: cannot start {self.command[0]!r}: {e.strerror}; expected an executable on "
