@@ -202,10 +202,8 @@ def test_transient_faults_mid_upload_are_retried(s3: str, monkeypatch: pytest.Mo
 def test_transient_faults_are_retried_on_gcs_and_azure(
     backend: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Azure's SDK waits 15 s before its first retry (adlfs gives no way to change that; see README), so
-    # Azure gets one fault and GCS four.
     injected = {"n": 0}
-    faults = 4 if backend == "gs" else 1
+    faults = 4
 
     def rule(method: str, path: str) -> str | None:  # the first data uploads fail: resets and 503s
         if method in ("PUT", "POST") and "safetensors" in path and injected["n"] < faults:
@@ -231,6 +229,21 @@ def test_transient_faults_are_retried_on_gcs_and_azure(
         ck.save(state(), 1)
         assert injected["n"] == faults
         assert ck.restore(state(seed=9)) == 1
+
+
+def test_azure_sdk_retries_are_shortened_to_fit_a_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    from objkit import AZURITE_KEY
+    from preemptible.store.objstore import AZURE_FIRST_BACKOFF_S, FsspecStorage
+
+    connection = (
+        f"AccountName=devstoreaccount1;AccountKey={AZURITE_KEY};BlobEndpoint=http://127.0.0.1:9/devstoreaccount1;"
+    )
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", connection)
+    storage = FsspecStorage("az://ctr/run")
+    policies = [p for p in storage.fs.service_client._pipeline._impl_policies if hasattr(p, "initial_backoff")]
+    assert [p.initial_backoff for p in policies] == [AZURE_FIRST_BACKOFF_S]  # the SDK's default is 15 s
+    files = storage.fs.service_client.get_container_client("ctr")._pipeline._impl_policies
+    assert any(p is policies[0] for p in files)  # each file's client shares the tuned policy
 
 
 def test_an_upload_that_keeps_failing_never_commits(s3: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -99,6 +99,30 @@ def retrying(
             attempt += 1
 
 
+AZURE_FIRST_BACKOFF_S = 0.5
+
+
+def quicken_azure_retries(fs: Any) -> bool:
+    """Make the Azure SDK's own retries fit a notice window. True when it could.
+
+    adlfs builds its clients with azure-storage-blob's default ``ExponentialRetry``: 15 s before the first retry,
+    then 15 + 3^n. Inside Azure's ~30 s Preempt window one throttled request would eat half of it, and adlfs
+    passes no retry settings through. Every client it makes (the file system's and each file's container client)
+    shares the service client's policy objects, so tuning that one policy object covers them all.
+    """
+    pipeline = getattr(getattr(fs, "service_client", None), "_pipeline", None)
+    tuned = False
+    for policy in getattr(pipeline, "_impl_policies", None) or ():
+        if hasattr(policy, "initial_backoff") and hasattr(policy, "increment_base"):
+            policy.initial_backoff = AZURE_FIRST_BACKOFF_S  # then 0.5 + 2^n: 2.5, 4.5, ...
+            policy.increment_base = 2
+            policy.random_jitter_range = min(getattr(policy, "random_jitter_range", 0), AZURE_FIRST_BACKOFF_S)
+            tuned = True
+    if not tuned:
+        log.debug("could not find the Azure SDK's retry policy to shorten; its defaults (15 s first back-off) apply")
+    return tuned
+
+
 class _ObjectWriter:
     """A streaming upload: parts go out as they fill; ``close`` completes it, ``abort`` discards it."""
 
@@ -164,6 +188,8 @@ class FsspecStorage:
         # A file system of its own: fsspec's instance cache would hand back one made for another endpoint.
         self.fs: Any = fsspec.filesystem(protocol, skip_instance_cache=True, **(storage_options or {}))
         self.root = self.fs._strip_protocol(self.url)
+        if module == "adlfs":
+            quicken_azure_retries(self.fs)
 
     def __repr__(self) -> str:
         return f"FsspecStorage({self.url!r})"
