@@ -114,3 +114,9 @@ def test_a_run_killed_without_notice_lost_its_steps_since_the_last_save(tmp_path
     assert result.verdict == "killed"
     assert result.checkpoint["last_committed"] in (60, 80)
     assert result.steps_lost is not None and not result.steps_lost_exact  # "at least": the journal saw step 70
+
+
+def test_a_root_without_a_run_says_so(tmp_path: Path) -> None:
+    result = diagnose(root=str(tmp_path / "not-a-run"))
+    assert result.verdict == "unknown" and result.steps_lost is None
+    assert f"nothing under {tmp_path / 'not-a-run'}" in result.render()

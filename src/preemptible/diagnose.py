@@ -518,6 +518,11 @@ class Diagnosis:
         ck = self.checkpoint
         if not ck:
             lines.append("  no journal given (--root): cannot tell what was saved or lost")
+        elif ck.get("journal") is None and ck.get("last_committed") is None:
+            lines.append(
+                f"  nothing under {ck.get('root')}: expected journal/*.jsonl and step-*/ written by preemptible.Run; "
+                "is this the run's checkpoint root?"
+            )
         else:
             lines.append(f"  newest committed step: {ck.get('last_committed')}")
             if ck.get("notice_step") is not None:
@@ -563,6 +568,7 @@ def diagnose(
     exact = False
     if facts is not None:
         checkpoint = {
+            "root": root,
             "journal": facts.file,
             "last_committed": facts.last_committed,
             "notice_step": facts.notice.get("step") if facts.notice else None,
