@@ -89,6 +89,7 @@ class Wrapper:
         self.guard = Guard(pollers, clock=clock, agreement=dist.LocalAgreement())
         self.relayed: Notice | None = None
         self.forwarded: list[signal.Signals] = []
+        self._early: list[signal.Signals] = []
         self.reaped_orphans = 0
         self._child: subprocess.Popen[bytes] | None = None
         self._wake = threading.Event()
@@ -99,7 +100,9 @@ class Wrapper:
         sig = signal.Signals(signum)
         self.forwarded.append(sig)
         child = self._child
-        if child is not None:
+        if child is None:
+            self._early.append(sig)
+        else:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.pid, sig)
         self._wake.set()
@@ -144,6 +147,9 @@ class Wrapper:
                     file=sys.stderr,
                 )
                 return 127 if isinstance(e, FileNotFoundError) else 126
+            for sig in self._early:  # signals that came while the command was starting: it gets them now
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self._child.pid, sig)
             self.guard.start()
             code = self._loop(notice_file, subreaper)
         finally:
