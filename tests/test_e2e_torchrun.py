@@ -210,3 +210,25 @@ def test_fsdp2_sharded_state_saved_per_rank_resumes_exactly_and_refuses_another_
     code, _, err = Torchrun(root, 3, script=FSDP).finish()
     assert code != 0
     assert "Resharding is not supported: restore it with 2 ranks" in err
+
+
+def test_drill_of_a_torchrun_job(tmp_path: Path) -> None:
+    # SIGTERM to the agent: every rank stops at one step and commits; the agent itself exits 1 (its
+    # SignalException), which the drill reports as torchrun's doing rather than a failed stop
+    root = tmp_path / "ckpt"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2"]
+    cmd += ["--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(EXAMPLE), "--root", str(root)]
+    cmd += ["--steps", "100000", "--save-every", "1000"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "preemptible", "drill", "--at", "0.5", "--json", "--", *cmd],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=300,
+        check=False,
+    )
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 0 and doc["passed"], json.dumps(doc, indent=1)
+    assert doc["checkpoint_step"] == doc["resumed_step"] > 0
+    (exited,) = [c for c in doc["checks"] if c["name"] == "the process exited cleanly"]
+    assert "torchrun's agent" in exited["detail"]
