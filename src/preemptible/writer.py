@@ -332,11 +332,19 @@ class Staging:
     def nbytes(self) -> int:
         return 0 if self._arena is None else int(self._arena.numel())
 
-    def _prepare(self, specs: Sequence[FileSpec]) -> None:
-        key = tuple(
+    @staticmethod
+    def _layout_key(specs: Sequence[FileSpec]) -> tuple[object, ...]:
+        return tuple(
             (spec.name, tuple((n, tuple(t.shape), spec.stored.get(n, t.dtype)) for n, t in spec.items))
             for spec in specs
         )
+
+    def fits(self, specs: Sequence[FileSpec]) -> bool:
+        """True when the arena already has this layout: staging into it allocates nothing."""
+        return self._arena is not None and self._layout_key(specs) == self._key
+
+    def _prepare(self, specs: Sequence[FileSpec]) -> None:
+        key = self._layout_key(specs)
         if key == self._key:
             return
         offset = 0

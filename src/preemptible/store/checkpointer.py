@@ -540,8 +540,33 @@ class Checkpointer:
         job.timings["capture"] = self._monotonic() - start
         if self.probe is not None:
             job.timings["probe"] = t_probe
-        result = self._write_and_commit(job, plan.specs, plan.docs, blobs=None)
+        staged = self._stage_device_tensors(plan, step)
+        if staged is not None:
+            try:
+                job.timings["stage"] = staged.seconds
+                result = self._write_and_commit(job, staged.specs, staged.docs, blobs=staged.blobs)
+            finally:
+                self.staging.busy.release()
+        else:
+            result = self._write_and_commit(job, plan.specs, plan.docs, blobs=None)
         return SaveHandle(step, result=result, progress=job.progress)
+
+    def _stage_device_tensors(self, plan: SavePlan, step: int) -> Staged | None:
+        """For a blocking save of GPU tensors: copy them into the pinned staging arena in one batch (device-to-host
+        at the bus's speed, on side streams) when the arena already has this layout, instead of one pageable
+        ``.cpu()`` copy per tensor (about 40x slower on an H200). Never allocates an arena here: an emergency is
+        no time to pin the state's size in host memory. Returns the staged state (``staging.busy`` held), or None.
+        """
+        if not any(t.device.type != "cpu" for spec in plan.specs for _, t in spec.items):
+            return None
+        staging = self._staging
+        if staging is None or not staging.fits(plan.specs) or not staging.busy.acquire(blocking=False):
+            return None
+        try:
+            return staging.stage(plan, step=step)
+        except BaseException:
+            staging.busy.release()
+            raise
 
     def _plan(self, state: Mapping[str, Any]) -> SavePlan:
         """Which tensors and documents this process writes (see `SavePlan`)."""
