@@ -112,8 +112,10 @@ def test_a_run_killed_without_notice_lost_its_steps_since_the_last_save(tmp_path
     assert code == -9
     result = diagnose(exit_code=code, root=str(root))
     assert result.verdict == "killed"
-    assert result.checkpoint["last_committed"] in (60, 80)
-    assert result.steps_lost is not None and not result.steps_lost_exact  # "at least": the journal saw step 70
+    committed = result.checkpoint["last_committed"]
+    assert committed % 20 == 0 and 0 < committed <= 80  # background saves: the newest may not have landed
+    # "at least": the journal saw step 70 (a log event every 10 steps); the process went further unjournaled
+    assert result.steps_lost is not None and result.steps_lost >= 70 - committed and not result.steps_lost_exact
 
 
 def test_a_root_without_a_run_says_so(tmp_path: Path) -> None:

@@ -254,7 +254,8 @@ _NOT_A_CRASH = ("SignalException", "KeyboardInterrupt", "SystemExit", "ChildFail
 _ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\)")
 _FAILURES = re.compile(r"^\s*Failures:")
 _EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
-_STATUS_LINE = re.compile(r"^\s*Exit Code:\s*(\d+)\s*$")  # kubectl describe pod
+# kubectl describe pod ("Exit Code:    137"), docker ps / compose ("Exited (137) 2 minutes ago", "exited with code 137")
+_STATUS_LINE = re.compile(r"^\s*Exit Code:\s*(\d+)\s*$|\bExited \((\d+)\)|\bexited with code (\d+)\b")
 
 
 def _strip_prefix(line: str) -> str:
@@ -299,7 +300,8 @@ def scan_lines(lines: Sequence[str], where: str) -> list[Evidence]:
             continue
         status = _STATUS_LINE.search(line)
         if status:
-            found.append(_exit_evidence(int(status.group(1)), "container exit code", where, number, text))
+            code = int(next(g for g in status.groups() if g is not None))
+            found.append(_exit_evidence(code, "container exit code", where, number, text))
             continue
         if re.fullmatch(r"\s*={10,}\s*", line):
             block = ""  # the summary's frame
