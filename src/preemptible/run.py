@@ -40,10 +40,10 @@ log = logging.getLogger("preemptible")
 EXIT_PREEMPTED = 0
 """Default exit code after a successful emergency save: a clean, intentional stop."""
 EXIT_SAVE_FAILED = 75
-ROOT_ENV = "PREEMPTIBLE_ROOT"
-"""Overrides the root given in code (``preemptible drill --reference`` gives its reference run a root of its own)."""
 """Exit code when the emergency save failed (EX_TEMPFAIL): nothing new committed, the previous checkpoint is
 intact, restart the job."""
+ROOT_ENV = "PREEMPTIBLE_ROOT"
+"""Overrides the root given in code (``preemptible drill --reference`` gives its reference run a root of its own)."""
 EXIT_CODE_ENV = "PREEMPTIBLE_EXIT_CODE"
 ASSUMED_BANDWIDTH = 100e6
 """Bytes per second assumed for deadline arithmetic before the first save has measured the storage."""
