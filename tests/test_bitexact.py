@@ -27,10 +27,10 @@ def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, x.sum(dim=1, keepdim=True)
 
 
-def sgd_momentum_steplr() -> tuple[dict[str, Any], Callable[[int], None]]:
-    model = mlp()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-4)
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.5)
+def plain_training(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any
+) -> tuple[dict[str, Any], Callable[[int], None]]:
+    """The state to save and one fp32 training step on the deterministic batch ``i``."""
 
     def step(i: int) -> None:
         x, y = batch(i)
@@ -41,6 +41,14 @@ def sgd_momentum_steplr() -> tuple[dict[str, Any], Callable[[int], None]]:
         sched.step()
 
     return {"model": model, "optimizer": opt, "scheduler": sched}, step
+
+
+def sgd_momentum_steplr() -> tuple[dict[str, Any], Callable[[int], None]]:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-4)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.5)
+
+    return plain_training(model, opt, sched)
 
 
 def adamw_onecycle() -> tuple[dict[str, Any], Callable[[int], None]]:
@@ -48,15 +56,7 @@ def adamw_onecycle() -> tuple[dict[str, Any], Callable[[int], None]]:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.8, 0.95))
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-2, total_steps=40)
 
-    def step(i: int) -> None:
-        x, y = batch(i)
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-
-    return {"model": model, "optimizer": opt, "scheduler": sched}, step
+    return plain_training(model, opt, sched)
 
 
 def adam_cosine_gradscaler() -> tuple[dict[str, Any], Callable[[int], None]]:
