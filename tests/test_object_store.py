@@ -284,6 +284,11 @@ def test_retry_policy() -> None:
     assert slept == [0.2, 0.4, 0.8]
     assert transient(OSError("An error occurred (SlowDown) when calling the PutObject operation"))
     assert not transient(PermissionError("AccessDenied"))
+    # a missing object whose name holds the digits of a status code is an answer, not a fault
+    assert not transient(FileNotFoundError("train/run/step-000000000500/COMMIT.json"))
+    assert not transient(OSError("expected a manifest for step-000000000503"))
+    assert transient(OSError("An error occurred (503) when calling the PutObject operation: Service Unavailable"))
+    assert transient(OSError("Server returned HTTP 500"))
     now = [0.0]
 
     def always() -> str:

@@ -16,6 +16,7 @@ import contextlib
 import importlib
 import io
 import logging
+import re
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -48,12 +49,13 @@ def transient(error: BaseException) -> bool:
     """Errors worth another try: connection trouble, server errors, throttling."""
     if isinstance(error, (ConnectionError, TimeoutError)):
         return True
+    if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return False  # answers, not faults: another try gets the same one
     text = f"{type(error).__name__} {error}".lower()
+    # Status codes as words, not digits inside a name: "step-000000000500" is a path, not a 500.
+    if re.search(r"(?<![\w./-])(500|502|503|504|429)(?![\w./-])", text):
+        return True
     markers = (
-        "500",
-        "502",
-        "503",
-        "504",
         "slowdown",
         "slow down",
         "throttl",
@@ -65,7 +67,6 @@ def transient(error: BaseException) -> bool:
         "timed out",
         "requesttimeout",
         "too many requests",
-        "429",
         "broken pipe",
         "serverdisconnected",
         "clientconnectorerror",
