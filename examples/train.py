@@ -17,6 +17,7 @@ import time
 import torch
 
 import preemptible
+import preemptible.state
 
 
 def batch(step: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:

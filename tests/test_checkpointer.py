@@ -18,7 +18,7 @@ from preemptible import (
     StateMismatchError,
     UnsupportedStateError,
 )
-from preemptible.store.checkpointer import CheckpointFallbackWarning
+from preemptible.errors import CheckpointFallbackWarning
 from preemptible.store.layout import seal
 
 
@@ -101,17 +101,28 @@ def test_saving_a_committed_step_again_is_a_noop(tmp_path: Path) -> None:
     assert os.stat(tmp_path / "step-000000000001" / "COMMIT.json").st_mtime_ns == mtime
 
 
-def test_rotation_keeps_newest_and_newest_validated(tmp_path: Path) -> None:
+def test_rotation_deletes_only_after_a_newer_checkpoint_validated(tmp_path: Path) -> None:
     state = build()
     ck = Checkpointer(str(tmp_path), keep=2)
     save_steps(ck, state, [1, 2])
     assert ck.restore(build()) == 2  # validates step 2
-    save_steps(ck, state, [3, 4, 5])
-    assert [c.step for c in ck.checkpoints()] == [2, 4, 5]
-    assert [c.validated for c in ck.checkpoints()] == [True, False, False]
-    ck.verify(5)
+    ck.save(state, 3)  # 1 may go: 2, newer, has validated
+    assert [(c.step, c.status) for c in ck.checkpoints()] == [(2, "validated"), (3, "committed")]
+    ck.save(state, 4)  # 4 and 3 are the keep newest, 2 the newest validated: nothing waits, nothing is read back
+    assert [(c.step, c.status) for c in ck.checkpoints()] == [(2, "validated"), (3, "committed"), (4, "committed")]
+    ck.save(state, 5)  # 3 waits for a newer one to validate: the save reads 5 back, validating it; 2 and 3 go
+    assert [(c.step, c.status) for c in ck.checkpoints()] == [(4, "committed"), (5, "validated")]
     ck.save(state, 6)
     assert [c.step for c in ck.checkpoints()] == [5, 6]
+
+
+def test_emergency_saves_never_rotate(tmp_path: Path) -> None:
+    state = build()
+    ck = Checkpointer(str(tmp_path), keep=2)
+    save_steps(ck, state, [1, 2])
+    for step in (3, 4):
+        ck.save(state, step, reason="emergency")
+    assert [(c.step, c.status) for c in ck.checkpoints()] == [(s, "committed") for s in (1, 2, 3, 4)]
 
 
 def test_keep_below_two_is_refused(tmp_path: Path) -> None:

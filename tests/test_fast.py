@@ -16,9 +16,11 @@ import torch
 from conftest import journal, make_model, train_some
 from faults import Boom, FaultyStorage
 from preemptible import Checkpointer, Run, SaveError
+from preemptible.emergency import deadline_choice
+from preemptible.errors import SaveCancelled
 from preemptible.journal import Journal
 from preemptible.state import flatten
-from preemptible.writer import SaveCancelled, deadline_choice, plan_files
+from preemptible.writer import plan_files
 
 
 def build(seed: int = 0, hidden: int = 64) -> dict[str, Any]:

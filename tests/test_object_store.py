@@ -15,9 +15,10 @@ import torch
 from conftest import Trainer, final_digest, make_model, train_some
 from objkit import FaultProxy, azurite, gcs_emulator, make_bucket, make_container, moto_server, set_env, set_gcs_env
 from preemptible import CheckpointCorruptError, Checkpointer, SaveError
-from preemptible.store.checkpointer import CheckpointFallbackWarning
+from preemptible.errors import CheckpointFallbackWarning
 from preemptible.store.io import ephemeral_reason, storage_for
-from preemptible.store.objstore import StorageUnavailableError, retrying, transient
+from preemptible.errors import StorageUnavailableError
+from preemptible.store.objstore import retrying, transient
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,11 @@ from conftest import journal, make_model, train_some
 from faults import FaultyStorage
 from preemptible import CheckpointCorruptError, Checkpointer, Run, SaveError
 from preemptible.cli import main
+from preemptible.errors import CheckpointFallbackWarning
+from preemptible.journal import Journal
 from preemptible.state import capture, flatten
 from preemptible.store import checksum, layout
 from preemptible.store import format as tensor_format
-from preemptible.store.checkpointer import CheckpointFallbackWarning
 from preemptible.store.io import LocalStorage
 from preemptible.validate import run_probe
 
@@ -79,9 +80,7 @@ def test_probe_mismatch_falls_back_and_marks_invalid(tmp_path: Path) -> None:
     forge(tmp_path / "step-000000000002", lambda t: t["model/0.weight"].mul_(1.5))  # wrong weights, valid sums
     assert Checkpointer(str(tmp_path)).verify(2).bytes > 0  # checksums alone cannot tell
     fresh, fresh_probe = setup(seed=7)
-    restorer = Checkpointer(
-        str(tmp_path), probe=fresh_probe, journal=__import__("preemptible").journal.Journal(LocalStorage(str(tmp_path)))
-    )
+    restorer = Checkpointer(str(tmp_path), probe=fresh_probe, journal=Journal(LocalStorage(str(tmp_path))))
     with pytest.warns(CheckpointFallbackWarning, match="probe loss mismatch: stored"):
         assert restorer.restore(fresh) == 1
     assert all(torch.equal(v, fresh["model"].state_dict()[k]) for k, v in expected.items())

@@ -2,7 +2,8 @@
 
 Nothing starts on import: signal handlers and threads exist only while a `Guard` or `Run` is active. The names
 below load on first use, so the command-line tools that need no torch (``preemptible run``, ``diagnose``,
-``emulate``) start in a fraction of a second.
+``emulate``) start in a fraction of a second. Every exception and warning is importable from
+`preemptible.errors`; the most common ones are here too.
 """
 
 import importlib
@@ -12,6 +13,7 @@ from preemptible._version import __version__
 
 if TYPE_CHECKING:
     from preemptible.budget import Plan, plan
+    from preemptible.checkpoint import Checkpointer, SaveHandle, SaveResult
     from preemptible.errors import (
         CheckpointCorruptError,
         CheckpointNotFoundError,
@@ -24,7 +26,6 @@ if TYPE_CHECKING:
     from preemptible.notice import Notice, NoticeKind, NoticeSource
     from preemptible.run import Run
     from preemptible.state import RNGState, Stateful
-    from preemptible.store.checkpointer import Checkpointer, SaveHandle, SaveResult
     from preemptible.store.layout import CheckpointInfo
 
 _EXPORTS = {
@@ -43,20 +44,19 @@ _EXPORTS = {
     "Run": "preemptible.run",
     "RNGState": "preemptible.state",
     "Stateful": "preemptible.state",
-    "Checkpointer": "preemptible.store.checkpointer",
-    "SaveHandle": "preemptible.store.checkpointer",
-    "SaveResult": "preemptible.store.checkpointer",
+    "Checkpointer": "preemptible.checkpoint",
+    "SaveHandle": "preemptible.checkpoint",
+    "SaveResult": "preemptible.checkpoint",
     "CheckpointInfo": "preemptible.store.layout",
 }
 
 
 def __getattr__(name: str) -> Any:
+    """Load a name of `__all__` on first use (PEP 562). Submodules are not attributes until imported
+    (``import preemptible.state``)."""
     module = _EXPORTS.get(name)
     if module is None:
-        try:  # a submodule used as an attribute: preemptible.state.flatten
-            return importlib.import_module(f"preemptible.{name}")
-        except ModuleNotFoundError:
-            raise AttributeError(f"module 'preemptible' has no attribute {name!r}") from None
+        raise AttributeError(f"module 'preemptible' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

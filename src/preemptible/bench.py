@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
+from preemptible.checkpoint.checkpointer import Checkpointer
 from preemptible.state import capture, flatten
-from preemptible.store.checkpointer import Checkpointer
 from preemptible.store.io import LocalStorage
 
 

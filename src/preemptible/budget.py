@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from preemptible.emergency import SAFETY_MARGIN
 from preemptible.sources.detect import WINDOWS
 from preemptible.store import layout
 from preemptible.store.io import Storage, storage_for
@@ -24,8 +25,8 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 EXIT_S = 0.5
 """Seconds from the commit to the process being gone (journal, handlers, interpreter teardown; measured ~0.3 s)."""
 DEFAULT_PROBE_BYTES = 256 << 20
-HEADROOM = 0.8
-"""A plan fits when the prediction leaves this share of the window: bandwidth drifts, and steps vary."""
+HEADROOM = SAFETY_MARGIN
+"""A plan fits when the prediction leaves this share of the window (the same margin as the emergency path)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -368,7 +368,7 @@ class JournalFacts:
 
 def journal_facts(root: str) -> JournalFacts:
     from preemptible import journal as journal_mod
-    from preemptible.store.checkpointer import Checkpointer
+    from preemptible.checkpoint import Checkpointer
     from preemptible.store.io import storage_for
 
     storage = storage_for(root)

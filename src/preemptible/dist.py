@@ -12,7 +12,7 @@ import threading
 from datetime import timedelta
 from typing import Any, Protocol
 
-from preemptible.errors import PreemptibleError
+from preemptible.errors import CoordinationError
 
 
 def _dist_ready() -> bool:
@@ -87,16 +87,17 @@ def store_address() -> tuple[str, int] | None:
     return host, int(port)
 
 
-class CoordinationError(PreemptibleError, RuntimeError):
-    """Ranks could not coordinate through the store in time (a rank died, hung, or cannot reach the store)."""
-
-
 class Coordinator:
     """Namespaced access to the job's c10d store, one client connection per user (thread).
 
     Every key lives under ``preemptible/<run id>/<restart>/``, so a torchrun restart never reads the previous
     attempt's keys. Clients are separate TCP connections: a blocking ``wait`` in one thread never holds up
-    another thread's request.
+    another thread's request. One per process: `coordinator()`.
+
+    IMPORTANT (lockstep): the save commit, the replicated-state check, the restore agreement and the shared-root
+    check are rounds of `exchange` named by `round`, whose counter is per process. Every rank must open the same
+    rounds in the same order (they do: each follows the same saves and restores of the same loop); a rank that
+    skipped one would wait on keys no one writes, until the timeout turns it into a `CoordinationError`.
     """
 
     def __init__(self, *, rank_: int, world: int, address: tuple[str, int], timeout_s: float = 60.0) -> None:
@@ -107,6 +108,15 @@ class Coordinator:
         run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         self.prefix = f"preemptible/{run_id}/{restart}"
+        self._rounds: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def round(self, kind: str) -> str:
+        """The key prefix of this process's next round of ``kind`` (``save/3``): see the lockstep note."""
+        with self._lock:
+            n = self._rounds.get(kind, 0) + 1
+            self._rounds[kind] = n
+        return f"{kind}/{n}"
 
     @classmethod
     def from_env(cls, timeout_s: float | None = None) -> Coordinator | None:
@@ -129,14 +139,16 @@ class Coordinator:
         )
         return c10d.PrefixStore(self.prefix, store)
 
-    def gather(self, store: Any, key: str, value: str, *, timeout_s: float | None = None) -> list[str]:
-        """Publish ``value`` under ``key/<rank>`` and return every rank's, in rank order.
+    def exchange(self, store: Any, key: str, value: str, *, timeout_s: float | None = None) -> list[str]:
+        """The barrier: publish ``value`` under ``key/<rank>`` and return every rank's, in rank order.
 
         Raises:
             CoordinationError: not every rank published within the timeout.
         """
         store.set(f"{key}/{self.rank}", value)
         return self.collect(store, key, timeout_s=timeout_s)
+
+    gather = exchange
 
     def collect_one(self, store: Any, key: str, *, timeout_s: float | None = None) -> str:
         """Wait for one key (set by one rank) and return its value."""
@@ -169,6 +181,27 @@ def _has(store: Any, key: str) -> bool:
         return bool(store.check([key]))
     except Exception:
         return False
+
+
+_COORDINATORS: dict[tuple[object, ...], Coordinator | None] = {}
+_COORDINATOR_LOCK = threading.Lock()
+
+
+def coordinator() -> Coordinator | None:
+    """This process's one coordinator (several ranks under torchrun), built from the environment on first use;
+    None in a single-process run. The guard and the checkpointer share it, and so its round counters."""
+    env = os.environ
+    launch = (
+        rank(),
+        world_size(),
+        store_address(),
+        env.get("TORCHELASTIC_RUN_ID"),
+        env.get("TORCHELASTIC_RESTART_COUNT"),
+    )
+    with _COORDINATOR_LOCK:
+        if launch not in _COORDINATORS:
+            _COORDINATORS[launch] = Coordinator.from_env()
+        return _COORDINATORS[launch]
 
 
 POLL_S = 0.1
@@ -271,15 +304,6 @@ class StoreAgreement:
 
 
 def _notice_from(doc: dict[str, Any]) -> Any:
-    from datetime import datetime
+    from preemptible.notice import Notice
 
-    from preemptible.notice import Notice, NoticeKind
-
-    deadline = doc.get("deadline")
-    return Notice(
-        source=str(doc.get("source", "unknown")),
-        kind=NoticeKind(doc.get("kind", "terminate")),
-        received_at=datetime.fromisoformat(str(doc["received_at"])),
-        deadline=datetime.fromisoformat(deadline) if deadline else None,
-        detail=f"{doc.get('detail', '')} (seen by rank {doc.get('rank')})",
-    )
+    return Notice.from_json({**doc, "detail": f"{doc.get('detail', '')} (seen by rank {doc.get('rank')})"})

@@ -446,7 +446,7 @@ class Drill:
         runs, interrupted or not; the streams training draws from show in the weights."""
         if root is None:
             return None
-        from preemptible.store.checkpointer import Checkpointer
+        from preemptible.checkpoint import Checkpointer
 
         try:
             ck = Checkpointer(root)
@@ -465,7 +465,7 @@ class Drill:
     def _on_storage(root: str | None, step: int | None) -> bool:
         if root is None or step is None:
             return False
-        from preemptible.store.checkpointer import Checkpointer
+        from preemptible.checkpoint import Checkpointer
 
         try:
             return Checkpointer(root).is_committed(int(step))

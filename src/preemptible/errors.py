@@ -1,4 +1,4 @@
-"""Errors raised by preemptible.
+"""Every exception and warning the public API raises, in one place.
 
 One base class, and each subclass also inherits the builtin a caller already catches, so code written
 against ``FileNotFoundError`` or ``ValueError`` keeps working. Messages say what was expected, what was
@@ -94,3 +94,73 @@ class SaveError(PreemptibleError, OSError):
 
 class NoticeSourceError(PreemptibleError, ValueError):
     """A notice source was named or configured wrongly (unknown name, bad signal, wrong thread)."""
+
+
+class ProbeError(PreemptibleError, ValueError):
+    """The probe did not return a number (a float, or a tensor of one element)."""
+
+
+class FileTooLargeError(PreemptibleError, ValueError):
+    """A file read from storage is larger than the bound its reader allows (a tampered or wrong file)."""
+
+
+class StorageUnavailableError(PreemptibleError, ImportError):
+    """The fsspec backend for a URL is not installed."""
+
+
+class SaveCancelled(PreemptibleError):
+    """An asynchronous save was abandoned on purpose (a notice left no time to finish it); nothing committed."""
+
+
+class CoordinationError(PreemptibleError, RuntimeError):
+    """Ranks could not coordinate through the store in time (a rank died, hung, or cannot reach the store)."""
+
+
+class StateDivergenceError(PreemptibleError, ValueError):
+    """State treated as replicated differs between ranks: saving it from rank 0 alone would lose the others'.
+
+    Attributes:
+        keys: the state entries that differ.
+        ranks: the ranks whose digest differs from rank 0's.
+    """
+
+    def __init__(self, message: str, *, keys: Sequence[str], ranks: Sequence[int]) -> None:
+        super().__init__(message)
+        self.keys = list(keys)
+        self.ranks = list(ranks)
+
+
+class LifecycleError(PreemptibleError, RuntimeError):
+    """A checkpoint was asked to make a transition its state does not allow (a bug, never a storage fault).
+
+    Attributes:
+        state: the checkpoint's state; transition: what was asked.
+    """
+
+    def __init__(self, message: str, *, state: str, transition: str) -> None:
+        super().__init__(message)
+        self.state = state
+        self.transition = transition
+
+
+class CheckpointFallbackWarning(UserWarning):
+    """Restore skipped a checkpoint that failed verification and fell back to an older one."""
+
+
+__all__ = [
+    "CheckpointCorruptError",
+    "CheckpointFallbackWarning",
+    "CheckpointNotFoundError",
+    "CoordinationError",
+    "FileTooLargeError",
+    "LifecycleError",
+    "NoticeSourceError",
+    "PreemptibleError",
+    "ProbeError",
+    "SaveCancelled",
+    "SaveError",
+    "StateDivergenceError",
+    "StateMismatchError",
+    "StorageUnavailableError",
+    "UnsupportedStateError",
+]

@@ -53,7 +53,7 @@ class Guard:
         self.board = NoticeBoard()
         self._explicit_agreement = agreement is not None
         self._agreement: dist.Agreement = agreement if agreement is not None else dist.LocalAgreement()
-        self.coordinator = dist.Coordinator.from_env() if agreement is None else None
+        self.coordinator = dist.coordinator() if agreement is None else None
         """The job's store coordinator under torchrun (None in one process): notices travel through it."""
         self._started: list[NoticeSource] = []
         self._relay_path = os.environ.get(relay.NOTICE_FILE_ENV, "").strip() or None
@@ -108,6 +108,10 @@ class Guard:
         self.close()
 
     # queries ---------------------------------------------------------------------------------------------
+    def wait_for_notice(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds for the first notice; True once there is one."""
+        return self.board.event.wait(timeout)
+
     @property
     def notice(self) -> Notice | None:
         """The first notice that calls for a stop, or None.

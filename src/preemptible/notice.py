@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 Clock = Callable[[], float]
 """Seconds since the epoch (``time.time`` in production, a fake in tests)."""
@@ -72,6 +72,28 @@ class Notice:
         }
 
     @classmethod
+    def from_json(cls, doc: Any) -> Notice:
+        """The inverse of `to_json` (the relayed notice file, a notice announced through the store).
+
+        Raises:
+            ValueError: ``doc`` is not a notice document (says what was expected and what was found).
+        """
+        try:
+            deadline = doc.get("deadline")
+            return cls(
+                source=str(doc["source"]),
+                kind=NoticeKind(doc["kind"]),
+                received_at=_aware(datetime.fromisoformat(str(doc["received_at"]))),
+                deadline=_aware(datetime.fromisoformat(str(deadline))) if deadline else None,
+                detail=str(doc.get("detail", "")),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(
+                f"expected a notice document with source, kind, received_at and deadline, found {str(doc)[:200]!r} "
+                f"({type(e).__name__}: {e})"
+            ) from e
+
+    @classmethod
     def at(
         cls,
         *,
@@ -85,6 +107,11 @@ class Notice:
         received = utc_from_timestamp(now)
         deadline = received + timedelta(seconds=grace) if grace is not None else None
         return cls(source=source, kind=kind, received_at=received, deadline=deadline, detail=detail)
+
+
+def _aware(t: datetime) -> datetime:
+    """A naive time as UTC (documents written by this library always carry the offset)."""
+    return t if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
 
 
 NoticeSink = Callable[[Notice], None]

@@ -17,10 +17,9 @@ import json
 import logging
 import os
 import threading
-from datetime import datetime
 from typing import Any
 
-from preemptible.notice import Notice, NoticeKind
+from preemptible.notice import Notice
 
 log = logging.getLogger("preemptible")
 
@@ -56,16 +55,8 @@ def read_notice_file(path: str) -> Notice | None:
     if not raw.strip():
         return None
     try:
-        doc = json.loads(raw)
-        deadline = doc.get("deadline")
-        return Notice(
-            source=str(doc["source"]),
-            kind=NoticeKind(doc["kind"]),
-            received_at=datetime.fromisoformat(doc["received_at"]),
-            deadline=datetime.fromisoformat(deadline) if deadline else None,
-            detail=str(doc.get("detail", "")),
-        )
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        return Notice.from_json(json.loads(raw))
+    except ValueError as e:
         log.warning(
             "the relayed notice at %s is malformed: expected JSON with source, kind, received_at and deadline "
             "(as preemptible run writes it), found %r (%s); using the signal's own deadline",

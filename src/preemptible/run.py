@@ -12,7 +12,6 @@ import logging
 import os
 import socket
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
@@ -22,7 +21,16 @@ import torch
 
 from preemptible import dist
 from preemptible._version import __version__
-from preemptible.errors import CheckpointCorruptError, PreemptibleError, UnsupportedStateError
+from preemptible.checkpoint import Checkpointer, SaveHandle, SaveResult
+from preemptible.emergency import Emergency
+from preemptible.errors import (
+    CheckpointCorruptError,
+    PreemptibleError,
+    SaveCancelled,
+    StateDivergenceError,
+    UnsupportedStateError,
+)
+from preemptible.events import Event, SaveReason, tag
 from preemptible.guard import Guard
 from preemptible.journal import Journal
 from preemptible.notice import Clock, Notice, NoticeKind, NoticeSource
@@ -30,10 +38,8 @@ from preemptible.relay import ReportFile
 from preemptible.sources import slurm
 from preemptible.state import RNGState, capture, check_state, flatten
 from preemptible.store import layout
-from preemptible.store.checkpointer import Checkpointer, SaveHandle, SaveResult
 from preemptible.store.io import ephemeral_reason
 from preemptible.validate import DEFAULT_RTOL, Probe
-from preemptible.writer import SaveCancelled, deadline_choice
 
 log = logging.getLogger("preemptible")
 
@@ -45,12 +51,36 @@ intact, restart the job."""
 ROOT_ENV = "PREEMPTIBLE_ROOT"
 """Overrides the root given in code (``preemptible drill --reference`` gives its reference run a root of its own)."""
 EXIT_CODE_ENV = "PREEMPTIBLE_EXIT_CODE"
-ASSUMED_BANDWIDTH = 100e6
-"""Bytes per second assumed for deadline arithmetic before the first save has measured the storage."""
-PRESTAGE_MARGIN = 0.8
 
 _RNG = "_rng"
 _RUN = "_run"
+RESERVED = frozenset(
+    {
+        "root",
+        "save_every",
+        "save_interval_s",
+        "keep",
+        "sources",
+        "grace",
+        "exit_code",
+        "exit_on_notice",
+        "on_advisory",
+        "requeue",
+        "async_save",
+        "prestage_every",
+        "bf16_moments",
+        "probe",
+        "probe_rtol",
+        "verify_after_save",
+        "allow_fresh_start",
+        "storage_options",
+        "guard",
+        "clock",
+        "monotonic",
+        "per_rank",
+    }
+)
+"""`Run`'s own keywords: none of them can name a state entry (Python passes them to `Run`, never to ``**state``)."""
 
 
 class Run:
@@ -85,6 +115,11 @@ class Run:
             difference over ``probe_rtol``) is marked invalid and the previous one is used. It runs with
             gradients off, modules in eval mode and the random streams forked: it never changes training.
         verify_after_save: read every file back and check its checksum before committing a save.
+        per_rank: under several ranks (torchrun), the state entries that differ between ranks (a data loader's
+            position, a dict of per-rank counters): each rank saves and restores its own. Every other entry is
+            taken to be the same on every rank (DDP) and saved once; each save checks that it is (see
+            `Checkpointer`), and a difference is a `StateDivergenceError` naming the entries and this option.
+            RNG streams are always per rank.
         allow_fresh_start: when checkpoints exist but none verifies, move them aside (``<root>/quarantine/``)
             and start at step 0 instead of raising `CheckpointCorruptError` (the default: never silently).
         storage_options: for a URL root (``s3://``, ``gs://``, ``az://``), arguments to its fsspec file system
@@ -96,10 +131,12 @@ class Run:
         clock: epoch seconds; monotonic: a monotonic clock (both injected by tests).
         **state: what to checkpoint: modules, optimizers, schedulers, GradScaler, stateful data loaders (anything
             with ``state_dict``/``load_state_dict``) and plain dicts (updated in place on restore). RNG streams
-            are added automatically. Names must not start with ``_``.
+            are added automatically. Names must not start with ``_`` nor be one of `RESERVED` (this class's own
+            keywords).
 
     Raises:
-        UnsupportedStateError: a state entry that cannot be checkpointed, naming it.
+        UnsupportedStateError: a state entry that cannot be checkpointed (checked here, leaf by leaf), naming it.
+        ValueError: an option out of its range.
     """
 
     def __init__(
@@ -126,6 +163,7 @@ class Run:
         guard: Guard | None = None,
         clock: Clock = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        per_rank: Iterable[str] = (),
         **state: Any,
     ) -> None:
         for name in state:
@@ -135,12 +173,22 @@ class Run:
                     key=name,
                 )
         check_state(state)
-        if save_every is not None and save_every < 1:
-            raise ValueError(f"expected save_every >= 1 or None, found {save_every}")
-        if prestage_every is not None and prestage_every < 1:
-            raise ValueError(f"expected prestage_every >= 1 or None, found {prestage_every}")
-        if save_interval_s is not None and save_interval_s <= 0:
-            raise ValueError(f"expected save_interval_s > 0 or None, found {save_interval_s}")
+        per_rank = [per_rank] if isinstance(per_rank, str) else list(per_rank)
+        unknown = [n for n in per_rank if n not in state]
+        if unknown:
+            raise ValueError(
+                f"per_rank names {unknown}, which are not state entries of this Run (it has {sorted(state)}); "
+                "name the keyword arguments you pass as state"
+            )
+        _check_int("save_every", save_every, 1)
+        _check_int("prestage_every", prestage_every, 1)
+        _check_int("keep", keep, 2)
+        if save_interval_s is not None and not (
+            isinstance(save_interval_s, (int, float)) and 0 < save_interval_s < float("inf")
+        ):
+            raise ValueError(
+                f"expected save_interval_s to be a finite number of seconds > 0 or None, found {save_interval_s!r}"
+            )
         if on_advisory not in ("save", "stop", "ignore"):
             raise ValueError(f"expected on_advisory to be 'save', 'stop' or 'ignore', found {on_advisory!r}")
         self.on_advisory = on_advisory
@@ -169,11 +217,13 @@ class Run:
             probe_rtol=probe_rtol,
             verify_after_save=verify_after_save,
             storage_options=storage_options,
+            per_rank=(_RNG, *per_rank),
         )
         self.allow_fresh_start = allow_fresh_start
         self.guard = guard if guard is not None else Guard(sources, grace=grace, clock=clock)
         self._meta: dict[str, Any] = {}
         self.state: dict[str, Any] = {**state, _RNG: RNGState(), _RUN: self._meta}
+        flatten(capture(self.state))  # every leaf storable now: a clear error here, not at the first save
         self.step: int = 0
         """Completed steps so far (the step a checkpoint taken now would carry)."""
         self.resumed_from: int | None = None
@@ -185,7 +235,15 @@ class Run:
         self._entered = False
         self._advisory_done = False
         self._pending: SaveHandle | None = None
-        self._watcher: _PrestageWatcher | None = None
+        self.emergency = Emergency(
+            self.checkpointer,
+            self.guard,
+            events=lambda: self.journal,
+            state_bytes=self._state_bytes,
+            prestage_every=prestage_every,
+            clock=clock,
+            rank=self.rank,
+        )
         self._boundary_at = 0.0
         self._planned = False
         self.step_time: float | None = None
@@ -221,7 +279,7 @@ class Run:
                 self.rank,
                 reason,
             )
-            self.journal.event("ephemeral_root", None, why=reason)
+            self.journal.event(Event.EPHEMERAL_ROOT, None, why=reason)
         coord = self.checkpointer.coordinator
         if coord is not None:
             if self.save_interval_s is not None or self.prestage_every is not None:
@@ -231,16 +289,12 @@ class Run:
                 )
             check_shared_root(self.checkpointer, coord)
         self.guard.start()
-        if self.prestage_every is not None:
-            self._watcher = _PrestageWatcher(self)
-            self._watcher.start()
+        self.emergency.start()
         self._entered = True
 
     def close(self) -> None:
         """Finish a background save, remove signal handlers, stop pollers, flush the journal. Idempotent."""
-        if self._watcher is not None:
-            self._watcher.stop()
-            self._watcher = None
+        self.emergency.stop()
         if self._pending is not None:
             self._reap(block=True)
         self.guard.close()
@@ -268,7 +322,7 @@ class Run:
         assert self.journal is not None
         try:
             self.journal.event(
-                "start",
+                Event.START,
                 None,
                 total=total,
                 pid=os.getpid(),
@@ -284,7 +338,7 @@ class Run:
                 self._stop(start)  # a notice during restore: nothing new to save, exit promptly
                 return
             if start >= total:
-                self.journal.event("done", start, total=total, already=True)
+                self.journal.event(Event.DONE, start, total=total, already=True)
                 return
             self.checkpointer.storage.remove(self.checkpointer.storage.join(self.checkpointer.root, layout.DONE))
             self._last_save_time = self._monotonic()
@@ -304,7 +358,7 @@ class Run:
                     if self._advisory(completed):
                         return
                 elif self._periodic_due(completed, total):
-                    self._save(completed, "periodic", blocking=not self.async_save)
+                    self._save(completed, SaveReason.PERIODIC, blocking=not self.async_save)
                     if self.guard.should_stop(completed):  # a notice that came during the save
                         self._stop(completed)
                         return
@@ -321,9 +375,9 @@ class Run:
         """Record figures (loss, throughput, ...) for the current step in the journal."""
         if self.journal is None:
             raise PreemptibleError("Run.log() needs a started run: call it inside `for step in run.steps(...)`")
-        self.journal.event("log", self.step, **figures)
+        self.journal.event(Event.LOG, self.step, **figures)
 
-    def save(self, reason: str = "manual") -> SaveResult:
+    def save(self, reason: str = SaveReason.MANUAL) -> SaveResult:
         """Save a checkpoint of the current step now (blocking)."""
         self._open()
         return self._save(self.step, reason, raise_errors=True)  # type: ignore[return-value]
@@ -339,7 +393,7 @@ class Run:
             if not self.allow_fresh_start:
                 raise
             moved = self.checkpointer.quarantine()
-            self.journal.event("fresh_after_corruption", 0, error=str(e), quarantined=moved)
+            self.journal.event(Event.FRESH_AFTER_CORRUPTION, 0, error=str(e), quarantined=moved)
             log.error(
                 "[rank=%d] no checkpoint under %s verifies; allow_fresh_start=True: starting at step 0 and "
                 "moving them aside to %s",
@@ -349,12 +403,14 @@ class Run:
             )
             restored = None
         if restored is None:
-            self.journal.event("fresh", 0)
+            self.journal.event(Event.FRESH, 0)
             log.info("[rank=%d] no checkpoint under %s: starting at step 0", self.rank, self.root)
             return 0
         self.resumed_from = restored
+        if self.rank == 0:
+            self.checkpointer.rotate()  # the restored checkpoint has just validated: older ones may go now
         seconds = self._monotonic() - t0
-        self.journal.event("resume", restored, seconds=round(seconds, 6))
+        self.journal.event(Event.RESUME, restored, seconds=round(seconds, 6))
         log.info("[rank=%d] resumed from the checkpoint of step %d (%.2f s)", self.rank, restored, seconds)
         return restored
 
@@ -383,6 +439,8 @@ class Run:
                 self._pending = handle
                 return None
             result = handle.wait()
+        except (UnsupportedStateError, StateDivergenceError):
+            raise  # the state itself cannot be saved: retrying at the next save would fail the same way
         except (OSError, PreemptibleError) as e:
             if raise_errors:
                 raise
@@ -438,7 +496,7 @@ class Run:
         verdict = budget.evaluate(
             state_bytes=result.bytes, bandwidth=bandwidth, window=platform.window_s, step_time=self.step_time or 0.0
         )
-        self.journal.event("plan", result.step, platform=platform.name, **verdict.to_json())
+        self.journal.event(Event.PLAN, result.step, platform=platform.name, **verdict.to_json())
         where = f"{platform.name} window {verdict.window_s:.0f} s"
         if verdict.fits:
             if self.rank == 0:
@@ -451,12 +509,12 @@ class Run:
     def _finish(self, total: int) -> None:
         assert self.journal is not None
         self._reap(block=True)
-        self._save(total, "final", raise_errors=True)
+        self._save(total, SaveReason.FINAL, raise_errors=True)
         storage = self.checkpointer.storage
         if self.rank == 0:
             doc = f'{{"step": {total}, "finished": "{layout.now_iso(self._clock())}"}}\n'.encode()
             storage.publish(storage.join(self.checkpointer.root, layout.DONE), doc)
-        self.journal.event("done", total, total=total)
+        self.journal.event(Event.DONE, total, total=total)
 
     def _advisory(self, completed: int) -> bool:
         """An advisory notice: save early (and keep training), stop, or ignore. True when the loop must end."""
@@ -464,7 +522,7 @@ class Run:
         self._advisory_done = True
         notice = self.guard.advisory
         assert notice is not None
-        self.journal.event("advisory", completed, **notice.to_json(), action=self.on_advisory)
+        self.journal.event(Event.ADVISORY, completed, **notice.to_json(), action=self.on_advisory)
         log.warning(
             "[rank=%d] advisory %s notice (%s): %s",
             self.rank,
@@ -473,7 +531,7 @@ class Run:
             {"save": "saving early, training continues", "stop": "stopping", "ignore": "ignored"}[self.on_advisory],
         )
         if self.on_advisory == "save":
-            self._save(completed, "advisory")
+            self._save(completed, SaveReason.ADVISORY)
         elif self.on_advisory == "stop":
             self.guard.trigger(
                 Notice(
@@ -494,76 +552,6 @@ class Run:
             return self.last_save.bytes
         return flatten(capture(self.state)).tensor_bytes
 
-    def _settle_inflight(self, completed: int) -> None:
-        """A background save is writing when the notice comes: finish it or abandon it, by deadline arithmetic."""
-        assert self.journal is not None
-        handle = self._pending or self.checkpointer.inflight
-        if handle is not None and self._watcher is not None and handle is self._watcher.handle:
-            return  # the pre-staged flush the watcher started: _flush_prestaged waits for it
-        if handle is None or handle.done():
-            self._reap(block=True)
-            return
-        choice = deadline_choice(
-            remaining_s=self.guard.remaining(),
-            inflight_left_bytes=handle.bytes_left,
-            emergency_bytes=self._state_bytes(),
-            bandwidth=self.checkpointer.bandwidth or handle.progress.rate() or ASSUMED_BANDWIDTH,
-        )
-        self.journal.event(
-            "inflight",
-            completed,
-            saving=handle.step,
-            choice=choice,
-            bytes_left=handle.bytes_left,
-            remaining_s=self.guard.remaining(),
-        )
-        if choice == "abandon":
-            handle.cancel()
-        self._pending = handle
-        self._reap(block=True)
-
-    def _flush_prestaged(self, completed: int) -> bool:
-        """Land the pre-staged state instead of the current step when the current step cannot land in time."""
-        assert self.journal is not None
-        if self.prestage_every is None:
-            return False
-        handle = self._watcher.handle if self._watcher is not None else None
-        staged = self.checkpointer.staging.current
-        why = "the watcher started it before the step in progress ended"
-        if handle is None:
-            remaining = self.guard.remaining()
-            bw = self.checkpointer.bandwidth or ASSUMED_BANDWIDTH
-            if staged is None or staged.step is None or remaining is None or staged.step >= completed:
-                return False
-            current_s = self._state_bytes() / bw
-            if current_s <= PRESTAGE_MARGIN * remaining:
-                return False
-            why = f"the current step needs about {current_s:.1f} s, {remaining:.1f} s are left"
-            handle = self.checkpointer.flush_staged(reason="prestaged", deadline=self._clock() + remaining)
-            if handle is None:
-                return False
-        try:
-            result = handle.wait()
-        except (OSError, PreemptibleError) as e:
-            log.error("[rank=%d] flushing the pre-staged step %d failed: %s", self.rank, handle.step, e)
-            return False
-        self.journal.event(
-            "prestaged_flush",
-            completed,
-            landed=result.step,
-            instead_of=completed,
-            why=why,
-            steps_lost=completed - result.step,
-        )
-        log.warning(
-            "[rank=%d] flushed the pre-staged step %d instead of step %d (%s)", self.rank, result.step, completed, why
-        )
-        self._report(result, "pre-staged")
-        remaining = self.guard.remaining()
-        bw = self.checkpointer.bandwidth or ASSUMED_BANDWIDTH
-        # Time left after all: land the current step too (False); else stop with the pre-staged one.
-        return remaining is None or self._state_bytes() / bw > PRESTAGE_MARGIN * remaining
-
     def _exit_code(self) -> int:
         if self.exit_code is not None:
             return self.exit_code
@@ -581,10 +569,11 @@ class Run:
         notice = self.guard.notice
         assert notice is not None
         remaining = self.guard.remaining()
-        self.journal.event("notice", completed, **notice.to_json(), remaining_s=remaining)
+        self.journal.event(Event.NOTICE, completed, **notice.to_json(), remaining_s=remaining)
         log.warning(
-            "[rank=%d] %s notice (%s) received; stopping at step %d with %s left",
+            "[rank=%d] %s: %s notice (%s) received; stopping at step %d with %s left",
             self.rank,
+            tag(Event.NOTICE, source=notice.source),
             notice.source,
             notice.detail or notice.kind.value,
             completed,
@@ -592,19 +581,24 @@ class Run:
         )
         code = self._exit_code()
         saved = True
-        if self._watcher is not None:
-            self._watcher.at_boundary()
-        self._settle_inflight(completed)
-        if self._flush_prestaged(completed):
+        self.emergency.at_boundary()
+        handle = self.emergency.settle(completed, self._pending)
+        if handle is not None:
+            self._pending = handle
+            self._reap(block=True)
+        landed, stop_with_it = self.emergency.flush_prestaged(completed)
+        if landed is not None:
+            self._report(landed, "pre-staged")
+        if stop_with_it:
             pass  # the journal says which step landed and why
         elif completed in (0, self.resumed_from):
             self.journal.event(
-                "save_skipped", completed, reason="emergency", why="nothing new since the last checkpoint"
+                Event.SAVE_SKIPPED, completed, reason=SaveReason.EMERGENCY, why="nothing new since the last checkpoint"
             )
         else:
             deadline = notice.deadline.timestamp() if notice.deadline is not None else None
             try:
-                self._save(completed, "emergency", raise_errors=True, deadline=deadline)
+                self._save(completed, SaveReason.EMERGENCY, raise_errors=True, deadline=deadline)
                 self.guard.acknowledge(notice)
             except BaseException as e:
                 saved = False
@@ -613,11 +607,11 @@ class Run:
                 if not isinstance(e, Exception):
                     raise
         if saved and self._requeue_wanted():
-            self.journal.event("requeue", completed, ok=slurm.requeue())
+            self.journal.event(Event.REQUEUE, completed, ok=slurm.requeue())
         self.preempted = True
         repeats = len(self.guard.notices) - 1
         self.journal.event(
-            "exit",
+            Event.EXIT,
             completed,
             code=code,
             reason="notice",
@@ -637,52 +631,6 @@ class Run:
     def _requeue_wanted(self) -> bool:
         wanted = self.requeue if self.requeue is not None else slurm.requeue_wanted()
         return wanted and self.guard.platform.scheduler == "slurm"
-
-
-class _PrestageWatcher:
-    """Flushes the pre-staged state when a notice leaves no time to wait for the step in progress.
-
-    Runs in ``preemptible-prestage-watch`` (daemonic: it only ever starts a save, which runs in its own
-    non-daemonic writer thread). After a notice it waits for the main thread to reach the boundary; once
-    waiting longer would leave less time than the flush needs, it starts the flush itself.
-    """
-
-    def __init__(self, run: Run) -> None:
-        self._run = run
-        self._stop = threading.Event()
-        self._boundary = threading.Event()
-        self.handle: SaveHandle | None = None
-        self._thread = threading.Thread(target=self._watch, name="preemptible-prestage-watch", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def at_boundary(self) -> None:
-        """The main thread reached the boundary: from here it decides. Waits for a decision in flight."""
-        self._boundary.set()
-        self._thread.join(5)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._boundary.set()
-        if self._thread is not threading.current_thread():
-            self._thread.join(5)
-
-    def _watch(self) -> None:
-        run = self._run
-        while not self._stop.is_set() and not self._boundary.is_set():
-            if run.guard.board.event.wait(0.1):
-                break
-        while not self._stop.is_set() and not self._boundary.is_set():
-            staged = run.checkpointer.staging.current
-            remaining = run.guard.remaining()
-            if staged is None or staged.step is None or remaining is None:
-                return
-            flush_s = staged.nbytes / (run.checkpointer.bandwidth or ASSUMED_BANDWIDTH)
-            if flush_s >= PRESTAGE_MARGIN * remaining:
-                self.handle = run.checkpointer.flush_staged(reason="prestaged", deadline=run._clock() + remaining)
-                return
-            self._boundary.wait(0.02)
 
 
 def check_shared_root(checkpointer: Checkpointer, coord: dist.Coordinator) -> None:
@@ -725,3 +673,11 @@ def _ensure_log_handler() -> None:
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     log.propagate = False
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if value is None and name != "keep":
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        none = " or None" if name != "keep" else ""
+        raise ValueError(f"expected {name} to be a whole number >= {minimum}{none}, found {value!r}")

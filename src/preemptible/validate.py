@@ -21,14 +21,10 @@ from typing import Any
 
 import torch
 
-from preemptible.errors import PreemptibleError
+from preemptible.errors import ProbeError
 
 Probe = Callable[[], Any]
 DEFAULT_RTOL = 1e-4
-
-
-class ProbeError(PreemptibleError, ValueError):
-    """The probe did not return a number (a float, or a tensor of one element)."""
 
 
 @contextlib.contextmanager

@@ -25,7 +25,7 @@ from typing import TypeVar
 
 import torch
 
-from preemptible.errors import PreemptibleError
+from preemptible.errors import SaveCancelled
 from preemptible.state import FlatState, group_of
 from preemptible.store import checksum, layout
 from preemptible.store import format as tensor_format
@@ -40,10 +40,6 @@ COALESCE_BUFFER = 16 << 20
 ARENA_ALIGN = 4096  # file data regions start page-aligned in the arena, as on disk: direct I/O with no copy
 METADATA = {"format": "pt", "writer": "preemptible"}
 _FILE_SAFE = re.compile(r"[^A-Za-z0-9_.\-]")
-
-
-class SaveCancelled(PreemptibleError):
-    """An asynchronous save was abandoned on purpose (a notice left no time to finish it); nothing committed."""
 
 
 @dataclass
@@ -424,29 +420,3 @@ def _copy_all(dsts: list[torch.Tensor], srcs: list[torch.Tensor], *, non_blockin
     else:
         for d, s in zip(dsts, srcs, strict=True):
             d.copy_(s, non_blocking=non_blocking)
-
-
-def deadline_choice(
-    *,
-    remaining_s: float | None,
-    inflight_left_bytes: int,
-    emergency_bytes: int,
-    bandwidth: float | None,
-    margin: float = 0.8,
-) -> str:
-    """What to do with an asynchronous save in flight when a notice arrives: ``finish`` or ``abandon``.
-
-    Finish it when it and the emergency save of the current step both fit in ``margin`` of the time left (an
-    extra committed checkpoint is a fallback if the emergency save is cut short); otherwise abandon it, so the
-    whole window goes to the checkpoint that matters. Without a deadline, finish; without a bandwidth estimate,
-    abandon (the emergency save is what must land).
-    """
-    if remaining_s is None:
-        return "finish"
-    if bandwidth is None or bandwidth <= 0:
-        return "abandon"
-    needed = (inflight_left_bytes + emergency_bytes) / bandwidth
-    return "finish" if needed <= margin * remaining_s else "abandon"
-
-
-Clock = Callable[[], float]

@@ -19,8 +19,8 @@ def add_parser(sub: Any) -> None:
 
 
 def collect(root: str) -> dict[str, Any]:
+    from preemptible.checkpoint import Checkpointer
     from preemptible.store import layout
-    from preemptible.store.checkpointer import Checkpointer
 
     ck = Checkpointer(root)
     rows = []

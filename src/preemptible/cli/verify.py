@@ -24,8 +24,8 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from preemptible.checkpoint import Checkpointer
     from preemptible.errors import CheckpointCorruptError, CheckpointNotFoundError
-    from preemptible.store.checkpointer import Checkpointer
 
     ck = Checkpointer(args.root)
     steps = [args.step] if args.step is not None else [c.step for c in ck.checkpoints()]

@@ -13,7 +13,7 @@ import os
 import shutil
 from typing import Any, Protocol
 
-from preemptible.errors import PreemptibleError
+from preemptible.errors import FileTooLargeError
 from preemptible.store import direct
 
 
@@ -55,10 +55,6 @@ class Storage(Protocol):
     def move(self, src: str, dst: str) -> None: ...
     def remove_tree(self, path: str) -> None: ...
     def sync_dir(self, path: str) -> None: ...
-
-
-class FileTooLargeError(PreemptibleError, ValueError):
-    pass
 
 
 class _LocalWriter:

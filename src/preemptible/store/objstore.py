@@ -22,7 +22,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
-from preemptible.errors import PreemptibleError
+from preemptible.errors import StorageUnavailableError
 
 log = logging.getLogger("preemptible")
 
@@ -39,10 +39,6 @@ PART_BYTES = 64 << 20
 RETRY_BUDGET_S = 60.0
 
 T = TypeVar("T")
-
-
-class StorageUnavailableError(PreemptibleError, ImportError):
-    """The fsspec backend for a URL is not installed."""
 
 
 def transient(error: BaseException) -> bool:
@@ -254,7 +250,7 @@ class FsspecStorage:
     def read_bytes(self, path: str, limit: int) -> bytes:
         data = self._retry(f"get {path}", lambda: self.fs.cat_file(path))
         if len(data) > limit:
-            from preemptible.store.io import FileTooLargeError
+            from preemptible.errors import FileTooLargeError
 
             raise FileTooLargeError(f"{path} is larger than the {limit} bytes expected of it")
         return bytes(data)

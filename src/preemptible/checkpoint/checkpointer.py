@@ -1,0 +1,797 @@
+"""The Checkpointer façade: save, list, verify, rotate and restore committed checkpoints under one root.
+
+Each concern lives in its own module: `partition` (which rank writes what), `commit` (the commit protocol and
+its barrier), `reader` (reading untrusted checkpoints), `restore` (fallback), `handle` (`SaveHandle`); the
+lifecycle's marker files in `preemptible.store.markers`, retention in `preemptible.store.retention`, deletion in
+`preemptible.store.deletion`. This class holds the configuration and ties them together.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import math
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
+
+import torch
+
+from preemptible import dist
+from preemptible.checkpoint import partition
+from preemptible.checkpoint.commit import Committer, Job, read_back
+from preemptible.checkpoint.handle import SaveHandle, SaveResult
+from preemptible.checkpoint.reader import Reader
+from preemptible.checkpoint.restore import Candidate, Restorer
+from preemptible.errors import (
+    CheckpointCorruptError,
+    CheckpointNotFoundError,
+    SaveCancelled,
+    SaveError,
+    StateDivergenceError,
+)
+from preemptible.events import Event, EventSink, NullSink, SaveReason
+from preemptible.journal import Journal
+from preemptible.notice import Clock
+from preemptible.state import capture, check_state, flatten, gc_paused
+from preemptible.store import deletion, layout, retention
+from preemptible.store.io import Storage, storage_for
+from preemptible.store.layout import CheckpointInfo
+from preemptible.store.markers import Markers, State, Transition
+from preemptible.validate import DEFAULT_RTOL, Probe, run_probe
+from preemptible.writer import (
+    DEFAULT_MAX_FILE_BYTES,
+    DEFAULT_THREADS,
+    FileSpec,
+    Progress,
+    SavePlan,
+    Staged,
+    Staging,
+)
+
+log = logging.getLogger("preemptible")
+
+OBJECT_STORE_THREADS = 8
+STALE_AFTER_S = 15 * 60
+"""Uncommitted leftovers younger than this may belong to a machine still inside its notice window."""
+
+_UNSET: Any = object()
+
+
+def _lower_priority(nice: int) -> None:
+    """Lower this thread's CPU priority (Linux: nice is per thread, inherited by threads it starts), so a
+    background save takes the cycles training leaves idle instead of stalling its parallel kernels."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+
+
+class Checkpointer:
+    """Saves and restores training state under ``root``.
+
+    Args:
+        root: a local directory (created on first save).
+        keep: committed checkpoints to keep (>= 2), besides the newest validated one.
+        journal: where to record saves and fallbacks (optional).
+        threads: writer threads for tensor files.
+        max_file_bytes: split tensor files larger than this.
+        stale_after_s: uncommitted leftovers older than this are deleted; younger ones are left alone.
+        moments_dtype: write optimizer moments in this dtype (``torch.bfloat16`` halves them; lossy, opt-in);
+            restore casts them back into the optimizer's own dtype.
+        storage: a ready `Storage` (instead of one chosen from ``root``), e.g. a fault-injecting subclass.
+        background_nice: CPU niceness of the background writer threads (0 to leave them alone): a save in the
+            background then uses the cycles training leaves idle. Emergency saves run at full priority.
+        background_threads: writer threads of a background save (1: it is not in a hurry, and each thread
+            competes with training for the CPU). Emergency saves use ``threads``.
+        probe: a function returning a loss on a fixed batch (see `preemptible.validate`): stored at save,
+            recomputed after restore; a mismatch beyond ``probe_rtol`` (relative) invalidates that checkpoint.
+        verify_after_save: read every file back and check its checksum before committing (off by default: it
+            costs a full read of the checkpoint; see the README for the measured cost).
+        per_rank: under several ranks, the state entries that differ between ranks (RNG streams, data loader
+            positions): each rank saves its own. Every other entry is taken to be replicated (DDP) and is
+            striped: each rank writes a share of its files. Each save checks that it really is replicated (a
+            digest of its non-tensor leaves and tensor shapes, compared across ranks): a difference is a
+            `StateDivergenceError` naming the entries, or, in an emergency save, those entries are written per
+            rank and the journal says so.
+        clock: epoch seconds. monotonic: a monotonic clock for durations.
+
+    Attributes:
+        bandwidth: bytes per second of recent saves (write phase), or None before the first; used for deadline
+            arithmetic.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        keep: int = 2,
+        journal: Journal | None = None,
+        threads: int | None = None,
+        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+        stale_after_s: float = STALE_AFTER_S,
+        storage_options: dict[str, Any] | None = None,
+        moments_dtype: torch.dtype | None = None,
+        storage: Storage | None = None,
+        background_nice: int = 10,
+        background_threads: int = 1,
+        probe: Probe | None = None,
+        probe_rtol: float = DEFAULT_RTOL,
+        verify_after_save: bool = False,
+        per_rank: Collection[str] = ("_rng",),
+        clock: Clock = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 2:
+            raise ValueError(
+                f"expected keep >= 2 (the previous checkpoint must stay until the newest has validated), found {keep}"
+            )
+        self.storage: Storage = storage if storage is not None else storage_for(root, storage_options)
+        if threads is None:  # object stores gain from many uploads at once; a disk from a few
+            threads = OBJECT_STORE_THREADS if self.storage.kind == "object" else DEFAULT_THREADS
+        self.root = self.storage.root
+        self.keep = keep
+        self.journal = journal
+        self.threads = threads
+        self.max_file_bytes = max_file_bytes
+        self.stale_after_s = stale_after_s
+        self._clock = clock
+        self._monotonic = monotonic
+        self._writing: set[int] = set()
+        self.moments_dtype = moments_dtype
+        self.bandwidth: float | None = None
+        self.fixed_s = 0.05  # directory creation, fsyncs and the commit marker: refined by every save
+        self._inflight: SaveHandle | None = None
+        self._staging: Staging | None = None
+        self._coordinator: Any = _UNSET
+        self.markers = Markers(self.storage)
+        self.reader = Reader(self.storage, self.root, threads=threads)
+        self.per_rank = frozenset(per_rank)
+        self.background_nice = background_nice
+        self.background_threads = background_threads
+        self.probe = probe
+        self.probe_rtol = probe_rtol
+        self.verify_after_save = verify_after_save
+
+    def __repr__(self) -> str:
+        return f"Checkpointer({self.root!r}, keep={self.keep})"
+
+    @property
+    def journal(self) -> Journal | None:
+        """Where saves, fallbacks and rotations are recorded (`Run` sets it)."""
+        return self._journal
+
+    @journal.setter
+    def journal(self, journal: Journal | None) -> None:
+        self._journal = journal
+        self.events: EventSink = journal if journal is not None else NullSink()
+
+    @property
+    def coordinator(self) -> dist.Coordinator | None:
+        """The job's store coordinator (several ranks under torchrun), found at first use; else None."""
+        if self._coordinator is _UNSET:
+            self._coordinator = dist.coordinator()
+        coordinator: dist.Coordinator | None = self._coordinator
+        return coordinator
+
+    @property
+    def _leader(self) -> bool:
+        coord = self.coordinator
+        return coord is None or coord.rank == 0
+
+    def _now(self) -> str:
+        return layout.now_iso(self._clock())
+
+    # paths and listing ---------------------------------------------------------------------------------------
+    def path_of(self, step: int) -> str:
+        return self.storage.join(self.root, layout.step_dir(step))
+
+    def is_committed(self, step: int) -> bool:
+        return self.storage.exists(self.storage.join(self.path_of(step), layout.COMMIT))
+
+    def checkpoints(self, *, include_uncommitted: bool = False) -> list[CheckpointInfo]:
+        """Every committed checkpoint under the root, oldest first (and leftovers, if asked)."""
+        out = []
+        for name in self.storage.listdir(self.root):
+            step = layout.parse_step_dir(name)
+            if step is None:
+                continue
+            path = self.storage.join(self.root, name)
+            if not self.storage.isdir(path):
+                continue
+            info = self._info(step, path)
+            if info.committed or include_uncommitted:
+                out.append(info)
+        return sorted(out, key=lambda c: c.step)
+
+    def _info(self, step: int, path: str) -> CheckpointInfo:
+        verdict = self.markers.read(path)
+        if verdict.state is State.UNCOMMITTED:
+            size = 0
+            for name in self.storage.listdir(path):
+                with contextlib.suppress(OSError):
+                    size += self.storage.size(self.storage.join(path, name))
+            return CheckpointInfo(step=step, path=path, committed=False, bytes=size)
+        validated = verdict.state is State.VALIDATED
+        try:
+            manifest = self.reader.manifest(step)
+        except CheckpointCorruptError as e:
+            return CheckpointInfo(
+                step=step, path=path, committed=True, validated=validated, error=str(e), invalid=verdict.invalid_reason
+            )
+        except CheckpointNotFoundError:  # deleted a moment ago (rotation): no longer a checkpoint
+            return CheckpointInfo(step=step, path=path, committed=False)
+        return CheckpointInfo(
+            step=step,
+            path=path,
+            committed=True,
+            validated=validated,
+            bytes=manifest.total_bytes,
+            created=manifest.created,
+            save_s=manifest.timings.get("total"),
+            predicted_save_s=manifest.predicted_save_s,
+            manifest=manifest,
+            invalid=verdict.invalid_reason,
+        )
+
+    def latest(self) -> int | None:
+        """The newest committed step, or None."""
+        infos = self.checkpoints()
+        return infos[-1].step if infos else None
+
+    # saving ------------------------------------------------------------------------------------------------
+    def save(
+        self,
+        state: Mapping[str, Any],
+        step: int,
+        *,
+        blocking: bool = True,
+        reason: str = SaveReason.MANUAL,
+        deadline: float | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> SaveHandle:
+        """Write ``state`` as the checkpoint of ``step`` and commit it.
+
+        ``blocking=True`` writes straight from the live tensors (training must not change them meanwhile: this
+        is the emergency path) and returns a finished handle. ``blocking=False`` copies the state into the reused
+        staging buffers (the only stall) and writes in the background thread ``preemptible-writer``; the live
+        objects may change as soon as it returns. One asynchronous save runs at a time: a new one first waits
+        for the previous one.
+
+        A step that is already committed is not written again (``SaveResult.skipped``), unless it is marked
+        invalid: a new save replaces it. Uncommitted leftovers of the same step are removed first. After a save
+        other than an emergency one, retention runs (see `rotate`).
+
+        Args:
+            state: names to stateful objects or dicts (see `preemptible.state`).
+            step: completed steps (the next step to run after a restore).
+            blocking: see above.
+            reason: recorded in the journal: ``periodic``, ``emergency``, ``final``, ``manual``.
+            deadline: epoch seconds by which the save must be durable, for the journal's budget figures.
+            extra: additional JSON keys for COMMIT.json.
+
+        Raises:
+            SaveError: an I/O failure (disk full, permission); nothing was committed. From ``wait()`` when async.
+            UnsupportedStateError: a leaf that cannot be stored, naming its key.
+            StateDivergenceError: state taken as replicated differs between ranks (not in an emergency save).
+        """
+        check_state(state)
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 10**layout.STEP_DIGITS:
+            raise ValueError(
+                f"expected a step from 0 to {10**layout.STEP_DIGITS - 1} (the layout's width), found {step!r}"
+            )
+        with gc_paused():
+            return self._save(state, step, blocking=blocking, reason=str(reason), deadline=deadline, extra=extra)
+
+    def _save(
+        self,
+        state: Mapping[str, Any],
+        step: int,
+        *,
+        blocking: bool,
+        reason: str,
+        deadline: float | None,
+        extra: Mapping[str, Any] | None,
+    ) -> SaveHandle:
+        start = self._monotonic()
+        path = self.path_of(step)
+        self._wait_inflight(reason)
+        verdict = self.markers.read(path)
+        if verdict.state in (State.COMMITTED, State.VALIDATED):
+            self.events.event(Event.SAVE_SKIPPED, step, reason=reason, why="already committed")
+            return SaveHandle(step, result=SaveResult(step=step, path=path, bytes=0, seconds=0.0, skipped=True))
+        key = self.coordinator.round("save") if self.coordinator is not None else "save/0"
+        plan = self._plan(state, key=key, reason=reason)  # checks the whole state before anything is written
+        if verdict.state is State.INVALID and self._leader:
+            log.info("replacing the checkpoint of step %d, marked invalid (%s)", step, verdict.invalid_reason)
+            deletion.delete_checkpoint(self.storage, self.root, step, verdict.state)
+        probe_value = self._probe_at_save(state, step)
+        t_probe = self._monotonic() - start
+        budget = deadline - self._clock() if deadline is not None else None
+        predicted = self.predict(plan.nbytes)
+        job = Job(
+            step=step,
+            path=path,
+            reason=reason,
+            start=start,
+            extra={**(extra or {}), "predicted_save_s": predicted},
+            budget=budget,
+            deadline=deadline,
+            progress=Progress(total=plan.nbytes, deadline=deadline),
+            probe=probe_value,
+            key=key,
+        )
+        if self.probe is not None:
+            job.timings["probe"] = t_probe
+        if not blocking:
+            return self._save_async(plan, job)
+        self.events.event(
+            Event.SAVE_STARTED, step, reason=reason, budget_s=budget, bytes=plan.nbytes, predicted_s=predicted
+        )
+        job.timings["capture"] = self._monotonic() - start
+        staged = self._stage_device_tensors(plan, step)
+        if staged is not None:
+            try:
+                job.timings["stage"] = staged.seconds
+                result = self._write_and_commit(job, staged.specs, staged.docs, blobs=staged.blobs)
+            finally:
+                self.staging.busy.release()
+        else:
+            result = self._write_and_commit(job, plan.specs, plan.docs, blobs=None)
+        return SaveHandle(step, result=result, progress=job.progress)
+
+    def _stage_device_tensors(self, plan: SavePlan, step: int) -> Staged | None:
+        """For a blocking save of GPU tensors: copy them into the pinned staging arena in one batch (device-to-host
+        at the bus's speed, on side streams) when the arena already has this layout, instead of one pageable
+        ``.cpu()`` copy per tensor (about 40x slower on an H200). Never allocates an arena here: an emergency is
+        no time to pin the state's size in host memory. Returns the staged state (``staging.busy`` held), or None.
+        """
+        if not any(t.device.type != "cpu" for spec in plan.specs for _, t in spec.items):
+            return None
+        staging = self._staging
+        if staging is None or not staging.fits(plan.specs) or not staging.busy.acquire(blocking=False):
+            return None
+        try:
+            return staging.stage(plan, step=step)
+        except BaseException:
+            staging.busy.release()
+            raise
+
+    def _plan(self, state: Mapping[str, Any], *, key: str, reason: str) -> SavePlan:
+        """This rank's share of the save, after checking that replicated state is the same on every rank."""
+        coord = self.coordinator
+        world, me = (coord.world, coord.rank) if coord is not None else (1, 0)
+        flat = flatten(capture(state))
+        split = partition.split(flat, state, self.per_rank, world=world, rank=me)
+        if coord is not None:
+            t0 = self._monotonic()
+            mine = partition.entry_digests(flat, set(state) - split.own)
+            digests = [json.loads(x) for x in coord.exchange(coord.client(), f"{key}/digest", json.dumps(mine))]
+            keys, ranks = partition.divergent_entries(digests)
+            self.divergence_check_s = self._monotonic() - t0
+            if keys:
+                why = (
+                    f"state entries {keys} differ between ranks (rank(s) {ranks} hold other values than rank 0) but "
+                    "are saved as replicated, from rank 0 alone: on resume every rank would get rank 0's values. "
+                    f"Name them in per_rank= (Run(..., per_rank={keys}) or Checkpointer(per_rank=...)) so that each "
+                    "rank saves its own"
+                )
+                if reason != SaveReason.EMERGENCY:
+                    raise StateDivergenceError(why, keys=keys, ranks=ranks)
+                log.error("[rank=%d] %s; this emergency save writes them per rank", me, why)
+                self.events.event(Event.STATE_DIVERGED, None, keys=keys, ranks=ranks, error=why)
+                split = partition.Layout(world=world, rank=me, own=split.own | set(keys))
+        return partition.plan_share(
+            state,
+            flat,
+            split,
+            threads=self.threads,
+            max_file_bytes=self.max_file_bytes,
+            moments_dtype=self.moments_dtype,
+        )
+
+    def _probe_at_save(self, state: Mapping[str, Any], step: int) -> float | None:
+        """The probe's value on the weights being saved (None without a probe; non-finite values are kept out of
+        the manifest, with a warning, since they cannot validate anything)."""
+        if self.probe is None:
+            return None
+        value = run_probe(self.probe, state)
+        if not math.isfinite(value):
+            log.warning(
+                "the probe returned %r at step %d: this checkpoint cannot be validated by its probe", value, step
+            )
+            return None
+        return value
+
+    def _wait_inflight(self, reason: str) -> None:
+        handle = self._inflight
+        if handle is None:
+            return
+        t0 = self._monotonic()
+        with contextlib.suppress(Exception):  # its failure belongs to its own handle
+            handle.wait()
+        waited = self._monotonic() - t0
+        self._inflight = None
+        if waited > 0.5 and reason != SaveReason.EMERGENCY:
+            log.warning(
+                "%s save waited %.1f s for the background save of step %d: saves come faster than the storage "
+                "absorbs them; a larger save_every (or save_interval_s) stops stalling training",
+                reason,
+                waited,
+                handle.step,
+            )
+
+    def predict(self, nbytes: int) -> float | None:
+        """Seconds a save of ``nbytes`` should take from here, by the bandwidth recent saves measured."""
+        if not self.bandwidth:
+            return None
+        return round(nbytes / self.bandwidth + self.fixed_s, 3)
+
+    @property
+    def inflight(self) -> SaveHandle | None:
+        """The asynchronous save still writing, or None."""
+        handle = self._inflight
+        return handle if handle is not None and not handle.done() else None
+
+    def _save_async(self, plan: SavePlan, job: Job) -> SaveHandle:
+        staging = self.staging
+        staging.busy.acquire()
+        try:
+            staged = staging.stage(plan, step=job.step)
+        except BaseException:
+            staging.busy.release()
+            raise
+        job.deadline = None
+        job.progress = Progress(total=staged.nbytes)
+        job.timings["capture"] = self._monotonic() - job.start
+        job.timings["stall"] = job.timings["capture"]
+        self.events.event(
+            Event.SAVE_STARTED,
+            job.step,
+            reason=job.reason,
+            budget_s=job.budget,
+            bytes=staged.nbytes,
+            asynchronous=True,
+            stall_s=round(job.timings["stall"], 6),
+            predicted_s=job.extra.get("predicted_save_s"),
+        )
+        return self._spawn(job, staged)
+
+    def _spawn(self, job: Job, staged: Staged) -> SaveHandle:
+        """Write ``staged`` in the background; the caller holds ``staging.busy``, released when writing ends."""
+        handle = SaveHandle(job.step, progress=job.progress)
+        handle.asynchronous = True
+
+        def body() -> None:
+            _lower_priority(self.background_nice)
+            try:
+                handle._result = self._write_and_commit(
+                    job, staged.specs, staged.docs, blobs=staged.blobs, threads=self.background_threads
+                )
+            except BaseException as e:
+                handle._error = e
+            finally:
+                self.staging.busy.release()
+
+        handle._thread = threading.Thread(target=body, name="preemptible-writer")
+        handle._thread.start()
+        self._inflight = handle
+        return handle
+
+    def _write_and_commit(
+        self,
+        job: Job,
+        specs: list[FileSpec],
+        docs: dict[str, bytes],
+        *,
+        blobs: dict[str, memoryview] | None,
+        threads: int | None = None,
+    ) -> SaveResult:
+        self._writing.add(job.step)
+        committer = Committer(
+            self.storage,
+            self.root,
+            coordinator=self.coordinator,
+            clock=self._clock,
+            monotonic=self._monotonic,
+            verify_after_save=self.verify_after_save,
+        )
+        try:
+            result = committer.write(job, specs, docs, blobs, threads or self.threads)
+        except BaseException as e:
+            if self._leader:
+                self._abandon(job.path)
+            if isinstance(e, SaveCancelled):
+                self.events.event(Event.SAVE_ABANDONED, job.step, reason=job.reason, written=job.progress.done)
+                raise
+            self.events.event(Event.SAVE_FAILED, job.step, reason=job.reason, error=f"{type(e).__name__}: {e}")
+            if isinstance(e, OSError) and not isinstance(e, SaveError):
+                raise self._save_error(e, job.step, job.path) from e
+            raise
+        finally:
+            self._writing.discard(job.step)
+        write_s = result.timings.get("write", 0.0)
+        if result.bytes and write_s > 0:
+            bw = result.bytes / write_s
+            self.bandwidth = bw if self.bandwidth is None else 0.5 * self.bandwidth + 0.5 * bw
+            self.fixed_s = 0.5 * self.fixed_s + 0.5 * result.timings.get("commit", self.fixed_s)
+        remaining = job.deadline - self._clock() if job.deadline is not None else None
+        self.events.event(
+            Event.SAVE_COMMITTED,
+            job.step,
+            reason=job.reason,
+            bytes=result.bytes,
+            seconds=round(result.seconds, 6),
+            predicted_s=result.predicted_s,
+            throughput_mb_s=round(result.throughput / 1e6, 3),
+            timings={k: round(v, 6) for k, v in result.timings.items()},
+            budget_s=job.budget,
+            remaining_s=remaining,
+        )
+        # No rotation inside a notice window: deleting is not urgent, and the next start rotates after restore.
+        if self._leader and job.reason != SaveReason.EMERGENCY:
+            self.rotate(just_saved=job)  # one rank deletes; the others would race it
+        if self._journal is not None:
+            self._journal.sync()
+        return result
+
+    # staging and pre-staging ----------------------------------------------------------------------------------
+    @property
+    def staging(self) -> Staging:
+        if self._staging is None:
+            self._staging = Staging()
+        return self._staging
+
+    def prestage(self, state: Mapping[str, Any], step: int) -> bool:
+        """Copy ``state`` into the staging buffer without writing it (for a later `flush_staged`).
+
+        Returns False (and does nothing) while a background save is still writing from the buffer: the buffer
+        then holds that save's step, which is as recent.
+        """
+        staging = self.staging
+        if not staging.busy.acquire(blocking=False):
+            return False
+        try:
+            key = self.coordinator.round("prestage") if self.coordinator is not None else "prestage/0"
+            staging.stage(self._plan(state, key=key, reason=SaveReason.PRESTAGED), step=step)
+        finally:
+            staging.busy.release()
+        return True
+
+    def flush_staged(self, *, reason: str = SaveReason.PRESTAGED, deadline: float | None = None) -> SaveHandle | None:
+        """Write what the staging buffer holds as the checkpoint of its step, in the background.
+
+        Returns None when the buffer is empty, or its step is already committed or being written.
+        """
+        staging = self.staging
+        staged = staging.current
+        if staged is None or staged.step is None or self.is_committed(staged.step):
+            return None
+        inflight = self.inflight
+        if inflight is not None and inflight.step == staged.step:
+            return inflight
+        staging.busy.acquire()
+        staged = staging.current
+        assert staged is not None
+        assert staged.step is not None
+        budget = deadline - self._clock() if deadline is not None else None
+        job = Job(
+            step=staged.step,
+            path=self.path_of(staged.step),
+            reason=str(reason),
+            start=self._monotonic(),
+            extra={},
+            budget=budget,
+            deadline=deadline,
+            progress=Progress(total=staged.nbytes),
+            key=self.coordinator.round("save") if self.coordinator is not None else "save/0",
+        )
+        self.events.event(
+            Event.SAVE_STARTED,
+            staged.step,
+            reason=str(reason),
+            budget_s=budget,
+            bytes=staged.nbytes,
+            asynchronous=True,
+            staged_at=layout.now_iso(staged.staged_at),
+        )
+        return self._spawn(job, staged)
+
+    def _abandon(self, path: str) -> None:
+        try:
+            self.storage.remove_tree(path)
+        except OSError as e:  # leftovers are harmless: invisible without COMMIT.json, cleaned later
+            log.warning("could not remove the failed save's leftovers at %s (%s)", path, e)
+
+    def _save_error(self, e: OSError, step: int, path: str) -> SaveError:
+        newest = self.latest()
+        kept = f"step {newest} remains the newest checkpoint" if newest is not None else "no earlier checkpoint exists"
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            try:
+                free = shutil.disk_usage(self.root).free
+                space = f"{free / 1e6:.1f} MB free now"
+            except OSError:
+                space = "free space unknown"
+            what = (
+                f"no space left while writing step {step} to {path} ({space}); nothing was committed and "
+                f"{kept}. Free space, lower keep=, or point the root at a larger volume"
+            )
+        else:
+            what = (
+                f"writing step {step} to {path} failed: {e}; nothing was committed and {kept}. Check that the "
+                "root is writable and mounted"
+            )
+        return SaveError(what, path=path, step=step)
+
+    # lifecycle: verification, rotation, cleanup -------------------------------------------------------------------
+    def _validate_at_save(self, job: Job) -> None:
+        """Verify a checkpoint just saved (its files read back from storage) when older ones wait for it."""
+        directory = job.path
+        try:
+            manifest = self.reader.manifest(job.step)
+            if "read_back" not in job.timings:  # verify_after_save already read everything back before the commit
+                read_back(self.storage, directory, manifest.files, step=job.step)
+        except (CheckpointCorruptError, SaveError) as e:
+            self.events.event(Event.CHECKPOINT_INVALID, job.step, error=str(e))
+            self.markers.record(directory, Transition.CONTENT_FAIL, now=self._now(), reason=str(e), by="save")
+            return
+        except OSError as e:
+            self.events.event(Event.CHECKPOINT_UNVERIFIED, job.step, error=f"{type(e).__name__}: {e}")
+            return
+        probe = {"stored": manifest.probe, "computed": "at save, on the weights saved"} if manifest.probe else None
+        self.markers.record(directory, Transition.VERIFY_PASS, now=self._now(), by="save", probe=probe)
+        self.events.event(Event.VALIDATED, job.step, by="save")
+
+    def rotate(self, *, just_saved: Job | None = None) -> list[int]:
+        """Apply retention (`preemptible.store.retention`): delete committed checkpoints it allows to go, and stale
+        leftovers. A checkpoint goes only once a newer one has validated; when older ones wait for that, the one
+        ``just_saved`` is verified first (its files read back). Returns the deleted steps."""
+        infos = self.checkpoints(include_uncommitted=True)
+        if just_saved is not None and retention.needs_validation(infos, self.keep):
+            newest = max((c for c in infos if c.committed), key=lambda c: c.step, default=None)
+            if newest is not None and newest.step == just_saved.step and newest.status == "committed":
+                self._validate_at_save(just_saved)
+                infos = self.checkpoints(include_uncommitted=True)
+        decision = retention.decide(infos, self.keep)
+        states = {c.step: self.markers.read(c.path).state for c in infos if c.step in decision.delete}
+        for step in decision.delete:
+            deletion.delete_checkpoint(self.storage, self.root, step, states[step])
+        deleted = list(decision.delete) + self.cleanup(infos)
+        if deleted:
+            kept = sorted(c.step for c in infos if c.committed and c.step not in decision.delete)
+            self.events.event(Event.ROTATED, None, deleted=deleted, kept=kept)
+        return deleted
+
+    def quarantine(self) -> str | None:
+        """Move every checkpoint directory aside to ``<root>/quarantine/<utc>/`` (for a deliberate fresh start
+        when none verifies: kept for inspection, out of the way of new saves). Returns where, or None."""
+        infos = self.checkpoints(include_uncommitted=True)
+        if not infos:
+            return None
+        stamp = self._now().replace(":", "").replace("-", "")
+        target = self.storage.join(self.root, "quarantine", stamp)
+        self.storage.makedirs(target)
+        for info in infos:
+            self.storage.move(info.path, self.storage.join(target, layout.step_dir(info.step)))
+        self.storage.sync_dir(self.root)
+        return target
+
+    def cleanup(self, infos: list[CheckpointInfo] | None = None) -> list[int]:
+        """Delete uncommitted leftovers older than ``stale_after_s``; younger ones may still be being written."""
+        if infos is None:
+            infos = self.checkpoints(include_uncommitted=True)
+        leftovers = [c for c in infos if not c.committed]
+        mtimes = {c.step: self.storage.newest_mtime(c.path) for c in leftovers}
+        stale = retention.stale_leftovers(
+            leftovers, mtimes, now=self._clock(), older_than_s=self.stale_after_s, protect=self._writing
+        )
+        for step in stale:
+            log.info("removing stale uncommitted leftovers of step %d (older than %.0f s)", step, self.stale_after_s)
+            deletion.delete_leftover(self.storage, self.root, step)
+        return stale
+
+    def verify_report(self, step: int, *, mark: bool = True) -> tuple[CheckpointInfo, list[str]]:
+        """`verify`, plus notes that do not fail it (files the manifest does not list, a probe left to check)."""
+        directory = self.path_of(step)
+        before = self.markers.read(directory)
+        try:
+            opened = self.reader.open(step)
+            self.reader.read(opened, None)
+        except CheckpointCorruptError as e:
+            if mark and before.state is not State.UNCOMMITTED:
+                self.markers.record(directory, Transition.CONTENT_FAIL, now=self._now(), reason=str(e), by="verify")
+            raise
+        notes = [f"extra file not in COMMIT.json (ignored): {n}" for n in opened.extra_files]
+        if before.state is State.INVALID:
+            notes.append(
+                f"marked invalid earlier ({before.invalid_reason}); its files pass now, but a checkpoint that failed "
+                "stays invalid: save the step again to replace it"
+            )
+        elif opened.manifest.probe is not None:
+            notes.append("probe value stored: checked by the next restore, which has the model")
+        elif mark:
+            self.markers.record(directory, Transition.VERIFY_PASS, now=self._now(), by="verify", probe=None)
+        return self._info(step, directory), notes
+
+    def verify(self, step: int, *, mark: bool = True) -> CheckpointInfo:
+        """Fully verify checkpoint ``step``: manifest, sizes, headers, every checksum; record the verdict.
+
+        A pass marks it validated, unless it carries a probe value (that needs the model: the next restore checks
+        it, and until then it stays ``committed``). A content failure marks it invalid (removing any earlier
+        ``VALID.json``). An I/O error marks nothing. ``mark=False`` leaves every file untouched.
+
+        Raises:
+            CheckpointNotFoundError, CheckpointCorruptError, OSError (could not verify).
+        """
+        return self.verify_report(step, mark=mark)[0]
+
+    # loading -----------------------------------------------------------------------------------------------
+    def load(self, step: int, *, into: Mapping[str, torch.Tensor] | None = None) -> dict[str, Any]:
+        """Read and fully verify checkpoint ``step``.
+
+        Args:
+            into: optional live tensors by stored name (``model/fc.weight``): each one whose dtype and shape match
+                and that is a contiguous CPU tensor is read into directly, without a fresh allocation.
+
+        Raises:
+            CheckpointNotFoundError: no committed checkpoint of that step.
+            CheckpointCorruptError: anything fails verification, naming the file and the reason.
+        """
+        return self.reader.read(self.reader.open(step), into)
+
+    def restore(self, state: Mapping[str, Any], step: int | None = None) -> int | None:
+        """Load the newest committed checkpoint that verifies into ``state``, in place.
+
+        Every entry of ``state`` must be in the checkpoint (extra entries in the checkpoint are ignored), with
+        matching tensor keys, shapes and dtypes; that is checked from the headers before a single live byte
+        changes. Tensor data is then read straight into the live tensors where dtype and shape match (no fresh
+        allocation), verifying every checksum on the way. A checkpoint that fails a content check is marked
+        invalid and skipped with a `CheckpointFallbackWarning`, and the next newest is read over it; one that
+        cannot be read (an I/O error) is skipped unmarked. The one restored is marked validated. If none
+        verifies, the live objects may hold part of a rejected checkpoint: do not train on them.
+
+        Args:
+            state: names to stateful objects or dicts, as given to `save`.
+            step: restore exactly this step (no fallback).
+
+        Returns:
+            The restored step, or None when the root holds no committed checkpoint.
+
+        Raises:
+            CheckpointCorruptError: committed checkpoints exist but none verifies (lists each and why).
+            CheckpointNotFoundError: ``step`` was given and is not committed.
+            StateMismatchError: the checkpoint does not fit the live objects (names every difference).
+            OSError: none could be restored and some could not even be read (nothing was marked).
+        """
+        check_state(state)
+        infos = self.checkpoints()
+        if step is not None and not any(c.step == step for c in infos):
+            raise CheckpointNotFoundError(
+                f"no committed checkpoint of step {step} under {self.root}; committed steps: "
+                f"{[c.step for c in infos] or 'none'}",
+                path=self.path_of(step),
+                step=step,
+            )
+        chosen = [c for c in reversed(infos) if step is None or c.step == step]
+        if not chosen:
+            return None
+        candidates = [
+            Candidate(c.step, State.INVALID if c.invalid is not None else State.COMMITTED, c.invalid) for c in chosen
+        ]
+        restorer = Restorer(
+            self.reader,
+            self.markers,
+            coordinator=self.coordinator,
+            events=self.events,
+            probe=self.probe,
+            probe_rtol=self.probe_rtol,
+            monotonic=self._monotonic,
+            now=self._now,
+        )
+        with gc_paused():
+            return restorer.restore(state, candidates, explicit=step is not None)

@@ -1,0 +1,296 @@
+"""Reading a committed checkpoint as untrusted input: manifest, sizes, state documents, headers, then tensor data.
+
+`Reader.open` reads everything but the tensor data (cheap) and checks it; `Reader.read` reads the data, verifying
+every checksum on the way, straight into live tensors where they fit. Every content failure is a
+`CheckpointCorruptError` naming the file and why; I/O errors pass through with their own type.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from preemptible.errors import CheckpointCorruptError, CheckpointNotFoundError, FileTooLargeError, StateMismatchError
+from preemptible.state import unflatten
+from preemptible.store import checksum, layout, tagged_json
+from preemptible.store import format as tensor_format
+from preemptible.store.io import Storage
+from preemptible.store.layout import Manifest
+from preemptible.writer import parallel_map
+
+OBJECT_READ_CHUNK = 32 << 20
+
+
+@dataclass
+class Opened:
+    """A committed checkpoint whose manifest, state.json and tensor headers have been read and checked."""
+
+    step: int
+    directory: str
+    manifest: Manifest
+    tree: Any = None
+    numpy: set[str] = field(default_factory=set)
+    casts: dict[str, torch.dtype] = field(default_factory=dict)
+    entries: dict[str, tensor_format.Entry] = field(default_factory=dict)
+    extra_files: list[str] = field(default_factory=list)
+    file_entries: dict[str, list[tensor_format.Entry]] = field(default_factory=dict)
+    selected: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    dtensors: dict[str, dict[str, Any]] = field(default_factory=dict)
+    entry_owner: dict[str, int | None] = field(default_factory=dict)
+
+    def bad(self, why: str) -> CheckpointCorruptError:
+        return CheckpointCorruptError(
+            f"checkpoint of step {self.step} at {self.directory}: {why}", path=self.directory, step=self.step
+        )
+
+
+def _placeholder(meta: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
+    if name not in meta:
+        raise CheckpointCorruptError(f"state.json refers to tensor {name!r}, which no tensor file holds", path=name)
+    return meta[name]
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return dtype
+
+
+class Reader:
+    """Reads checkpoints under one root."""
+
+    def __init__(self, storage: Storage, root: str, *, threads: int) -> None:
+        self.storage = storage
+        self.root = root
+        self.threads = threads
+
+    def path_of(self, step: int) -> str:
+        return self.storage.join(self.root, layout.step_dir(step))
+
+    def manifest(self, step: int) -> Manifest:
+        where = self.storage.join(self.path_of(step), layout.COMMIT)
+        try:
+            raw = self.storage.read_bytes(where, layout.MAX_MANIFEST_BYTES)
+        except FileTooLargeError as e:
+            raise CheckpointCorruptError(f"{where}: {e}", path=where, step=step) from e
+        except FileNotFoundError as e:
+            raise CheckpointNotFoundError(
+                f"no committed checkpoint of step {step} under {self.root}: {layout.COMMIT} is missing",
+                path=where,
+                step=step,
+            ) from e
+        return Manifest.from_json(raw, where=where, expect_step=step)
+
+    def open(self, step: int, rank: int | None = None) -> Opened:
+        """Everything but the tensor data: manifest, file sizes, state documents, tensor headers. Cheap.
+
+        ``rank``: read what that rank needs (the replicated files, and its own per-rank files, or rank 0's when
+        the checkpoint was written by fewer ranks); None: every file (verification).
+        """
+        manifest = self.manifest(step)
+        directory = self.path_of(step)
+        opened = Opened(step=step, directory=directory, manifest=manifest)
+        bad = opened.bad
+        if manifest.checksum_algorithm != checksum.ALGORITHM:
+            raise bad(
+                f"checksum algorithm {manifest.checksum_algorithm!r} is unknown here (expected "
+                f"{checksum.ALGORITHM!r}); upgrade preemptible"
+            )
+        if layout.STATE not in manifest.files:
+            raise bad(f"the manifest lists no {layout.STATE}")
+        for name, rec in manifest.files.items():
+            p = self.storage.join(directory, name)
+            if not self.storage.exists(p):
+                raise bad(f"file {name} listed in COMMIT.json is missing")
+            size = self.storage.size(p)
+            if size != rec.bytes:
+                raise bad(f"file {name} is {size} bytes, COMMIT.json records {rec.bytes} (truncated or replaced)")
+        markers = (layout.COMMIT, layout.VALID, layout.INVALID)
+        opened.extra_files = sorted(
+            n
+            for n in self.storage.listdir(directory)
+            if n not in manifest.files and n not in markers and not n.startswith(tuple(m + ".tmp-" for m in markers))
+        )
+        opened.selected = _select(manifest, rank, opened)
+        opened.tree = {}
+        for name in [n for n in opened.selected if n.endswith(".json")]:
+            rec = manifest.files[name]
+            raw = self.storage.read_bytes(self.storage.join(directory, name), max(rec.bytes, 0))
+            found = checksum.of_bytes(raw)
+            if found != rec.checksum:
+                raise bad(f"{name} checksum mismatch: COMMIT.json records {rec.checksum}, file hashes to {found}")
+            try:
+                doc = json.loads(raw)
+                tree = doc["tree"]
+                if not isinstance(tree, dict) or next(iter(tree), "").startswith("$"):
+                    raise TypeError("the tree is not an object of state entries")
+                if rank is None or name == layout.STATE or not (opened.tree.keys() & tree.keys()):
+                    opened.tree.update(tree)
+                opened.numpy |= set(doc.get("numpy", []))
+                opened.dtensors.update(doc.get("dtensors") or {})
+                opened.casts.update({str(n): _dtype(str(d)) for n, d in (doc.get("casts") or {}).items()})
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                raise bad(f"{name} is not a preemptible state document ({e})") from e
+        for name in opened.selected:
+            if not name.endswith(layout.TENSOR_SUFFIX):
+                continue
+            rec = manifest.files[name]
+            p = self.storage.join(directory, name)
+            stream = self.storage.open_read(p)
+            try:
+                entries = tensor_format.read_header(stream, rec.bytes, where=p)
+            except CheckpointCorruptError as e:
+                raise bad(str(e)) from e
+            finally:
+                stream.close()
+            owner = layout.file_rank(name)
+            for entry in entries:
+                if entry.name in opened.entries and opened.entry_owner.get(entry.name) == owner:
+                    raise bad(f"tensor {entry.name!r} appears in more than one file")
+                opened.entries[entry.name] = entry
+                opened.entry_owner[entry.name] = owner
+            opened.file_entries[name] = entries
+        return opened
+
+    @staticmethod
+    def rewrap(opened: Opened, tensors: dict[str, Any], live: Mapping[str, Any]) -> None:
+        """Local shards back into DTensors: the live DTensor when its shard was read in place, else a new one on
+        the live state's device mesh (an optimizer's moments, created lazily, have no live DTensor yet)."""
+        from torch.distributed.tensor import DTensor
+
+        from preemptible.state import parse_placement
+
+        mesh = next((t.device_mesh for t in live.values()), None)
+        for name, meta in opened.dtensors.items():
+            local = tensors.get(name)
+            if local is None:
+                continue
+            existing = live.get(name)
+            if existing is not None and existing.to_local().data_ptr() == local.data_ptr():
+                tensors[name] = existing
+                continue
+            if mesh is None:
+                raise opened.bad(f"{name} is sharded (DTensor) but the live state has no device mesh to place it on")
+            tensors[name] = DTensor.from_local(
+                local,
+                mesh,
+                [parse_placement(p) for p in meta["placements"]],
+                run_check=False,
+                shape=torch.Size(meta["shape"]),
+                stride=tuple(meta["stride"]),
+            )
+
+    def skeleton(self, opened: Opened) -> dict[str, Any]:
+        """The stored state with shape-and-dtype placeholders (meta tensors) instead of data."""
+        meta = {
+            n: torch.empty(e.shape, dtype=opened.casts.get(n, e.dtype), device="meta")
+            for n, e in opened.entries.items()
+        }
+        try:
+            tree = tagged_json.decode(opened.tree, lambda name, is_numpy: _placeholder(meta, name))
+        except CheckpointCorruptError as e:
+            raise opened.bad(str(e)) from e
+        if not isinstance(tree, dict):
+            raise opened.bad(f"{layout.STATE} holds a {type(tree).__name__}, expected an object of state entries")
+        return tree
+
+    def check_sharding(self, opened: Opened, world: int) -> None:
+        if not opened.dtensors:
+            return
+        if opened.manifest.world_size != world:
+            raise StateMismatchError(
+                f"the checkpoint of step {opened.step} holds sharded state (DTensor/FSDP2) written by "
+                f"{opened.manifest.world_size} ranks; this job has {world}. Resharding is not supported: restore "
+                f"it with {opened.manifest.world_size} ranks (the same mesh), or save full tensors",
+                path=opened.directory,
+                step=opened.step,
+                differences=[f"world size {opened.manifest.world_size} in checkpoint, {world} live"],
+            )
+
+    def read(
+        self,
+        opened: Opened,
+        into: Mapping[str, torch.Tensor] | None,
+        *,
+        sharded: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        into = into or {}
+
+        def target(e: tensor_format.Entry) -> torch.Tensor | None:
+            t = into.get(e.name)
+            if (
+                t is not None
+                and t.dtype == e.dtype
+                and tuple(t.shape) == e.shape
+                and t.device.type == "cpu"
+                and t.is_contiguous()
+                and type(t) in (torch.Tensor, torch.nn.Parameter)
+            ):
+                return t.detach()
+            return None
+
+        def read_file(name: str) -> dict[str, torch.Tensor]:
+            rec = opened.manifest.files[name]
+            p = self.storage.join(opened.directory, name)
+            stream = self.storage.open_read(p)
+            try:
+                return tensor_format.read(
+                    stream,
+                    rec.bytes,
+                    where=p,
+                    expected_checksum=rec.checksum,
+                    into=target,
+                    entries=opened.file_entries.get(name),
+                    chunk=OBJECT_READ_CHUNK if self.storage.kind == "object" else tensor_format.READ_CHUNK_BYTES,
+                )
+            except CheckpointCorruptError as e:
+                raise opened.bad(str(e)) from e
+            finally:
+                stream.close()
+
+        names = sorted(
+            (n for n in opened.selected if n.endswith(layout.TENSOR_SUFFIX)),
+            key=lambda n: -opened.manifest.files[n].bytes,
+        )
+        tensors: dict[str, torch.Tensor] = {}
+        for part in parallel_map(read_file, names, threads=self.threads, name="preemptible-read"):
+            tensors.update(part)
+        for name, dtype in opened.casts.items():  # bf16 moments back into the optimizer's own dtype
+            stored = tensors.get(name)
+            if stored is None:
+                raise opened.bad(f"state.json casts tensor {name!r}, which no tensor file holds")
+            live = into.get(name)
+            if live is not None and live.dtype == dtype and live.shape == stored.shape:
+                tensors[name] = live.detach().copy_(stored)
+            else:
+                tensors[name] = stored.to(dtype)
+        if opened.dtensors:
+            self.rewrap(opened, tensors, sharded or {})
+        try:
+            loaded = unflatten(opened.tree, tensors, opened.numpy)
+        except CheckpointCorruptError as e:
+            raise opened.bad(str(e)) from e
+        if not isinstance(loaded, dict):
+            raise opened.bad(f"{layout.STATE} holds a {type(loaded).__name__}, expected an object of state entries")
+        return loaded
+
+
+def _select(manifest: Manifest, rank: int | None, opened: Opened) -> list[str]:
+    """The files one rank reads (see `_open`)."""
+    names = list(manifest.files)
+    if rank is None:
+        return names
+    ranks = {layout.file_rank(n) for n in names} - {None}
+    own = rank if rank in ranks else 0
+    if ranks and own != rank:
+        opened.notes.append(
+            f"the checkpoint was written by {manifest.world_size} rank(s) and holds no per-rank state of rank "
+            f"{rank}: rank 0's (RNG streams, ...) is used instead"
+        )
+    return [n for n in names if layout.file_rank(n) in (None, own)]

@@ -1,0 +1,208 @@
+"""Restore with fallback: the newest committed checkpoint that verifies on every rank, recorded in its lifecycle.
+
+For each candidate, newest first: read and check everything but the data, check that it fits the live objects
+(before a single live byte changes), read the data into them verifying every checksum, recompute the probe. A
+*content* failure (size, checksum, format, probe mismatch) marks the candidate invalid and falls back to the next;
+an I/O error (timeout, permission, a vanished object) falls back too but leaves the candidate's state as it was
+("could not verify"). Under several ranks a candidate counts only if it verified on all of them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from preemptible import dist
+from preemptible.checkpoint.reader import Opened, Reader
+from preemptible.errors import CheckpointCorruptError, CheckpointFallbackWarning, StateMismatchError
+from preemptible.events import Event, EventSink
+from preemptible.state import RNGState, apply, capture, differences, flatten
+from preemptible.store.markers import Markers, State, Transition
+from preemptible.validate import ProbeCheck, run_probe
+
+log = logging.getLogger("preemptible")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    step: int
+    state: State
+    invalid_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    ok: bool
+    kind: str = "ok"  # "content" or "io" when not ok
+    why: str = ""
+    probe: ProbeCheck | None = None
+
+
+class Restorer:
+    """Loads checkpoints into live state (see the module docs)."""
+
+    def __init__(
+        self,
+        reader: Reader,
+        markers: Markers,
+        *,
+        coordinator: dist.Coordinator | None,
+        events: EventSink,
+        probe: Callable[[], Any] | None,
+        probe_rtol: float,
+        monotonic: Callable[[], float],
+        now: Callable[[], str],
+    ) -> None:
+        self.reader = reader
+        self.markers = markers
+        self.coord = coordinator
+        self.events = events
+        self.probe = probe
+        self.probe_rtol = probe_rtol
+        self._monotonic = monotonic
+        self._now = now
+
+    def _probe_check(self, state: Mapping[str, Any], stored: float | None) -> ProbeCheck | None:
+        if self.probe is None or stored is None:
+            return None
+        return ProbeCheck(stored, run_probe(self.probe, state), self.probe_rtol)
+
+    def _try(
+        self, state: Mapping[str, Any], live_flat: Any, step: int
+    ) -> tuple[_Outcome, ProbeCheck | None, Opened | None]:
+        coord = self.coord
+        try:
+            opened = self.reader.open(step, rank=coord.rank if coord is not None else 0)
+            self.reader.check_sharding(opened, coord.world if coord is not None else 1)
+            self.check_fits(state, self.reader.skeleton(opened), step)  # before a single byte changes
+            loaded = self.reader.read(opened, live_flat.tensors, sharded=live_flat.dtensor_objs)
+            apply(state, loaded)
+            check = self._probe_check(state, opened.manifest.probe)
+        except CheckpointCorruptError as e:
+            return _Outcome(False, "content", str(e)), None, None
+        except StateMismatchError:
+            raise
+        except OSError as e:  # not the checkpoint's fault: it may be fine when the storage answers again
+            return _Outcome(False, "io", f"could not verify ({type(e).__name__}: {e})"), None, None
+        if check is not None and not check.ok:
+            return _Outcome(False, "content", opened.bad(check.describe()).args[0], check), check, opened
+        return _Outcome(True), check, opened
+
+    def _agree(self, store: Any, outcome: _Outcome) -> _Outcome:
+        """Every rank must restore the same step: a checkpoint counts only if it verified on all of them."""
+        coord = self.coord
+        if coord is None or store is None:
+            return outcome
+        doc = json.dumps({"ok": outcome.ok, "kind": outcome.kind, "why": outcome.why})
+        reports = [json.loads(x) for x in coord.exchange(store, coord.round("restore"), doc)]
+        if outcome.ok and all(r["ok"] for r in reports):
+            return outcome
+        bad = [(r, x) for r, x in enumerate(reports) if not x["ok"]]
+        kind = "content" if any(x["kind"] == "content" for _, x in bad) else "io"
+        return _Outcome(False, kind, "; ".join(f"rank {r}: {x['why']}" for r, x in bad), outcome.probe)
+
+    def restore(self, state: Mapping[str, Any], candidates: Sequence[Candidate], *, explicit: bool) -> int:
+        failures: list[tuple[int, str]] = []
+        io_errors: list[str] = []
+        live_flat = flatten(capture(state))
+        coord = self.coord
+        store = coord.client() if coord is not None else None
+        leader = coord is None or coord.rank == 0
+        for cand in candidates:
+            if cand.state is State.INVALID and not explicit:
+                why = f"marked invalid earlier: {cand.invalid_reason}"
+                failures.append((cand.step, why))
+                warnings.warn(
+                    f"skipping the checkpoint of step {cand.step}: {why}", CheckpointFallbackWarning, stacklevel=3
+                )
+                continue
+            t0 = self._monotonic()
+            outcome, check, opened = self._try(state, live_flat, cand.step)
+            outcome = self._agree(store, outcome)
+            directory = self.reader.path_of(cand.step)
+            if not outcome.ok:
+                failures.append((cand.step, outcome.why))
+                if outcome.kind == "content":
+                    probe = outcome.probe
+                    figures = {"stored_probe": probe.stored, "recomputed_probe": probe.recomputed} if probe else {}
+                    self.events.event(Event.CHECKPOINT_INVALID, cand.step, error=outcome.why, **figures)
+                    if leader and cand.state is not State.INVALID:
+                        self.markers.record(directory, Transition.CONTENT_FAIL, now=self._now(), reason=outcome.why)
+                else:
+                    io_errors.append(outcome.why)
+                    self.events.event(Event.CHECKPOINT_UNVERIFIED, cand.step, error=outcome.why)
+                if explicit and outcome.kind == "content":
+                    raise CheckpointCorruptError(outcome.why, path=directory, step=cand.step)
+                if explicit:
+                    raise OSError(f"the checkpoint of step {cand.step} {outcome.why}; nothing was marked, try again")
+                warnings.warn(
+                    f"skipping the checkpoint of step {cand.step}: {outcome.why}; falling back to the next newest",
+                    CheckpointFallbackWarning,
+                    stacklevel=3,
+                )
+                continue
+            assert opened is not None
+            self._restored(opened, check, cand, leader)
+            self.events.event(
+                Event.RESTORED, cand.step, seconds=round(self._monotonic() - t0, 6), skipped=[s for s, _ in failures]
+            )
+            return cand.step
+        lines = "\n".join(f"  step {s}: {why}" for s, why in failures)
+        if io_errors:
+            raise OSError(
+                f"no committed checkpoint under {self.reader.root} could be restored, and {len(io_errors)} could not "
+                f"even be verified because the storage failed:\n{lines}\nNothing was loaded and nothing was marked "
+                "invalid; check the storage (mount, credentials, network) and start again"
+            )
+        raise CheckpointCorruptError(
+            f"none of the {len(failures)} committed checkpoints under {self.reader.root} verifies:\n{lines}\n"
+            "Nothing was loaded. Restore from a backup, or move the root aside to start fresh deliberately.",
+            path=self.reader.root,
+            failures=failures,
+        )
+
+    def _restored(self, opened: Opened, check: ProbeCheck | None, cand: Candidate, leader: bool) -> None:
+        for note in opened.notes:
+            log.warning("restoring step %d: %s", cand.step, note)
+        if opened.extra_files:
+            warnings.warn(
+                f"the checkpoint of step {cand.step} holds files its COMMIT.json does not list, ignored: "
+                f"{', '.join(opened.extra_files)}",
+                CheckpointFallbackWarning,
+                stacklevel=4,
+            )
+        if not leader:
+            return
+        if cand.state is State.INVALID:  # restored on request (step=...); a failed checkpoint stays failed
+            log.warning(
+                "restored step %d on request although it is marked invalid (%s)", cand.step, cand.invalid_reason
+            )
+            return
+        probe = {"stored": check.stored, "recomputed": check.recomputed, "rtol": check.rtol} if check else None
+        self.markers.record(opened.directory, Transition.VERIFY_PASS, now=self._now(), by="restore", probe=probe)
+
+    def check_fits(self, state: Mapping[str, Any], loaded: Mapping[str, Any], step: int) -> None:
+        """Raises `StateMismatchError` naming every difference between the checkpoint and the live objects."""
+        # Entries named "_..." are preemptible's own (RNG streams, run metadata): a checkpoint written by a bare
+        # Checkpointer lacks them, and restores fine (with a warning in the journal).
+        missing = [name for name in state if name not in loaded and not name.startswith("_")]
+        diffs = [f"{name}: missing from checkpoint (it holds {sorted(loaded)})" for name in missing]
+        for name, obj in state.items():
+            if name in loaded and not isinstance(obj, (dict, RNGState)):
+                diffs += differences(capture({name: obj}), {name: loaded[name]})
+        if diffs:
+            path = self.reader.path_of(step)
+            shown = "\n".join(f"  {d}" for d in diffs[:50])
+            more = f"\n  ... and {len(diffs) - 50} more" if len(diffs) > 50 else ""
+            raise StateMismatchError(
+                f"the checkpoint of step {step} at {path} does not fit the live objects "
+                f"({len(diffs)} difference{'s' if len(diffs) != 1 else ''}):\n{shown}{more}\n"
+                "Build the model and optimizer exactly as when the checkpoint was saved, or start a new root.",
+                path=path,
+                step=step,
+                differences=diffs,
+            )

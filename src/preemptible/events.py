@@ -1,0 +1,92 @@
+"""The vocabulary of what happens to a run: one str enum read by the journal, the report file, drill and diagnose.
+
+preemptible's own log lines about these events carry a tag, ``event=<name>`` plus the fields that decide a
+verdict (``source=aws``), written by `tag`; ``diagnose`` builds its rules for them from `LOG_VERDICTS`, so a
+reworded log line cannot silently stop being recognised (tests/unit/test_events.py checks both ends).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import Enum
+from typing import Any, Protocol
+
+
+class Event(str, Enum):
+    """Journal events (the ``event`` key of each JSON line)."""
+
+    START = "start"
+    FRESH = "fresh"
+    FRESH_AFTER_CORRUPTION = "fresh_after_corruption"
+    RESUME = "resume"
+    RESTORED = "restored"
+    CHECKPOINT_INVALID = "checkpoint_invalid"
+    CHECKPOINT_UNVERIFIED = "checkpoint_unverified"
+    EPHEMERAL_ROOT = "ephemeral_root"
+    SAVE_STARTED = "save_started"
+    SAVE_COMMITTED = "save_committed"
+    SAVE_SKIPPED = "save_skipped"
+    SAVE_FAILED = "save_failed"
+    SAVE_ABANDONED = "save_abandoned"
+    STATE_DIVERGED = "state_diverged"
+    VALIDATED = "validated"
+    ROTATED = "rotated"
+    PLAN = "plan"
+    LOG = "log"
+    ADVISORY = "advisory"
+    NOTICE = "notice"
+    INFLIGHT = "inflight"
+    PRESTAGED_FLUSH = "prestaged_flush"
+    REQUEUE = "requeue"
+    EXIT = "exit"
+    DONE = "done"
+    JOURNAL_LOST = "journal_lost"
+    RELAY = "relay"  # preemptible run passed a cloud's notice to its command (wrapper log lines only)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class SaveReason(str, Enum):
+    """Why a save was made (``reason`` in the journal)."""
+
+    PERIODIC = "periodic"
+    EMERGENCY = "emergency"
+    FINAL = "final"
+    MANUAL = "manual"
+    ADVISORY = "advisory"
+    PRESTAGED = "prestaged"
+    BACKGROUND = "background"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class EventSink(Protocol):
+    """Where events go: the journal (and through it the report file that ``drill`` follows)."""
+
+    def event(self, event: str, step: int | None, **fields: Any) -> Any: ...
+
+
+class NullSink:
+    """Drops every event (a `Checkpointer` used without a journal)."""
+
+    def event(self, event: str, step: int | None, **fields: Any) -> None:
+        return None
+
+
+def tag(event: Event, **fields: Any) -> str:
+    """The tag a log line about ``event`` carries: ``event=notice source=aws``."""
+    return " ".join([f"event={event.value}", *(f"{k}={v}" for k, v in fields.items())])
+
+
+LOG_VERDICTS: Mapping[tuple[Event, str, str], str] = {
+    (Event.NOTICE, "source", "aws"): "preempted",
+    (Event.NOTICE, "source", "gcp"): "preempted",
+    (Event.NOTICE, "source", "azure"): "preempted",
+    (Event.RELAY, "source", "aws"): "preempted",
+    (Event.RELAY, "source", "gcp"): "preempted",
+    (Event.RELAY, "source", "azure"): "preempted",
+    (Event.NOTICE, "source", "signal"): "terminated",
+}
+"""What a tagged log line means to ``diagnose``: (event, field, value) -> verdict."""
