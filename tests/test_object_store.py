@@ -15,9 +15,8 @@ import torch
 from conftest import Trainer, final_digest, make_model, train_some
 from objkit import FaultProxy, azurite, gcs_emulator, make_bucket, make_container, moto_server, set_env, set_gcs_env
 from preemptible import CheckpointCorruptError, Checkpointer, SaveError
-from preemptible.errors import CheckpointFallbackWarning
+from preemptible.errors import CheckpointFallbackWarning, StorageUnavailableError
 from preemptible.store.io import ephemeral_reason, storage_for
-from preemptible.errors import StorageUnavailableError
 from preemptible.store.objstore import retrying, transient
 
 
