@@ -232,3 +232,40 @@ def test_drill_of_a_torchrun_job(tmp_path: Path) -> None:
     assert doc["checkpoint_step"] == doc["resumed_step"] > 0
     (exited,) = [c for c in doc["checks"] if c["name"] == "the process exited cleanly"]
     assert "torchrun's agent" in exited["detail"]
+
+
+PER_RANK_SCRIPT = REPO / "tests" / "scripts" / "per_rank_dict.py"
+
+
+def test_bug_per_rank_dict_replaced_by_rank0_after_resume(tmp_path: Path) -> None:
+    """Regression (issue 13, bug 2): the reported script, unchanged (no per_rank=). SIGTERM -> the emergency save
+    finds the dict differs between ranks, writes it per rank and says so; the resume gives each rank its own."""
+    root = tmp_path / "ckpt"
+    t = Torchrun(root, 2, "--steps", "40", "--step-time", "0.05", script=PER_RANK_SCRIPT)
+    t.wait_for_step(5)
+    t.proc.send_signal(signal.SIGTERM)
+    code, _, err = t.finish()
+    assert code == 1, err
+    ranks = journals(root)
+    stop = last(ranks[0], "exit")["step"]
+    assert all(last(ev, "exit")["saved"] for ev in ranks.values()), err
+    diverged = last(ranks[0], "state_diverged")
+    assert diverged["keys"] == ["mine"] and diverged["ranks"] == [1]
+    assert "per_rank=" in err
+    files = json.loads((root / f"step-{stop:012d}" / "COMMIT.json").read_text())["files"]
+    assert {"state-r00000.json", "state-r00001.json"} <= set(files)
+
+    code, out, err = Torchrun(root, 2, "--steps", "40", script=PER_RANK_SCRIPT).finish()
+    assert code == 0, err
+    finals = {int(line.split()[2]): line for line in out.splitlines() if line.startswith("final rank")}
+    assert finals[0].split()[4] == "40" and finals[1].split()[4] == "1040", finals
+    assert f"resumed_from={stop}" in finals[1]
+
+
+def test_periodic_save_of_divergent_state_is_a_clear_error(tmp_path: Path) -> None:
+    code, out, err = Torchrun(
+        tmp_path / "ckpt", 2, "--steps", "6", "--save-every", "2", script=PER_RANK_SCRIPT
+    ).finish()
+    assert code != 0
+    assert "StateDivergenceError" in err and "['mine']" in err and "per_rank=" in err and "rank(s) [1]" in err
+    assert not list((tmp_path / "ckpt").glob("step-*/COMMIT.json"))  # nothing committed with rank 0's values only

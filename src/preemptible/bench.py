@@ -189,7 +189,7 @@ def contenders(state: dict[str, Any], nbytes: int, *, quick: bool = False) -> di
     mirror = {k: torch.empty_like(v) for k, v in tensors.items()}  # reused memcpy destinations
     for k, v in tensors.items():
         mirror[k].copy_(v)
-    ours_async: dict[str, Checkpointer | None] = {"ck": None}
+    ours_async: dict[str, Any] = {"ck": None, "step": 1}
 
     def ours_emergency(work: str) -> Sample:
         d = os.path.join(work, "ours")
@@ -207,8 +207,9 @@ def contenders(state: dict[str, Any], nbytes: int, *, quick: bool = False) -> di
         if ck is None or ck.root != os.path.abspath(d):
             ck = Checkpointer(d, keep=2)
             ours_async["ck"] = ck
+            ours_async["step"] = 1
             ck.save(state, 1, blocking=False).wait()  # warm the staging arena once, as a training run does
-        step = int(time.time() * 1000)
+        step = ours_async["step"] = ours_async["step"] + 1
         with PeakRSS() as mem:
             t = time.perf_counter()
             handle = ck.save(state, step, blocking=False)

@@ -97,8 +97,8 @@ class Checkpointer:
             positions): each rank saves its own. Every other entry is taken to be replicated (DDP) and is
             striped: each rank writes a share of its files. Each save checks that it really is replicated (a
             digest of its non-tensor leaves and tensor shapes, compared across ranks): a difference is a
-            `StateDivergenceError` naming the entries, or, in an emergency save, those entries are written per
-            rank and the journal says so.
+            `StateDivergenceError` naming the entries, or, in an emergency or final save, those entries are
+            written per rank and the journal says so (the last save of a process never costs the checkpoint).
         clock: epoch seconds. monotonic: a monotonic clock for durations.
 
     Attributes:
@@ -381,9 +381,10 @@ class Checkpointer:
                     f"Name them in per_rank= (Run(..., per_rank={keys}) or Checkpointer(per_rank=...)) so that each "
                     "rank saves its own"
                 )
-                if reason != SaveReason.EMERGENCY:
+                if reason not in (SaveReason.EMERGENCY, SaveReason.FINAL):
                     raise StateDivergenceError(why, keys=keys, ranks=ranks)
-                log.error("[rank=%d] %s; this emergency save writes them per rank", me, why)
+                # The last save of a process must not cost the checkpoint: each rank writes its own copy.
+                log.error("[rank=%d] %s; this %s save writes them per rank", me, why, reason)
                 self.events.event(Event.STATE_DIVERGED, None, keys=keys, ranks=ranks, error=why)
                 split = partition.Layout(world=world, rank=me, own=split.own | set(keys))
         return partition.plan_share(

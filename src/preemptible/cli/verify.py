@@ -15,12 +15,15 @@ def add_parser(sub: Any) -> None:
         description=(
             "Reads every file of each committed checkpoint (or only --step N) and checks it against COMMIT.json. "
             "A checkpoint that passes is marked validated (VALID.json) unless it carries a probe value, which "
-            "needs the model and is checked by the next restore."
+            "needs the model and is checked by the next restore (it stays 'committed' until then). One that fails "
+            "a content check is marked invalid (INVALID.json; VALID.json removed). An I/O error marks nothing "
+            "('could not verify'). --no-mark leaves every file untouched."
         ),
     )
     p.add_argument("root")
     p.add_argument("--step", type=int, default=None)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--no-mark", action="store_true", help="only report: write no VALID.json/INVALID.json")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,11 +36,11 @@ def run(args: argparse.Namespace) -> int:
     for step in steps:
         t = time.perf_counter()
         try:
-            info, notes = ck.verify_report(step)
+            info, notes = ck.verify_report(step, mark=not args.no_mark)
             results.append(
                 {
                     "step": step,
-                    "ok": True,
+                    "ok": info.status != "invalid",
                     "status": info.status,
                     "bytes": info.bytes,
                     "seconds": round(time.perf_counter() - t, 3),
@@ -46,6 +49,9 @@ def run(args: argparse.Namespace) -> int:
             )
         except (CheckpointCorruptError, CheckpointNotFoundError) as e:
             results.append({"step": step, "ok": False, "error": str(e), "seconds": round(time.perf_counter() - t, 3)})
+        except OSError as e:
+            why = f"could not verify ({type(e).__name__}: {e}); nothing was marked. Check the storage and try again"
+            results.append({"step": step, "ok": False, "error": why, "seconds": round(time.perf_counter() - t, 3)})
     ok = bool(results) and all(r["ok"] for r in results)
     if args.json:
         print(json.dumps({"root": ck.root, "ok": ok, "checkpoints": results}, indent=1))
@@ -53,10 +59,10 @@ def run(args: argparse.Namespace) -> int:
         if not results:
             print(f"{ck.root}: no committed checkpoints")
         for r in results:
-            if r["ok"]:
+            if "error" not in r:
                 rate = r["bytes"] / r["seconds"] / 1e9 if r["seconds"] else 0
                 print(
-                    f"PASS  step {r['step']}: {r['bytes'] / 1e6:.1f} MB verified in {r['seconds']:.2f} s "
+                    f"{'PASS' if r['ok'] else 'FAIL'}  step {r['step']}: {r['bytes'] / 1e6:.1f} MB verified in {r['seconds']:.2f} s "
                     f"({rate:.2f} GB/s), {r['status']}"
                 )
                 for n in r["notes"]:
