@@ -263,7 +263,7 @@ def test_bug_per_rank_dict_replaced_by_rank0_after_resume(tmp_path: Path) -> Non
 
 
 def test_periodic_save_of_divergent_state_is_a_clear_error(tmp_path: Path) -> None:
-    code, out, err = Torchrun(
+    code, _, err = Torchrun(
         tmp_path / "ckpt", 2, "--steps", "6", "--save-every", "2", script=PER_RANK_SCRIPT
     ).finish()
     assert code != 0

@@ -261,7 +261,7 @@ class Lifecycle(RuleBasedStateMachine):
                 Checkpointer(str(self.root), keep=2, storage=storage, threads=1).save(values(step), step)
             finally:
                 os._exit(0)
-        _, status = os.waitpid(pid, 0)
+        os.waitpid(pid, 0)
         disk = self.on_disk()
         if step in disk:
             self.committed.add(step)

@@ -61,8 +61,9 @@ def run(args: argparse.Namespace) -> int:
         for r in results:
             if "error" not in r:
                 rate = r["bytes"] / r["seconds"] / 1e9 if r["seconds"] else 0
+                verdict = "PASS" if r["ok"] else "FAIL"
                 print(
-                    f"{'PASS' if r['ok'] else 'FAIL'}  step {r['step']}: {r['bytes'] / 1e6:.1f} MB verified in {r['seconds']:.2f} s "
+                    f"{verdict}  step {r['step']}: {r['bytes'] / 1e6:.1f} MB verified in {r['seconds']:.2f} s "
                     f"({rate:.2f} GB/s), {r['status']}"
                 )
                 for n in r["notes"]:
