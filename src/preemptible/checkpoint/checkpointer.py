@@ -9,12 +9,10 @@ lifecycle's marker files in `preemptible.store.markers`, retention in `preemptib
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import math
 import os
-import shutil
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -24,8 +22,10 @@ import torch
 
 from preemptible import dist
 from preemptible.checkpoint import partition
-from preemptible.checkpoint.commit import Committer, Job, read_back
+from preemptible.checkpoint.commit import Committer, Job, save_error
 from preemptible.checkpoint.handle import SaveHandle, SaveResult
+from preemptible.checkpoint.lifecycle import Lifecycle
+from preemptible.checkpoint.prestage import Prestaging
 from preemptible.checkpoint.reader import Reader
 from preemptible.checkpoint.restore import Candidate, Restorer
 from preemptible.errors import (
@@ -39,10 +39,10 @@ from preemptible.events import Event, EventSink, NullSink, SaveReason
 from preemptible.journal import Journal
 from preemptible.notice import Clock
 from preemptible.state import capture, check_state, flatten, gc_paused
-from preemptible.store import deletion, layout, retention
+from preemptible.store import deletion, layout
 from preemptible.store.io import Storage, storage_for
 from preemptible.store.layout import CheckpointInfo
-from preemptible.store.markers import Markers, State, Transition
+from preemptible.store.markers import Markers, State
 from preemptible.validate import DEFAULT_RTOL, Probe, run_probe
 from preemptible.writer import (
     DEFAULT_MAX_FILE_BYTES,
@@ -72,7 +72,7 @@ def _lower_priority(nice: int) -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
 
 
-class Checkpointer:
+class Checkpointer(Lifecycle, Prestaging):
     """Saves and restores training state under ``root``.
 
     Args:
@@ -512,7 +512,7 @@ class Checkpointer:
                 raise
             self.events.event(Event.SAVE_FAILED, job.step, reason=job.reason, error=f"{type(e).__name__}: {e}")
             if isinstance(e, OSError) and not isinstance(e, SaveError):
-                raise self._save_error(e, job.step, job.path) from e
+                raise save_error(e, job.step, job.path, root=self.root, newest=self.latest()) from e
             raise
         finally:
             self._writing.discard(job.step)
@@ -541,195 +541,11 @@ class Checkpointer:
             self._journal.sync()
         return result
 
-    # staging and pre-staging ----------------------------------------------------------------------------------
-    @property
-    def staging(self) -> Staging:
-        if self._staging is None:
-            self._staging = Staging()
-        return self._staging
-
-    def prestage(self, state: Mapping[str, Any], step: int) -> bool:
-        """Copy ``state`` into the staging buffer without writing it (for a later `flush_staged`).
-
-        Returns False (and does nothing) while a background save is still writing from the buffer: the buffer
-        then holds that save's step, which is as recent.
-        """
-        staging = self.staging
-        if not staging.busy.acquire(blocking=False):
-            return False
-        try:
-            key = self.coordinator.round("prestage") if self.coordinator is not None else "prestage/0"
-            staging.stage(self._plan(state, key=key, reason=SaveReason.PRESTAGED), step=step)
-        finally:
-            staging.busy.release()
-        return True
-
-    def flush_staged(self, *, reason: str = SaveReason.PRESTAGED, deadline: float | None = None) -> SaveHandle | None:
-        """Write what the staging buffer holds as the checkpoint of its step, in the background.
-
-        Returns None when the buffer is empty, or its step is already committed or being written.
-        """
-        staging = self.staging
-        staged = staging.current
-        if staged is None or staged.step is None or self.is_committed(staged.step):
-            return None
-        inflight = self.inflight
-        if inflight is not None and inflight.step == staged.step:
-            return inflight
-        staging.busy.acquire()
-        staged = staging.current
-        assert staged is not None
-        assert staged.step is not None
-        budget = deadline - self._clock() if deadline is not None else None
-        job = Job(
-            step=staged.step,
-            path=self.path_of(staged.step),
-            reason=str(reason),
-            start=self._monotonic(),
-            extra={},
-            budget=budget,
-            deadline=deadline,
-            progress=Progress(total=staged.nbytes),
-            key=self.coordinator.round("save") if self.coordinator is not None else "save/0",
-        )
-        self.events.event(
-            Event.SAVE_STARTED,
-            staged.step,
-            reason=str(reason),
-            budget_s=budget,
-            bytes=staged.nbytes,
-            asynchronous=True,
-            staged_at=layout.now_iso(staged.staged_at),
-        )
-        return self._spawn(job, staged)
-
     def _abandon(self, path: str) -> None:
         try:
             self.storage.remove_tree(path)
         except OSError as e:  # leftovers are harmless: invisible without COMMIT.json, cleaned later
             log.warning("could not remove the failed save's leftovers at %s (%s)", path, e)
-
-    def _save_error(self, e: OSError, step: int, path: str) -> SaveError:
-        newest = self.latest()
-        kept = f"step {newest} remains the newest checkpoint" if newest is not None else "no earlier checkpoint exists"
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            try:
-                free = shutil.disk_usage(self.root).free
-                space = f"{free / 1e6:.1f} MB free now"
-            except OSError:
-                space = "free space unknown"
-            what = (
-                f"no space left while writing step {step} to {path} ({space}); nothing was committed and "
-                f"{kept}. Free space, lower keep=, or point the root at a larger volume"
-            )
-        else:
-            what = (
-                f"writing step {step} to {path} failed: {e}; nothing was committed and {kept}. Check that the "
-                "root is writable and mounted"
-            )
-        return SaveError(what, path=path, step=step)
-
-    # lifecycle: verification, rotation, cleanup -------------------------------------------------------------------
-    def _validate_at_save(self, job: Job) -> None:
-        """Verify a checkpoint just saved (its files read back from storage) when older ones wait for it."""
-        directory = job.path
-        try:
-            manifest = self.reader.manifest(job.step)
-            if "read_back" not in job.timings:  # verify_after_save already read everything back before the commit
-                read_back(self.storage, directory, manifest.files, step=job.step)
-        except (CheckpointCorruptError, SaveError) as e:
-            self.events.event(Event.CHECKPOINT_INVALID, job.step, error=str(e))
-            self.markers.record(directory, Transition.CONTENT_FAIL, now=self._now(), reason=str(e), by="save")
-            return
-        except OSError as e:
-            self.events.event(Event.CHECKPOINT_UNVERIFIED, job.step, error=f"{type(e).__name__}: {e}")
-            return
-        probe = {"stored": manifest.probe, "computed": "at save, on the weights saved"} if manifest.probe else None
-        self.markers.record(directory, Transition.VERIFY_PASS, now=self._now(), by="save", probe=probe)
-        self.events.event(Event.VALIDATED, job.step, by="save")
-
-    def rotate(self, *, just_saved: Job | None = None) -> list[int]:
-        """Apply retention (`preemptible.store.retention`): delete committed checkpoints it allows to go, and stale
-        leftovers. A checkpoint goes only once a newer one has validated; when older ones wait for that, the one
-        ``just_saved`` is verified first (its files read back). Returns the deleted steps."""
-        infos = self.checkpoints(include_uncommitted=True)
-        if just_saved is not None and retention.needs_validation(infos, self.keep):
-            newest = max((c for c in infos if c.committed), key=lambda c: c.step, default=None)
-            if newest is not None and newest.step == just_saved.step and newest.status == "committed":
-                self._validate_at_save(just_saved)
-                infos = self.checkpoints(include_uncommitted=True)
-        decision = retention.decide(infos, self.keep)
-        states = {c.step: self.markers.read(c.path).state for c in infos if c.step in decision.delete}
-        for step in decision.delete:
-            deletion.delete_checkpoint(self.storage, self.root, step, states[step])
-        deleted = list(decision.delete) + self.cleanup(infos)
-        if deleted:
-            kept = sorted(c.step for c in infos if c.committed and c.step not in decision.delete)
-            self.events.event(Event.ROTATED, None, deleted=deleted, kept=kept)
-        return deleted
-
-    def quarantine(self) -> str | None:
-        """Move every checkpoint directory aside to ``<root>/quarantine/<utc>/`` (for a deliberate fresh start
-        when none verifies: kept for inspection, out of the way of new saves). Returns where, or None."""
-        infos = self.checkpoints(include_uncommitted=True)
-        if not infos:
-            return None
-        stamp = self._now().replace(":", "").replace("-", "")
-        target = self.storage.join(self.root, "quarantine", stamp)
-        self.storage.makedirs(target)
-        for info in infos:
-            self.storage.move(info.path, self.storage.join(target, layout.step_dir(info.step)))
-        self.storage.sync_dir(self.root)
-        return target
-
-    def cleanup(self, infos: list[CheckpointInfo] | None = None) -> list[int]:
-        """Delete uncommitted leftovers older than ``stale_after_s``; younger ones may still be being written."""
-        if infos is None:
-            infos = self.checkpoints(include_uncommitted=True)
-        leftovers = [c for c in infos if not c.committed]
-        mtimes = {c.step: self.storage.newest_mtime(c.path) for c in leftovers}
-        stale = retention.stale_leftovers(
-            leftovers, mtimes, now=self._clock(), older_than_s=self.stale_after_s, protect=self._writing
-        )
-        for step in stale:
-            log.info("removing stale uncommitted leftovers of step %d (older than %.0f s)", step, self.stale_after_s)
-            deletion.delete_leftover(self.storage, self.root, step)
-        return stale
-
-    def verify_report(self, step: int, *, mark: bool = True) -> tuple[CheckpointInfo, list[str]]:
-        """`verify`, plus notes that do not fail it (files the manifest does not list, a probe left to check)."""
-        directory = self.path_of(step)
-        before = self.markers.read(directory)
-        try:
-            opened = self.reader.open(step)
-            self.reader.read(opened, None)
-        except CheckpointCorruptError as e:
-            if mark and before.state is not State.UNCOMMITTED:
-                self.markers.record(directory, Transition.CONTENT_FAIL, now=self._now(), reason=str(e), by="verify")
-            raise
-        notes = [f"extra file not in COMMIT.json (ignored): {n}" for n in opened.extra_files]
-        if before.state is State.INVALID:
-            notes.append(
-                f"marked invalid earlier ({before.invalid_reason}); its files pass now, but a checkpoint that failed "
-                "stays invalid: save the step again to replace it"
-            )
-        elif opened.manifest.probe is not None:
-            notes.append("probe value stored: checked by the next restore, which has the model")
-        elif mark:
-            self.markers.record(directory, Transition.VERIFY_PASS, now=self._now(), by="verify", probe=None)
-        return self._info(step, directory), notes
-
-    def verify(self, step: int, *, mark: bool = True) -> CheckpointInfo:
-        """Fully verify checkpoint ``step``: manifest, sizes, headers, every checksum; record the verdict.
-
-        A pass marks it validated, unless it carries a probe value (that needs the model: the next restore checks
-        it, and until then it stays ``committed``). A content failure marks it invalid (removing any earlier
-        ``VALID.json``). An I/O error marks nothing. ``mark=False`` leaves every file untouched.
-
-        Raises:
-            CheckpointNotFoundError, CheckpointCorruptError, OSError (could not verify).
-        """
-        return self.verify_report(step, mark=mark)[0]
 
     # loading -----------------------------------------------------------------------------------------------
     def load(self, step: int, *, into: Mapping[str, torch.Tensor] | None = None) -> dict[str, Any]:

@@ -8,8 +8,10 @@ commit.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -204,3 +206,24 @@ class Committer:
             timings=timings,
             predicted_s=manifest.predicted_save_s,
         )
+
+
+def save_error(e: OSError, step: int, path: str, *, root: str, newest: int | None) -> SaveError:
+    """The `SaveError` for an I/O failure while saving: what failed, what is still there, what to do."""
+    kept = f"step {newest} remains the newest checkpoint" if newest is not None else "no earlier checkpoint exists"
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        try:
+            free = shutil.disk_usage(root).free
+            space = f"{free / 1e6:.1f} MB free now"
+        except OSError:
+            space = "free space unknown"
+        what = (
+            f"no space left while writing step {step} to {path} ({space}); nothing was committed and "
+            f"{kept}. Free space, lower keep=, or point the root at a larger volume"
+        )
+    else:
+        what = (
+            f"writing step {step} to {path} failed: {e}; nothing was committed and {kept}. Check that the "
+            "root is writable and mounted"
+        )
+    return SaveError(what, path=path, step=step)

@@ -1,0 +1,156 @@
+"""The lifecycle operations of a `Checkpointer`: verify, rotate, clean up, quarantine.
+
+The states and their files are `preemptible.store.markers`'; which checkpoints may go is
+`preemptible.store.retention`'s pure policy; deleting is `preemptible.store.deletion`'s. This mixin applies them
+to one root.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from preemptible.checkpoint.commit import Job, read_back
+from preemptible.errors import CheckpointCorruptError, SaveError
+from preemptible.events import Event
+from preemptible.store import deletion, layout, retention
+from preemptible.store.layout import CheckpointInfo
+from preemptible.store.markers import State, Transition
+
+if TYPE_CHECKING:
+    from preemptible.checkpoint.reader import Reader
+    from preemptible.events import EventSink
+    from preemptible.store.io import Storage
+    from preemptible.store.markers import Markers
+
+log = logging.getLogger("preemptible")
+
+
+class Lifecycle:
+    """Mixed into `Checkpointer` (which provides the attributes declared here)."""
+
+    storage: Storage
+    root: str
+    keep: int
+    stale_after_s: float
+    markers: Markers
+    reader: Reader
+    events: EventSink
+    _writing: set[int]
+
+    def checkpoints(self, *, include_uncommitted: bool = False) -> list[CheckpointInfo]:
+        raise NotImplementedError
+
+    def path_of(self, step: int) -> str:
+        raise NotImplementedError
+
+    def _info(self, step: int, path: str) -> CheckpointInfo:
+        raise NotImplementedError
+
+    def _now(self) -> str:
+        raise NotImplementedError
+
+    _clock: Callable[[], float]
+
+    # lifecycle: verification, rotation, cleanup -------------------------------------------------------------------
+    def _validate_at_save(self, job: Job) -> None:
+        """Verify a checkpoint just saved (its files read back from storage) when older ones wait for it."""
+        directory = job.path
+        try:
+            manifest = self.reader.manifest(job.step)
+            if "read_back" not in job.timings:  # verify_after_save already read everything back before the commit
+                read_back(self.storage, directory, manifest.files, step=job.step)
+        except (CheckpointCorruptError, SaveError) as e:
+            self.events.event(Event.CHECKPOINT_INVALID, job.step, error=str(e))
+            self.markers.record(directory, Transition.CONTENT_FAIL, now=self._now(), reason=str(e), by="save")
+            return
+        except OSError as e:
+            self.events.event(Event.CHECKPOINT_UNVERIFIED, job.step, error=f"{type(e).__name__}: {e}")
+            return
+        probe = {"stored": manifest.probe, "computed": "at save, on the weights saved"} if manifest.probe else None
+        self.markers.record(directory, Transition.VERIFY_PASS, now=self._now(), by="save", probe=probe)
+        self.events.event(Event.VALIDATED, job.step, by="save")
+
+    def rotate(self, *, just_saved: Job | None = None) -> list[int]:
+        """Apply retention (`preemptible.store.retention`): delete committed checkpoints it allows to go, and stale
+        leftovers. A checkpoint goes only once a newer one has validated; when older ones wait for that, the one
+        ``just_saved`` is verified first (its files read back). Returns the deleted steps."""
+        infos = self.checkpoints(include_uncommitted=True)
+        if just_saved is not None and retention.needs_validation(infos, self.keep):
+            newest = max((c for c in infos if c.committed), key=lambda c: c.step, default=None)
+            if newest is not None and newest.step == just_saved.step and newest.status == "committed":
+                self._validate_at_save(just_saved)
+                infos = self.checkpoints(include_uncommitted=True)
+        decision = retention.decide(infos, self.keep)
+        states = {c.step: self.markers.read(c.path).state for c in infos if c.step in decision.delete}
+        for step in decision.delete:
+            deletion.delete_checkpoint(self.storage, self.root, step, states[step])
+        deleted = list(decision.delete) + self.cleanup(infos)
+        if deleted:
+            kept = sorted(c.step for c in infos if c.committed and c.step not in decision.delete)
+            self.events.event(Event.ROTATED, None, deleted=deleted, kept=kept)
+        return deleted
+
+    def quarantine(self) -> str | None:
+        """Move every checkpoint directory aside to ``<root>/quarantine/<utc>/`` (for a deliberate fresh start
+        when none verifies: kept for inspection, out of the way of new saves). Returns where, or None."""
+        infos = self.checkpoints(include_uncommitted=True)
+        if not infos:
+            return None
+        stamp = self._now().replace(":", "").replace("-", "")
+        target = self.storage.join(self.root, "quarantine", stamp)
+        self.storage.makedirs(target)
+        for info in infos:
+            self.storage.move(info.path, self.storage.join(target, layout.step_dir(info.step)))
+        self.storage.sync_dir(self.root)
+        return target
+
+    def cleanup(self, infos: list[CheckpointInfo] | None = None) -> list[int]:
+        """Delete uncommitted leftovers older than ``stale_after_s``; younger ones may still be being written."""
+        if infos is None:
+            infos = self.checkpoints(include_uncommitted=True)
+        leftovers = [c for c in infos if not c.committed]
+        mtimes = {c.step: self.storage.newest_mtime(c.path) for c in leftovers}
+        stale = retention.stale_leftovers(
+            leftovers, mtimes, now=self._clock(), older_than_s=self.stale_after_s, protect=self._writing
+        )
+        for step in stale:
+            log.info("removing stale uncommitted leftovers of step %d (older than %.0f s)", step, self.stale_after_s)
+            deletion.delete_leftover(self.storage, self.root, step)
+        return stale
+
+    def verify_report(self, step: int, *, mark: bool = True) -> tuple[CheckpointInfo, list[str]]:
+        """`verify`, plus notes that do not fail it (files the manifest does not list, a probe left to check)."""
+        directory = self.path_of(step)
+        before = self.markers.read(directory)
+        try:
+            opened = self.reader.open(step)
+            self.reader.read(opened, None)
+        except CheckpointCorruptError as e:
+            if mark and before.state is not State.UNCOMMITTED:
+                self.markers.record(directory, Transition.CONTENT_FAIL, now=self._now(), reason=str(e), by="verify")
+            raise
+        notes = [f"extra file not in COMMIT.json (ignored): {n}" for n in opened.extra_files]
+        if before.state is State.INVALID:
+            notes.append(
+                f"marked invalid earlier ({before.invalid_reason}); its files pass now, but a checkpoint that failed "
+                "stays invalid: save the step again to replace it"
+            )
+        elif opened.manifest.probe is not None:
+            notes.append("probe value stored: checked by the next restore, which has the model")
+        elif mark:
+            self.markers.record(directory, Transition.VERIFY_PASS, now=self._now(), by="verify", probe=None)
+        return self._info(step, directory), notes
+
+    def verify(self, step: int, *, mark: bool = True) -> CheckpointInfo:
+        """Fully verify checkpoint ``step``: manifest, sizes, headers, every checksum; record the verdict.
+
+        A pass marks it validated, unless it carries a probe value (that needs the model: the next restore checks
+        it, and until then it stays ``committed``). A content failure marks it invalid (removing any earlier
+        ``VALID.json``). An I/O error marks nothing. ``mark=False`` leaves every file untouched.
+
+        Raises:
+            CheckpointNotFoundError, CheckpointCorruptError, OSError (could not verify).
+        """
+        return self.verify_report(step, mark=mark)[0]
