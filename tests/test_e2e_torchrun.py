@@ -263,9 +263,7 @@ def test_bug_per_rank_dict_replaced_by_rank0_after_resume(tmp_path: Path) -> Non
 
 
 def test_periodic_save_of_divergent_state_is_a_clear_error(tmp_path: Path) -> None:
-    code, _, err = Torchrun(
-        tmp_path / "ckpt", 2, "--steps", "6", "--save-every", "2", script=PER_RANK_SCRIPT
-    ).finish()
+    code, _, err = Torchrun(tmp_path / "ckpt", 2, "--steps", "6", "--save-every", "2", script=PER_RANK_SCRIPT).finish()
     assert code != 0
     assert "StateDivergenceError" in err and "['mine']" in err and "per_rank=" in err and "rank(s) [1]" in err
     assert not list((tmp_path / "ckpt").glob("step-*/COMMIT.json"))  # nothing committed with rank 0's values only
