@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from preemptible.events import LOG_VERDICTS, tag
+
 VERDICTS = ("preempted", "time-limit", "oom", "crashed", "terminated", "killed", "completed", "unknown")
 """In order of precedence: the first with evidence wins."""
 
@@ -48,6 +50,7 @@ def _r(verdict: str, strength: str, pattern: str, why: str, platform: str | None
 
 
 # Formats from the providers' and tools' documentation (see shared/reference/cloud-notices.md).
+
 RULES: tuple[Rule, ...] = (
     # preemption: the platform says so
     _r(
@@ -244,6 +247,24 @@ RULES: tuple[Rule, ...] = (
     _r("completed", "weak", r"^\s*\d+(\.\w+)?\s.*\bCOMPLETED\b", "sacct: job state COMPLETED", "slurm", flags=0),
     _r("completed", "weak", r"\bReason:\s*Completed\b", "Kubernetes: container completed", "k8s"),
 )
+
+
+def _tagged_rules() -> tuple[Rule, ...]:
+    """Rules for preemptible's own tagged log lines, generated from the event vocabulary (`events.LOG_VERDICTS`):
+    they match the tag `events.tag` writes, so rewording the rest of a line cannot break them."""
+    return tuple(
+        _r(
+            verdict,
+            "strong",
+            re.escape(tag(event, **{field: value})) + r"\b",
+            f"preemptible's own log: {event.value} from {field} {value}",
+            "preemptible",
+        )
+        for (event, field, value), verdict in LOG_VERDICTS.items()
+    )
+
+
+RULES = _tagged_rules() + RULES
 
 _EXIT_SIGNALS = {int(s): s.name for s in signal.Signals}
 _TRACEBACK_START = re.compile(r"Traceback \(most recent call last\):")

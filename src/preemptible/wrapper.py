@@ -32,6 +32,7 @@ from typing import Any
 
 from preemptible import dist, relay
 from preemptible.errors import PreemptibleError
+from preemptible.events import Event, tag
 from preemptible.guard import Guard
 from preemptible.notice import Clock, Notice
 from preemptible.sources import detect
@@ -117,7 +118,8 @@ class Wrapper:
         self.relayed = notice
         left = notice.remaining(time.time())
         log.warning(
-            "preemptible run: %s %s notice (%s); sent %s to the command's process group, %s left",
+            "preemptible run: %s: %s %s notice (%s); sent %s to the command's process group, %s left",
+            tag(Event.RELAY, source=notice.source),
             notice.source,
             notice.kind.value,
             notice.detail or "no detail",
