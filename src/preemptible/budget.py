@@ -393,3 +393,24 @@ def plan(
     return evaluate(
         size=size, bandwidth=bw, window=window, platform=platform, step_time=step_time, mtbf_hours=mtbf_hours
     )
+
+
+def advise(
+    step: int, *, state_bytes: int, bandwidth: float, platform: Any, step_time: float, journal: Any, rank: int = 0
+) -> Plan:
+    """After a run's first save: will its emergency save fit this platform's window? Journals the verdict and
+    logs one line (a warning with the best fix when it would not fit)."""
+    import logging
+
+    log = logging.getLogger("preemptible")
+    verdict = evaluate(state_bytes=state_bytes, bandwidth=bandwidth, window=platform.window_s, step_time=step_time)
+    journal.event("plan", step, platform=platform.name, **verdict.to_json())
+    where = f"{platform.name} window {verdict.window_s:.0f} s"
+    if verdict.fits:
+        if rank == 0:
+            log.info("[rank=%d] plan: %s (%s)", rank, verdict.summary, where)
+        return verdict
+    fixes = [r for r in verdict.recommendations if r.fits] or verdict.recommendations
+    fix = f"; to make it fit: {fixes[0].description} ({fixes[0].predicted_save_s:.1f} s)" if fixes else ""
+    log.warning("[rank=%d] plan: %s (%s)%s", rank, verdict.summary, where, fix)
+    return verdict

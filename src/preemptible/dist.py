@@ -204,6 +204,36 @@ def coordinator() -> Coordinator | None:
         return _COORDINATORS[launch]
 
 
+def check_shared_root(storage: Any, coord: Coordinator) -> None:
+    """Every rank must see the same root (striped saves): rank 0 writes a token the others must read back.
+
+    Raises:
+        PreemptibleError: some rank cannot see it (a node-local path in a multi-node job), naming them.
+    """
+    import secrets
+
+    store = coord.client()
+    storage.makedirs(storage.root)
+    name = storage.join(storage.root, ".preemptible-shared-check")
+    if coord.rank == 0:
+        token = secrets.token_hex(8)
+        storage.publish(name, token.encode())
+        store.set("shared/token", token)
+    token = coord.collect_one(store, "shared/token")  # one fixed round: this check runs once, at start
+    try:
+        seen = storage.read_bytes(name, 64).decode() == token
+    except OSError:
+        seen = False
+    answers = coord.exchange(store, "shared/seen", "yes" if seen else "no")
+    blind = [r for r, a in enumerate(answers) if a != "yes"]
+    if blind:
+        raise CoordinationError(
+            f"checkpoint root {storage.root} is not shared by all {coord.world} ranks: rank(s) {blind} cannot see "
+            "what rank 0 wrote there (a node-local path in a multi-node job?). Every rank writes part of each "
+            "checkpoint, so the root must be one shared file system or bucket that all nodes mount"
+        )
+
+
 POLL_S = 0.1
 """How often the agreement thread looks for an announcement in the store (one small request)."""
 

@@ -287,7 +287,7 @@ class Run:
                     f"save_interval_s and prestage_every need one process; this job has {coord.world} ranks, whose "
                     "clocks would pick different steps. Use save_every (steps), which every rank counts alike"
                 )
-            check_shared_root(self.checkpointer, coord)
+            dist.check_shared_root(self.checkpointer.storage, coord)
         self.guard.start()
         self.emergency.start()
         self._entered = True
@@ -483,28 +483,22 @@ class Run:
             )
 
     def _plan(self, result: SaveResult) -> None:
-        """After the first save: will the emergency save fit this platform's window? One line; a warning with
-        the fix when it would not."""
+        """After the first save: will the emergency save fit this platform's window? (`budget.advise`)"""
         assert self.journal is not None
         self._planned = True
         bandwidth = self.checkpointer.bandwidth
-        if not bandwidth:
-            return
-        from preemptible import budget
+        if bandwidth:
+            from preemptible import budget
 
-        platform = self.guard.platform
-        verdict = budget.evaluate(
-            state_bytes=result.bytes, bandwidth=bandwidth, window=platform.window_s, step_time=self.step_time or 0.0
-        )
-        self.journal.event(Event.PLAN, result.step, platform=platform.name, **verdict.to_json())
-        where = f"{platform.name} window {verdict.window_s:.0f} s"
-        if verdict.fits:
-            if self.rank == 0:
-                log.info("[rank=%d] plan: %s (%s)", self.rank, verdict.summary, where)
-            return
-        fixes = [r for r in verdict.recommendations if r.fits] or verdict.recommendations
-        fix = f"; to make it fit: {fixes[0].description} ({fixes[0].predicted_save_s:.1f} s)" if fixes else ""
-        log.warning("[rank=%d] plan: %s (%s)%s", self.rank, verdict.summary, where, fix)
+            budget.advise(
+                result.step,
+                state_bytes=result.bytes,
+                bandwidth=bandwidth,
+                platform=self.guard.platform,
+                step_time=self.step_time or 0.0,
+                journal=self.journal,
+                rank=self.rank,
+            )
 
     def _finish(self, total: int) -> None:
         assert self.journal is not None
@@ -631,37 +625,6 @@ class Run:
     def _requeue_wanted(self) -> bool:
         wanted = self.requeue if self.requeue is not None else slurm.requeue_wanted()
         return wanted and self.guard.platform.scheduler == "slurm"
-
-
-def check_shared_root(checkpointer: Checkpointer, coord: dist.Coordinator) -> None:
-    """Every rank must see the same root (striped saves): rank 0 writes a token the others must read back.
-
-    Raises:
-        PreemptibleError: some rank cannot see it (a node-local path in a multi-node job), naming them.
-    """
-    import secrets
-
-    storage = checkpointer.storage
-    store = coord.client()
-    storage.makedirs(storage.root)
-    name = storage.join(storage.root, ".preemptible-shared-check")
-    if coord.rank == 0:
-        token = secrets.token_hex(8)
-        storage.publish(name, token.encode())
-        store.set("shared/token", token)
-    token = coord.collect_one(store, "shared/token")
-    try:
-        seen = storage.read_bytes(name, 64).decode() == token
-    except OSError:
-        seen = False
-    answers = coord.gather(store, "shared/seen", "yes" if seen else "no")
-    blind = [r for r, a in enumerate(answers) if a != "yes"]
-    if blind:
-        raise PreemptibleError(
-            f"checkpoint root {storage.root} is not shared by all {coord.world} ranks: rank(s) {blind} cannot see "
-            "what rank 0 wrote there (a node-local path in a multi-node job?). Every rank writes part of each "
-            "checkpoint, so the root must be one shared file system or bucket that all nodes mount"
-        )
 
 
 def _ensure_log_handler() -> None:
