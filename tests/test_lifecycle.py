@@ -287,8 +287,10 @@ class Lifecycle(RuleBasedStateMachine):
             return
         path = files[which % len(files)]
         size = path.stat().st_size
-        if how == "flip":
-            flip_bit(path, at % size)
+        if how == "flip":  # +1 to a byte: never undone by a later flip of the same byte (unlike an XOR)
+            raw = bytearray(path.read_bytes())
+            raw[at % size] = (raw[at % size] + 1) % 256
+            path.write_bytes(bytes(raw))
         elif how == "truncate":
             os.truncate(path, at % size)
         else:
