@@ -363,3 +363,24 @@ Lifecycle.TestCase.settings = settings(
     derandomize=True,
 )
 test_lifecycle_properties = Lifecycle.TestCase
+
+
+def test_a_checkpoint_written_by_the_previous_release_restores(tmp_path: Path) -> None:
+    """tests/corpus/checkpoint-v1 was written by main before the lifecycle change (commit 725663c)."""
+    import shutil
+
+    root = tmp_path / "v1"
+    shutil.copytree(Path(__file__).parent / "corpus" / "checkpoint-v1", root)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    extra: dict[str, Any] = {}
+    assert Checkpointer(str(root)).restore({"model": model, "optimizer": opt, "extra": extra}) == 3
+    assert extra == {"epoch": 2, "name": "v1", "pair": (1, 2)}
+    assert opt.state_dict()["state"][0]["step"].item() == 3
+    want = torch.tensor([-0.495588, -0.394312, -0.214093])
+    assert torch.allclose(model[0].weight[0, :3].detach(), want, atol=1e-6)
+    assert [c.status for c in Checkpointer(str(root)).checkpoints()] == ["validated"]
+    torch.manual_seed(3)
+    fresh = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    assert not torch.equal(fresh[0].weight, model[0].weight)  # the restore changed the weights
