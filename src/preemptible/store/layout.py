@@ -11,7 +11,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, TypeGuard
 
 from preemptible.errors import CheckpointCorruptError
@@ -264,9 +264,7 @@ class CheckpointInfo:
 
 
 def now_iso(ts: float) -> str:
-    from preemptible.notice import utc_from_timestamp
-
-    return utc_from_timestamp(ts).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def parse_iso(text: str) -> datetime:
