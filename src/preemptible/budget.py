@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -324,17 +323,6 @@ def evaluate(
         lost_work_s=lost,
         size=size,
     )
-
-
-def clean_probe_leftovers(root: str) -> None:
-    """Remove probe directories a killed probe left behind."""
-    try:
-        names = os.listdir(root)
-    except OSError:
-        return
-    for name in names:
-        if name.startswith(".preemptible-probe-"):
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
 def plan(

@@ -147,10 +147,13 @@ def _clean_exit(code: int | None, child: _Child) -> tuple[bool, str]:
 class _Child:
     """One start of the command, followed through its report file."""
 
-    def __init__(self, command: Sequence[str], env: dict[str, str], report_path: str, log_path: str) -> None:
+    def __init__(
+        self, command: Sequence[str], env: dict[str, str], report_path: str, log_path: str, drill: Drill
+    ) -> None:
         self.report_path = report_path
+        self._clock, self._monotonic, self._sleep = drill.clock, drill.monotonic, drill.sleep
         self.log = open(log_path, "wb")  # noqa: SIM115 - closed in wait()
-        self.started = time.time()
+        self.started = self._clock()
         self.proc = subprocess.Popen(
             list(command), env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
         )
@@ -172,17 +175,17 @@ class _Child:
         if self.code is None:
             code = self.proc.poll()
             if code is not None:
-                self.code, self.exited_at = code, time.time()
+                self.code, self.exited_at = code, self._clock()
         return self.code
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
+        end = self._monotonic() + timeout
+        while self._monotonic() < end:
             if predicate():
                 return True
             if self.poll() is not None:
                 return predicate()
-            time.sleep(0.02)
+            self._sleep(0.02)
         return predicate()
 
     def wait(self, timeout: float) -> int | None:
@@ -221,6 +224,7 @@ class Drill:
         reference: also run the command uninterrupted and compare the final states (needs a command that ends).
         start_timeout: how long to wait for the command's `Run` to enter its loop.
         progress: called with a line of text as the drill goes.
+        clock, monotonic, sleep: epoch seconds, a monotonic clock and a sleep (injected by tests).
     """
 
     def __init__(
@@ -235,7 +239,11 @@ class Drill:
         start_timeout: float = 120.0,
         finish_timeout: float = 1800.0,
         progress: Callable[[str], None] = lambda _line: None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        self.clock, self.monotonic, self.sleep = clock, monotonic, sleep
         if not command:
             raise PreemptibleError("expected a command after '--' (e.g. preemptible drill -- python train.py)")
         if source not in SOURCES:
@@ -276,16 +284,16 @@ class Drill:
     def _start(self, label: str, **extra: str) -> _Child:
         env, report_path = self._env(label, **extra)
         self.progress(f"drill: starting the command ({label})")
-        return _Child(self.command, env, report_path, os.path.join(self._workdir, f"{label}.log"))
+        return _Child(self.command, env, report_path, os.path.join(self._workdir, f"{label}.log"), self)
 
     def _deliver(self, child: _Child) -> float:
         if self.source in SIGNALS:
             sig = SIGNALS[self.source]
-            t = time.time()
+            t = self.clock()
             os.kill(child.proc.pid, sig)
             self.progress(f"drill: sent {sig.name} to pid {child.proc.pid}")
             return t
-        t = time.time()
+        t = self.clock()
         self._emulator.notice()
         self.progress(f"drill: the {self.source} emulator now announces the notice")
         return t
@@ -341,7 +349,7 @@ class Drill:
                 "a --reference drill, or delete the old checkpoints",
             )
             return
-        time.sleep(self._delay())
+        self.sleep(self._delay())
         if first.poll() is not None:
             report.check(
                 "the run was still training when the notice came",
@@ -393,7 +401,7 @@ class Drill:
             return
         second = self._start("restart")
         children.append(second)
-        t0 = time.time()
+        t0 = self.clock()
         resumed = second.wait_for(lambda: bool(second.events("resume") or second.events("fresh")), self.start_timeout)
         resumes = second.events("resume")
         report.resumed_step = resumes[0]["step"] if resumes else (0 if second.events("fresh") else None)
@@ -410,7 +418,7 @@ class Drill:
             self._second_notice(report, second)
 
     def _second_notice(self, report: DrillReport, child: _Child) -> None:
-        time.sleep(min(self._delay(), 1.0))
+        self.sleep(min(self._delay(), 1.0))
         if child.poll() is not None:
             report.check(
                 "a second notice stops the resumed run", child.code == 0, f"it had already exited {child.code}"

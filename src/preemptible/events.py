@@ -62,6 +62,17 @@ class SaveReason(str, Enum):
         return self.value
 
 
+class Advisory(str, Enum):
+    """What an advisory notice (AWS rebalance recommendation) does (`Run(on_advisory=...)`)."""
+
+    SAVE = "save"  # an early checkpoint at the next boundary; training goes on
+    STOP = "stop"  # treated as a notice
+    IGNORE = "ignore"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class EventSink(Protocol):
     """Where events go: the journal (and through it the report file that ``drill`` follows)."""
 

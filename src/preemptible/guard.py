@@ -17,6 +17,7 @@ from preemptible import dist, relay
 from preemptible.errors import NoticeSourceError
 from preemptible.notice import Clock, Notice, NoticeBoard, NoticeKind, NoticeSource
 from preemptible.sources import detect
+from preemptible.sources.relayed import RelayedSource
 from preemptible.sources.signals import DEFAULT_GRACE_S
 
 log = logging.getLogger("preemptible")
@@ -56,8 +57,9 @@ class Guard:
         self.coordinator = dist.coordinator() if agreement is None else None
         """The job's store coordinator under torchrun (None in one process): notices travel through it."""
         self._started: list[NoticeSource] = []
-        self._relay_path = os.environ.get(relay.NOTICE_FILE_ENV, "").strip() or None
-        self._relayed: tuple[Notice, Notice] | None = None
+        relay_path = os.environ.get(relay.NOTICE_FILE_ENV, "").strip() or None
+        if relay_path is not None:  # under `preemptible run`: a signal stands for the notice it relays
+            self.sources = [RelayedSource(s, relay_path) if s.name == "signal" else s for s in self.sources]
 
     def __repr__(self) -> str:
         return f"Guard(sources={[s.name for s in self.sources]}, notice={self.notice})"
@@ -120,27 +122,13 @@ class Guard:
         notice: the notice it wrote to that file, with its source, kind and deadline, is the one returned.
         """
         first = self.board.first
-        if first is None or self._relay_path is None or first.source != "signal":
-            return first
-        if self._relayed is None or self._relayed[0] is not first:
-            self._relayed = (first, self._resolve_relayed(first, self._relay_path))
-        return self._relayed[1]
-
-    @staticmethod
-    def _resolve_relayed(signalled: Notice, path: str) -> Notice:
-        relayed = relay.read_notice_file(path)
-        if relayed is None:
-            return signalled
-        log.info(
-            "the %s is %s's %s notice relayed by preemptible run", signalled.detail, relayed.source, relayed.kind.value
-        )
-        return Notice(
-            source=relayed.source,
-            kind=relayed.kind,
-            received_at=relayed.received_at,
-            deadline=relayed.deadline or signalled.deadline,
-            detail=f"{relayed.detail}; relayed as {signalled.detail} by preemptible run".lstrip("; "),
-        )
+        if first is None:
+            return None
+        for source in self.sources:
+            resolve = getattr(source, "resolve", None)  # a source that knows more than its signal (RelayedSource)
+            if resolve is not None:
+                first = resolve(first)
+        return first
 
     @property
     def notices(self) -> list[Notice]:

@@ -8,6 +8,7 @@ policy's code. Everything it does is written to the journal.
 from __future__ import annotations
 
 import gc
+import inspect
 import logging
 import os
 import socket
@@ -30,10 +31,11 @@ from preemptible.errors import (
     StateDivergenceError,
     UnsupportedStateError,
 )
-from preemptible.events import Event, SaveReason, tag
+from preemptible.events import Advisory, Event, SaveReason, tag
 from preemptible.guard import Guard
 from preemptible.journal import Journal
 from preemptible.notice import Clock, Notice, NoticeKind, NoticeSource
+from preemptible.options import EXIT_SAVE_FAILED, RunOptions
 from preemptible.relay import ReportFile
 from preemptible.sources import slurm
 from preemptible.state import RNGState, capture, check_state, flatten
@@ -43,44 +45,11 @@ from preemptible.validate import DEFAULT_RTOL, Probe
 
 log = logging.getLogger("preemptible")
 
-EXIT_PREEMPTED = 0
-"""Default exit code after a successful emergency save: a clean, intentional stop."""
-EXIT_SAVE_FAILED = 75
-"""Exit code when the emergency save failed (EX_TEMPFAIL): nothing new committed, the previous checkpoint is
-intact, restart the job."""
 ROOT_ENV = "PREEMPTIBLE_ROOT"
 """Overrides the root given in code (``preemptible drill --reference`` gives its reference run a root of its own)."""
-EXIT_CODE_ENV = "PREEMPTIBLE_EXIT_CODE"
 
 _RNG = "_rng"
 _RUN = "_run"
-RESERVED = frozenset(
-    {
-        "root",
-        "save_every",
-        "save_interval_s",
-        "keep",
-        "sources",
-        "grace",
-        "exit_code",
-        "exit_on_notice",
-        "on_advisory",
-        "requeue",
-        "async_save",
-        "prestage_every",
-        "bf16_moments",
-        "probe",
-        "probe_rtol",
-        "verify_after_save",
-        "allow_fresh_start",
-        "storage_options",
-        "guard",
-        "clock",
-        "monotonic",
-        "per_rank",
-    }
-)
-"""`Run`'s own keywords: none of them can name a state entry (Python passes them to `Run`, never to ``**state``)."""
 
 
 class Run:
@@ -173,25 +142,19 @@ class Run:
                     key=name,
                 )
         check_state(state)
-        per_rank = [per_rank] if isinstance(per_rank, str) else list(per_rank)
-        unknown = [n for n in per_rank if n not in state]
-        if unknown:
-            raise ValueError(
-                f"per_rank names {unknown}, which are not state entries of this Run (it has {sorted(state)}); "
-                "name the keyword arguments you pass as state"
-            )
-        _check_int("save_every", save_every, 1)
-        _check_int("prestage_every", prestage_every, 1)
-        _check_int("keep", keep, 2)
-        if save_interval_s is not None and not (
-            isinstance(save_interval_s, (int, float)) and 0 < save_interval_s < float("inf")
-        ):
-            raise ValueError(
-                f"expected save_interval_s to be a finite number of seconds > 0 or None, found {save_interval_s!r}"
-            )
-        if on_advisory not in ("save", "stop", "ignore"):
-            raise ValueError(f"expected on_advisory to be 'save', 'stop' or 'ignore', found {on_advisory!r}")
-        self.on_advisory = on_advisory
+        self.options = RunOptions.build(
+            state,
+            RESERVED,
+            per_rank=per_rank,
+            on_advisory=on_advisory,
+            save_every=save_every,
+            save_interval_s=save_interval_s,
+            keep=keep,
+            prestage_every=prestage_every,
+            exit_code=exit_code,
+            requeue=requeue,
+        )
+        self.on_advisory = self.options.on_advisory
         self.requeue = requeue
         override = os.environ.get(ROOT_ENV, "").strip()
         if override:
@@ -217,7 +180,7 @@ class Run:
             probe_rtol=probe_rtol,
             verify_after_save=verify_after_save,
             storage_options=storage_options,
-            per_rank=(_RNG, *per_rank),
+            per_rank=(_RNG, *self.options.per_rank),
         )
         self.allow_fresh_start = allow_fresh_start
         self.guard = guard if guard is not None else Guard(sources, grace=grace, clock=clock)
@@ -464,7 +427,7 @@ class Run:
                 "[rank=%d] background save of step %d failed, training continues: %s", self.rank, handle.step, e
             )
             return
-        self._report(result, "background")
+        self._report(result, SaveReason.BACKGROUND)
 
     def _report(self, result: SaveResult, reason: str) -> None:
         self.last_save = result
@@ -472,7 +435,7 @@ class Run:
             self._plan(result)
         if not result.skipped:
             log.log(
-                logging.INFO if self.rank == 0 or reason == "emergency" else logging.DEBUG,
+                logging.INFO if self.rank == 0 or reason == SaveReason.EMERGENCY else logging.DEBUG,
                 "[rank=%d] %s checkpoint of step %d committed: %.1f MB in %.2f s (%.0f MB/s)",
                 self.rank,
                 reason,
@@ -522,11 +485,13 @@ class Run:
             self.rank,
             notice.source,
             notice.detail,
-            {"save": "saving early, training continues", "stop": "stopping", "ignore": "ignored"}[self.on_advisory],
+            {Advisory.SAVE: "saving early, training continues", Advisory.STOP: "stopping", Advisory.IGNORE: "ignored"}[
+                self.on_advisory
+            ],
         )
-        if self.on_advisory == "save":
+        if self.on_advisory is Advisory.SAVE:
             self._save(completed, SaveReason.ADVISORY)
-        elif self.on_advisory == "stop":
+        elif self.on_advisory is Advisory.STOP:
             self.guard.trigger(
                 Notice(
                     source=notice.source,
@@ -546,17 +511,6 @@ class Run:
             return self.last_save.bytes
         return flatten(capture(self.state)).tensor_bytes
 
-    def _exit_code(self) -> int:
-        if self.exit_code is not None:
-            return self.exit_code
-        env = os.environ.get(EXIT_CODE_ENV, "").strip()
-        if env:
-            try:
-                return int(env)
-            except ValueError:
-                log.warning("ignoring %s=%r: expected an integer exit code", EXIT_CODE_ENV, env)
-        return self.guard.platform.exit_code
-
     def _stop(self, completed: int) -> None:
         """The emergency path: journal the notice, save (unless nothing new), exit."""
         assert self.journal is not None
@@ -573,7 +527,7 @@ class Run:
             completed,
             f"{remaining:.1f} s" if remaining is not None else "unknown time",
         )
-        code = self._exit_code()
+        code = self.options.exit_code_after_notice(self.guard.platform.exit_code)
         saved = True
         self.emergency.at_boundary()
         handle = self.emergency.settle(completed, self._pending)
@@ -582,7 +536,7 @@ class Run:
             self._reap(block=True)
         landed, stop_with_it = self.emergency.flush_prestaged(completed)
         if landed is not None:
-            self._report(landed, "pre-staged")
+            self._report(landed, SaveReason.PRESTAGED)
         if stop_with_it:
             pass  # the journal says which step landed and why
         elif completed in (0, self.resumed_from):
@@ -600,7 +554,7 @@ class Run:
                 log.error("[rank=%d] emergency save of step %d failed: %s", self.rank, completed, e)
                 if not isinstance(e, Exception):
                     raise
-        if saved and self._requeue_wanted():
+        if saved and self.options.requeue_wanted(self.guard.platform.scheduler):
             self.journal.event(Event.REQUEUE, completed, ok=slurm.requeue())
         self.preempted = True
         repeats = len(self.guard.notices) - 1
@@ -622,10 +576,6 @@ class Run:
             gc.freeze()
             raise SystemExit(code)
 
-    def _requeue_wanted(self) -> bool:
-        wanted = self.requeue if self.requeue is not None else slurm.requeue_wanted()
-        return wanted and self.guard.platform.scheduler == "slurm"
-
 
 def _ensure_log_handler() -> None:
     """Show preemptible's INFO lines on stderr unless the application configured logging itself."""
@@ -638,9 +588,5 @@ def _ensure_log_handler() -> None:
     log.propagate = False
 
 
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if value is None and name != "keep":
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        none = " or None" if name != "keep" else ""
-        raise ValueError(f"expected {name} to be a whole number >= {minimum}{none}, found {value!r}")
+RESERVED = frozenset(p for p in inspect.signature(Run.__init__).parameters if p not in ("self", "state"))
+"""`Run`'s own keywords: none of them can name a state entry (Python hands them to `Run`, never to ``**state``)."""

@@ -51,6 +51,8 @@ class Progress:
     started: float = field(default_factory=time.monotonic)
     cancelled: threading.Event = field(default_factory=threading.Event)
     deadline: float | None = None  # epoch seconds by which the save must be durable, if any
+    clock: Callable[[], float] = time.time  # epoch seconds, for the deadline
+    monotonic: Callable[[], float] = time.monotonic
 
     def add(self, n: int) -> None:
         self.done += n  # one writer per file; the GIL keeps the int update whole
@@ -59,7 +61,7 @@ class Progress:
 
     def rate(self, now: float | None = None) -> float | None:
         """Bytes per second so far, or None before any byte."""
-        elapsed = (time.monotonic() if now is None else now) - self.started
+        elapsed = (self.monotonic() if now is None else now) - self.started
         return self.done / elapsed if self.done and elapsed > 0 else None
 
 
@@ -222,7 +224,7 @@ def write_files(
 
         budget = 30.0  # a background save may keep trying a while; an emergency one only within its deadline
         if progress is not None and progress.deadline is not None:
-            budget = max(0.0, min(budget, progress.deadline - time.time() - 2.0))
+            budget = max(0.0, min(budget, progress.deadline - progress.clock() - 2.0))
         record = retrying(upload, what=f"upload of {spec.name}", budget_s=budget)
         if progress is not None:
             progress.add(record.bytes)
@@ -312,10 +314,19 @@ class Staging:
     Args:
         pin: pin the arena (page-locked) so device-to-host copies run asynchronously; default: when CUDA is
             available.
+        clock, monotonic: epoch seconds and a monotonic clock (when a snapshot was taken, how long it took).
     """
 
-    def __init__(self, *, pin: bool | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        pin: bool | None = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.pin = torch.cuda.is_available() if pin is None else pin
+        self._clock = clock
+        self._monotonic = monotonic
         self.busy = threading.Lock()
         self._arena: torch.Tensor | None = None
         self._key: tuple[object, ...] | None = None
@@ -364,7 +375,7 @@ class Staging:
 
     def stage(self, plan: SavePlan, *, step: int | None = None) -> Staged:
         """Copy every tensor of the plan into the arena (the caller holds ``busy``). Returns what to write."""
-        t0 = time.monotonic()
+        t0 = self._monotonic()
         specs = plan.specs
         self._prepare(specs)
         assert self._arena is not None
@@ -397,8 +408,8 @@ class Staging:
             dict(plan.docs),
             plan.nbytes,
             step=step,
-            staged_at=time.time(),
-            seconds=time.monotonic() - t0,
+            staged_at=self._clock(),
+            seconds=self._monotonic() - t0,
         )
         self.current = staged
         return staged

@@ -9,7 +9,6 @@ lifecycle's marker files in `preemptible.store.markers`, retention in `preemptib
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
@@ -33,7 +32,6 @@ from preemptible.errors import (
     CheckpointNotFoundError,
     SaveCancelled,
     SaveError,
-    StateDivergenceError,
 )
 from preemptible.events import Event, EventSink, NullSink, SaveReason
 from preemptible.journal import Journal
@@ -187,6 +185,11 @@ class Checkpointer(Lifecycle, Prestaging):
     def _now(self) -> str:
         return layout.now_iso(self._clock())
 
+    def _progress(self, total: int, deadline: float | None = None) -> Progress:
+        return Progress(
+            total=total, deadline=deadline, started=self._monotonic(), clock=self._clock, monotonic=self._monotonic
+        )
+
     # paths and listing ---------------------------------------------------------------------------------------
     def path_of(self, step: int) -> str:
         return self.storage.join(self.root, layout.step_dir(step))
@@ -322,7 +325,7 @@ class Checkpointer(Lifecycle, Prestaging):
             extra={**(extra or {}), "predicted_save_s": predicted},
             budget=budget,
             deadline=deadline,
-            progress=Progress(total=plan.nbytes, deadline=deadline),
+            progress=self._progress(plan.nbytes, deadline),
             probe=probe_value,
             key=key,
         )
@@ -369,24 +372,9 @@ class Checkpointer(Lifecycle, Prestaging):
         flat = flatten(capture(state))
         split = partition.split(flat, state, self.per_rank, world=world, rank=me)
         if coord is not None:
-            t0 = self._monotonic()
-            mine = partition.entry_digests(flat, set(state) - split.own)
-            digests = [json.loads(x) for x in coord.exchange(coord.client(), f"{key}/digest", json.dumps(mine))]
-            keys, ranks = partition.divergent_entries(digests)
-            self.divergence_check_s = self._monotonic() - t0
-            if keys:
-                why = (
-                    f"state entries {keys} differ between ranks (rank(s) {ranks} hold other values than rank 0) but "
-                    "are saved as replicated, from rank 0 alone: on resume every rank would get rank 0's values. "
-                    f"Name them in per_rank= (Run(..., per_rank={keys}) or Checkpointer(per_rank=...)) so that each "
-                    "rank saves its own"
-                )
-                if reason not in (SaveReason.EMERGENCY, SaveReason.FINAL):
-                    raise StateDivergenceError(why, keys=keys, ranks=ranks)
-                # The last save of a process must not cost the checkpoint: each rank writes its own copy.
-                log.error("[rank=%d] %s; this %s save writes them per rank", me, why, reason)
-                self.events.event(Event.STATE_DIVERGED, None, keys=keys, ranks=ranks, error=why)
-                split = partition.Layout(world=world, rank=me, own=split.own | set(keys))
+            split = partition.check_replicated(
+                coord, flat, set(state), split, key=key, reason=reason, events=self.events
+            )
         return partition.plan_share(
             state,
             flat,
@@ -448,7 +436,7 @@ class Checkpointer(Lifecycle, Prestaging):
             staging.busy.release()
             raise
         job.deadline = None
-        job.progress = Progress(total=staged.nbytes)
+        job.progress = self._progress(staged.nbytes)
         job.timings["capture"] = self._monotonic() - job.start
         job.timings["stall"] = job.timings["capture"]
         self.events.event(

@@ -68,7 +68,11 @@ class Lifecycle:
         except OSError as e:
             self.events.event(Event.CHECKPOINT_UNVERIFIED, job.step, error=f"{type(e).__name__}: {e}")
             return
-        probe = {"stored": manifest.probe, "computed": "at save, on the weights saved"} if manifest.probe else None
+        probe = (
+            {"stored": manifest.probe, "computed": "at save, on the weights saved"}
+            if manifest.probe is not None
+            else None
+        )
         self.markers.record(directory, Transition.VERIFY_PASS, now=self._now(), by="save", probe=probe)
         self.events.event(Event.VALIDATED, job.step, by="save")
 

@@ -11,15 +11,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from preemptible import dist
+from preemptible.errors import StateDivergenceError
+from preemptible.events import Event, EventSink, SaveReason
 from preemptible.state import FlatState, cast_moments, group_of, select
 from preemptible.store import layout
 from preemptible.writer import FileSpec, SavePlan, plan_files, state_json
+
+log = logging.getLogger("preemptible")
 
 
 def assign(specs: Sequence[FileSpec], world: int) -> list[int]:
@@ -74,6 +80,39 @@ def divergent_entries(digests: Sequence[Mapping[str, str]]) -> tuple[list[str], 
             keys |= differ
             ranks.append(r)
     return sorted(keys), ranks
+
+
+def check_replicated(
+    coord: dist.Coordinator,
+    flat: FlatState,
+    state: Collection[str],
+    split_: Layout,
+    *,
+    key: str,
+    reason: str,
+    events: EventSink,
+) -> Layout:
+    """Compare every rank's digest of the replicated entries through the store (one round, ``<key>/digest``).
+
+    Returns the layout to save with: unchanged when they agree. When they differ: a `StateDivergenceError` at a
+    periodic (or manual) save; at an emergency or final save (the last of a process, which must not cost the
+    checkpoint) the differing entries become per-rank for this save, and the journal says so.
+    """
+    mine = entry_digests(flat, set(state) - split_.own)
+    digests = [json.loads(x) for x in coord.exchange(coord.client(), f"{key}/digest", json.dumps(mine))]
+    keys, ranks = divergent_entries(digests)
+    if not keys:
+        return split_
+    why = (
+        f"state entries {keys} differ between ranks (rank(s) {ranks} hold other values than rank 0) but are saved "
+        "as replicated, from rank 0 alone: on resume every rank would get rank 0's values. Name them in per_rank= "
+        f"(Run(..., per_rank={keys}) or Checkpointer(per_rank=...)) so that each rank saves its own"
+    )
+    if reason not in (SaveReason.EMERGENCY, SaveReason.FINAL):
+        raise StateDivergenceError(why, keys=keys, ranks=ranks)
+    log.error("[rank=%d] %s; this %s save writes them per rank", split_.rank, why, reason)
+    events.event(Event.STATE_DIVERGED, None, keys=keys, ranks=ranks, error=why)
+    return Layout(world=split_.world, rank=split_.rank, own=split_.own | set(keys))
 
 
 def plan_share(

@@ -47,11 +47,14 @@ class Prestaging:
     def _spawn(self, job: Job, staged: Staged) -> SaveHandle:
         raise NotImplementedError
 
+    def _progress(self, total: int, deadline: float | None = None) -> Progress:
+        raise NotImplementedError
+
     # staging and pre-staging ----------------------------------------------------------------------------------
     @property
     def staging(self) -> Staging:
         if self._staging is None:
-            self._staging = Staging()
+            self._staging = Staging(clock=self._clock, monotonic=self._monotonic)
         return self._staging
 
     def prestage(self, state: Mapping[str, Any], step: int) -> bool:
@@ -95,7 +98,7 @@ class Prestaging:
             extra={},
             budget=budget,
             deadline=deadline,
-            progress=Progress(total=staged.nbytes),
+            progress=self._progress(staged.nbytes),
             key=self.coordinator.round("save") if self.coordinator is not None else "save/0",
         )
         self.events.event(

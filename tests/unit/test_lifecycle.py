@@ -5,7 +5,7 @@ The property test's oracle is the lifecycle's rules (preemptible/store/markers.p
 - a checkpoint is deleted only when a newer one has passed verification since it was committed;
 - a checkpoint that failed a content check is never reported (or kept) as validated;
 - restore returns the newest committed checkpoint whose files are intact, else raises; never a silent fresh start.
-Examples: ``PREEMPTIBLE_PROPERTY_EXAMPLES`` (default 8 in CI; the documented long run uses 300).
+Examples: ``PREEMPTIBLE_PROPERTY_EXAMPLES`` (default 100 in CI; the documented long run uses 1000).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from preemptible.store.io import LocalStorage, WriteStream
 from preemptible.store.layout import CheckpointInfo
 from preemptible.store.markers import TRANSITIONS, State, Transition, advance
 
-EXAMPLES = int(os.environ.get("PREEMPTIBLE_PROPERTY_EXAMPLES", "8"))
+EXAMPLES = int(os.environ.get("PREEMPTIBLE_PROPERTY_EXAMPLES", "100"))
 
 
 # transitions --------------------------------------------------------------------------------------------------
@@ -370,7 +370,7 @@ def test_a_checkpoint_written_by_the_previous_release_restores(tmp_path: Path) -
     import shutil
 
     root = tmp_path / "v1"
-    shutil.copytree(Path(__file__).parent / "corpus" / "checkpoint-v1", root)
+    shutil.copytree(Path(__file__).parent.parent / "corpus" / "checkpoint-v1", root)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)

@@ -16,7 +16,7 @@ from conftest import Trainer, clean_env
 from preemptible.cli import main
 from preemptible.diagnose import diagnose, read_log, scan_lines
 
-CORPUS = Path(__file__).parent / "corpus" / "diagnose"
+CORPUS = Path(__file__).parent.parent / "corpus" / "diagnose"
 CASES: dict[str, dict[str, Any]] = {
     k: v for k, v in json.loads((CORPUS / "cases.json").read_text()).items() if not k.startswith("_")
 }

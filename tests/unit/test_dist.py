@@ -1,0 +1,97 @@
+"""dist: rank helpers without a launcher, one coordinator per process, rounds in lockstep, the barrier, the
+shared-root check: against a real TCPStore on loopback (ranks as threads)."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.distributed as c10d
+
+from preemptible import dist
+from preemptible.errors import CoordinationError
+from preemptible.store.io import LocalStorage
+
+
+def test_one_process_is_rank_0_of_1_and_has_no_coordinator() -> None:
+    assert (dist.rank(), dist.world_size()) == (0, 1)
+    assert dist.coordinator() is None
+
+
+@pytest.fixture
+def server() -> Any:
+    return c10d.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+
+
+def coordinators(server: Any, world: int, timeout_s: float = 5.0) -> list[dist.Coordinator]:
+    return [
+        dist.Coordinator(rank_=r, world=world, address=("127.0.0.1", server.port), timeout_s=timeout_s)
+        for r in range(world)
+    ]
+
+
+def on_every_rank(coords: list[dist.Coordinator], fn: Any) -> list[Any]:
+    out: list[Any] = [None] * len(coords)
+    errors: list[BaseException] = []
+
+    def body(r: int) -> None:
+        try:
+            out[r] = fn(coords[r])
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(len(coords))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    if errors:
+        raise errors[0]
+    return out
+
+
+def test_the_coordinator_is_one_per_process_and_per_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29999")
+    first = dist.coordinator()
+    assert first is not None and first is dist.coordinator()
+    assert (first.rank, first.world) == (1, 2)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # a torchrun restart is another launch
+    assert dist.coordinator() is not first
+
+
+def test_rounds_count_per_kind_in_lockstep(server: Any) -> None:
+    (c,) = coordinators(server, 1)
+    assert [c.round("save"), c.round("save"), c.round("restore"), c.round("save")] == [
+        "save/1",
+        "save/2",
+        "restore/1",
+        "save/3",
+    ]
+
+
+def test_exchange_returns_every_rank_s_value_in_rank_order(server: Any) -> None:
+    coords = coordinators(server, 3)
+    got = on_every_rank(coords, lambda c: c.exchange(c.client(), c.round("x"), f"v{c.rank}"))
+    assert got == [["v0", "v1", "v2"]] * 3
+
+
+def test_a_missing_rank_is_a_coordination_error_naming_it(server: Any) -> None:
+    coords = coordinators(server, 3, timeout_s=0.5)
+    with pytest.raises(CoordinationError, match=r"ranks \['2'\]"):
+        on_every_rank(coords[:2], lambda c: c.exchange(c.client(), "lonely", "x"))
+
+
+def test_shared_root_check_passes_on_one_root_and_names_blind_ranks(server: Any, tmp_path: Path) -> None:
+    coords = coordinators(server, 2)
+    on_every_rank(coords, lambda c: dist.check_shared_root(LocalStorage(str(tmp_path / "shared")), c))
+    server2 = c10d.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+    coords = coordinators(server2, 2)
+    roots = {0: tmp_path / "node0", 1: tmp_path / "node1"}  # a node-local path: each rank sees its own
+    with pytest.raises(CoordinationError, match=r"rank\(s\) \[1\] cannot see"):
+        on_every_rank(coords, lambda c: dist.check_shared_root(LocalStorage(str(roots[c.rank])), c))

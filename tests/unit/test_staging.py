@@ -1,0 +1,42 @@
+"""Staging buffers: one reused arena per layout, laid out as the files, a snapshot of the moment it was taken."""
+
+from __future__ import annotations
+
+import torch
+
+from preemptible.state import capture, flatten
+from preemptible.writer import SavePlan, Staging, plan_files, state_json
+
+
+def plan_of(state: dict[str, object]) -> SavePlan:
+    flat = flatten(capture(state))
+    specs = plan_files(flat, threads=2, max_file_bytes=1 << 20)
+    return SavePlan(specs, {"state.json": state_json(flat)}, flat.tensor_bytes, flat.tensor_bytes)
+
+
+def staged_tensors(staged: object) -> dict[str, torch.Tensor]:
+    return {n: t for spec in staged.specs for n, t in spec.items}  # type: ignore[attr-defined]
+
+
+def test_the_arena_is_reused_for_the_same_layout_and_is_a_snapshot() -> None:
+    t = {"w": {"a": torch.arange(1000, dtype=torch.float32), "b": torch.ones(10)}}
+    ticks = iter([10.0, 10.5, 20.0, 20.25])
+    staging = Staging(pin=False, clock=lambda: 1e9, monotonic=lambda: next(ticks))
+    first = staging.stage(plan_of(t), step=1)
+    assert (first.staged_at, first.seconds) == (1e9, 0.5)  # injected clocks
+    t["w"]["a"].add_(1)  # training goes on: the staged copy must not move
+    assert torch.equal(staged_tensors(first)["w/a"], torch.arange(1000, dtype=torch.float32))
+    second = staging.stage(plan_of(t), step=2)
+    assert staging.allocations == 1  # the same layout: no new allocation
+    assert staging.current is second and second.step == 2
+    assert torch.equal(staged_tensors(second)["w/a"], t["w"]["a"])
+    assert staging.fits(second.specs)
+    assert sum(len(b) for b in second.blobs.values()) >= second.nbytes
+
+
+def test_a_new_layout_gets_a_new_arena() -> None:
+    staging = Staging(pin=False)
+    staging.stage(plan_of({"w": {"a": torch.zeros(10)}}), step=1)
+    staging.stage(plan_of({"w": {"a": torch.zeros(100_000)}}), step=2)
+    assert staging.allocations == 2
+    assert staging.nbytes >= 400_000
