@@ -66,3 +66,28 @@ def test_emulate_serves_until_stopped_and_takes_control_requests() -> None:
         assert proc.wait(10) == 0
     finally:
         proc.kill()
+
+
+def test_the_package_loads_lazily_and_run_help_does_not_import_torch() -> None:
+    """`import preemptible` and `preemptible run --help` must start fast: no torch until a name needs it."""
+    code = (
+        "import sys, contextlib, io\n"
+        "import preemptible\n"
+        "assert 'torch' not in sys.modules, 'import preemptible pulled torch in'\n"
+        "from preemptible.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "    main(['run', '--help'])\n"
+        "assert 'torch' not in sys.modules, 'preemptible run --help pulled torch in'\n"
+        "assert not hasattr(preemptible, 'state'), 'a submodule is an attribute before it is imported'\n"
+        "try:\n"
+        "    preemptible.journal\n"
+        "except AttributeError:\n"
+        "    pass\n"
+        "else:\n"
+        "    raise AssertionError('__getattr__ made a submodule an attribute')\n"
+        "assert preemptible.Run.__name__ == 'Run' and 'torch' in sys.modules\n"
+        "import preemptible.state\n"
+        "assert preemptible.state.flatten\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr

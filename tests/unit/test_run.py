@@ -201,6 +201,57 @@ def test_bad_arguments_are_clear(tmp_path: Path) -> None:
         Run(tmp_path).log(loss=1.0)
 
 
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"keep": 2.5}, "expected keep to be a whole number >= 2, found 2.5"),
+        ({"keep": 1}, "keep"),
+        ({"save_every": True}, "save_every"),
+        ({"save_interval_s": float("nan")}, "finite number of seconds"),
+        ({"save_interval_s": float("inf")}, "finite number of seconds"),
+        ({"prestage_every": 0}, "prestage_every"),
+        ({"on_advisory": "maybe"}, "on_advisory"),
+        ({"exit_code": "0"}, "exit_code"),
+        ({"per_rank": ["nope"]}, r"per_rank names \['nope'\], which are not state entries"),
+        ({"per_rank": [torch.nn.Linear(1, 1)]}, "one of Run's own keywords"),
+    ],
+)
+def test_options_out_of_range_are_refused_when_run_is_built(
+    tmp_path: Path, options: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        Run(tmp_path, model=torch.nn.Linear(2, 1), **options)
+
+
+def test_reserved_names_are_run_s_own_keywords() -> None:
+    from preemptible.run import RESERVED
+
+    assert {"keep", "probe", "per_rank", "guard", "root"} <= RESERVED and "state" not in RESERVED
+
+
+class Opaque:
+    pass
+
+
+def test_a_leaf_that_cannot_be_stored_is_an_error_when_run_is_built(tmp_path: Path) -> None:
+    with pytest.raises(UnsupportedStateError, match=r"extra/callback"):
+        Run(tmp_path, extra={"callback": Opaque()})
+    assert not list(tmp_path.glob("step-*"))
+
+
+def test_state_that_appears_later_is_checked_at_every_save_and_the_error_reaches_the_caller(tmp_path: Path) -> None:
+    extra: dict[str, Any] = {"epoch": 0}
+    run = Run(tmp_path, save_every=2, extra=extra)
+    seen = []
+    with pytest.raises(UnsupportedStateError, match=r"extra/hook"):
+        for step in run.steps(10):
+            seen.append(step)
+            if step == 0:
+                extra["hook"] = Opaque()  # created lazily, like optimizer state: not storable
+    assert seen == [0, 1]  # the periodic save at step 2 raised instead of "training continues"
+    assert not list(tmp_path.glob("step-*/COMMIT.json"))
+
+
 def test_advisory_notice_saves_early_and_training_continues(tmp_path: Path) -> None:
     from preemptible import NoticeKind
 

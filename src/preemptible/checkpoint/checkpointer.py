@@ -20,10 +20,11 @@ from typing import Any
 import torch
 
 from preemptible import dist
-from preemptible.checkpoint import partition
 from preemptible.checkpoint.commit import Committer, Job, save_error
 from preemptible.checkpoint.handle import SaveHandle, SaveResult
 from preemptible.checkpoint.lifecycle import Lifecycle
+from preemptible.checkpoint.partition import check_replicated, plan_share
+from preemptible.checkpoint.partition import split as split_state
 from preemptible.checkpoint.prestage import Prestaging
 from preemptible.checkpoint.reader import Reader
 from preemptible.checkpoint.restore import Candidate, Restorer
@@ -370,12 +371,10 @@ class Checkpointer(Lifecycle, Prestaging):
         coord = self.coordinator
         world, me = (coord.world, coord.rank) if coord is not None else (1, 0)
         flat = flatten(capture(state))
-        split = partition.split(flat, state, self.per_rank, world=world, rank=me)
+        split = split_state(flat, state, self.per_rank, world=world, rank=me)
         if coord is not None:
-            split = partition.check_replicated(
-                coord, flat, set(state), split, key=key, reason=reason, events=self.events
-            )
-        return partition.plan_share(
+            split = check_replicated(coord, flat, set(state), split, key=key, reason=reason, events=self.events)
+        return plan_share(
             state,
             flat,
             split,
