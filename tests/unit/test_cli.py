@@ -89,5 +89,5 @@ def test_the_package_loads_lazily_and_run_help_does_not_import_torch() -> None:
         "import preemptible.state\n"
         "assert preemptible.state.flatten\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
