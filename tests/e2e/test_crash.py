@@ -6,9 +6,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from preemptible._crashkit import sweep
 
 
+@pytest.mark.slow
 def test_kill_9_during_saves_never_yields_a_bad_restore(tmp_path: Path) -> None:
     kills = int(os.environ.get("PREEMPTIBLE_CRASH_KILLS", "12"))
     result = sweep(tmp_path / "ckpt", kills, seed=7)

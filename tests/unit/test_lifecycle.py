@@ -362,7 +362,7 @@ Lifecycle.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
     derandomize=True,
 )
-test_lifecycle_properties = Lifecycle.TestCase
+test_lifecycle_properties = pytest.mark.slow(Lifecycle.TestCase)
 
 
 def test_a_checkpoint_written_by_the_previous_release_restores(tmp_path: Path) -> None:
