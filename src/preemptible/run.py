@@ -39,7 +39,6 @@ from preemptible.options import EXIT_SAVE_FAILED, RunOptions
 from preemptible.relay import ReportFile
 from preemptible.sources import slurm
 from preemptible.state import RNGState, capture, check_state, flatten
-from preemptible.store import layout
 from preemptible.store.io import ephemeral_reason
 from preemptible.validate import DEFAULT_RTOL, Probe
 
@@ -303,7 +302,7 @@ class Run:
             if start >= total:
                 self.journal.event(Event.DONE, start, total=total, already=True)
                 return
-            self.checkpointer.storage.remove(self.checkpointer.storage.join(self.checkpointer.root, layout.DONE))
+            self.checkpointer.clear_finished()
             self._last_save_time = self._monotonic()
             self._boundary_at = self._monotonic()
             for step in range(start, total):
@@ -467,10 +466,8 @@ class Run:
         assert self.journal is not None
         self._reap(block=True)
         self._save(total, SaveReason.FINAL, raise_errors=True)
-        storage = self.checkpointer.storage
         if self.rank == 0:
-            doc = f'{{"step": {total}, "finished": "{layout.now_iso(self._clock())}"}}\n'.encode()
-            storage.publish(storage.join(self.checkpointer.root, layout.DONE), doc)
+            self.checkpointer.mark_finished(total)
         self.journal.event(Event.DONE, total, total=total)
 
     def _advisory(self, completed: int) -> bool:

@@ -41,7 +41,7 @@ from preemptible.state import capture, check_state, flatten, gc_paused
 from preemptible.store import deletion, layout
 from preemptible.store.io import Storage, storage_for
 from preemptible.store.layout import CheckpointInfo
-from preemptible.store.markers import Markers, State
+from preemptible.store.markers import Markers, State, Transition
 from preemptible.validate import DEFAULT_RTOL, Probe, run_probe
 from preemptible.writer import (
     DEFAULT_MAX_FILE_BYTES,
@@ -313,7 +313,7 @@ class Checkpointer(Lifecycle, Prestaging):
         plan = self._plan(state, key=key, reason=reason)  # checks the whole state before anything is written
         if verdict.state is State.INVALID and self._leader:
             log.info("replacing the checkpoint of step %d, marked invalid (%s)", step, verdict.invalid_reason)
-            deletion.delete_checkpoint(self.storage, self.root, step, verdict.state)
+            deletion.delete_checkpoint(self.storage, self.root, step, verdict.state, transition=Transition.REPLACE)
         probe_value = self._probe_at_save(state, step)
         t_probe = self._monotonic() - start
         budget = deadline - self._clock() if deadline is not None else None

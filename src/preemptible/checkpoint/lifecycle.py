@@ -7,6 +7,7 @@ to one root.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -95,6 +96,15 @@ class Lifecycle:
             kept = sorted(c.step for c in infos if c.committed and c.step not in decision.delete)
             self.events.event(Event.ROTATED, None, deleted=deleted, kept=kept)
         return deleted
+
+    def mark_finished(self, step: int) -> None:
+        """Leave ``DONE.json`` in the root: the run finished all its steps (a wrapper tells "done" from "preempted")."""
+        doc = json.dumps({"step": step, "finished": self._now()}).encode() + b"\n"
+        self.storage.publish(self.storage.join(self.root, layout.DONE), doc)
+
+    def clear_finished(self) -> None:
+        """Remove ``DONE.json``: the run is training again."""
+        self.storage.remove(self.storage.join(self.root, layout.DONE))
 
     def quarantine(self) -> str | None:
         """Move every checkpoint directory aside to ``<root>/quarantine/<utc>/`` (for a deliberate fresh start

@@ -11,13 +11,16 @@ from preemptible.store.markers import Markers, State, Transition, advance
 log = logging.getLogger("preemptible")
 
 
-def delete_checkpoint(storage: Storage, root: str, step: int, state: State) -> None:
-    """Delete the checkpoint of ``step`` (in ``state``): its commit first, then the directory.
+def delete_checkpoint(
+    storage: Storage, root: str, step: int, state: State, *, transition: Transition = Transition.ROTATE
+) -> None:
+    """Delete the checkpoint of ``step`` (in ``state``): its commit first, then the directory. ``transition``:
+    rotation (retention let it go) or replacement (a new save of a step marked invalid).
 
     Raises:
-        LifecycleError: ``state`` cannot be rotated out (quarantined or already deleted).
+        LifecycleError: the transition is not legal from ``state`` (e.g. replacing a checkpoint that is not invalid).
     """
-    advance(state, Transition.ROTATE)
+    advance(state, transition)
     directory = storage.join(root, layout.step_dir(step))
     Markers(storage).retract(directory)
     storage.remove_tree(directory)
