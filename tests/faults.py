@@ -25,7 +25,7 @@ class _Writer:
             s.written += len(data)
             fail = s.fail_after is not None and s.written > s.fail_after
         if fail:
-            raise Boom(5, "injected I/O error")
+            s.fault()
         if s.seconds_per_mb:
             time.sleep(len(data) / 1e6 * s.seconds_per_mb)
         self._inner.write(data)
@@ -50,3 +50,7 @@ class FaultyStorage(LocalStorage):
 
     def open_write(self, path: str) -> WriteStream:
         return _Writer(super().open_write(path), self)
+
+    def fault(self) -> None:
+        """What happens once ``fail_after`` bytes are written: an I/O error (a subclass may do worse)."""
+        raise Boom(5, "injected I/O error")

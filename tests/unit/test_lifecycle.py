@@ -21,11 +21,12 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from faults import FaultyStorage
 from preemptible import CheckpointCorruptError, Checkpointer
 from preemptible.cli import main
 from preemptible.errors import LifecycleError
 from preemptible.store import retention
-from preemptible.store.io import LocalStorage, WriteStream
+from preemptible.store.io import LocalStorage
 from preemptible.store.layout import CheckpointInfo
 from preemptible.store.markers import TRANSITIONS, State, Transition, advance
 
@@ -156,32 +157,15 @@ def test_io_error_while_verifying_or_restoring_leaves_the_state_as_it_was(tmp_pa
 
 
 # property-based sequences -----------------------------------------------------------------------------------------
-class _KillingWriter:
-    def __init__(self, inner: WriteStream, storage: KillingStorage) -> None:
-        self._inner, self._s = inner, storage
-
-    def write(self, data: memoryview) -> None:
-        self._s.written += len(data)
-        if self._s.kill_after is not None and self._s.written > self._s.kill_after:
-            os.kill(os.getpid(), signal.SIGKILL)
-        self._inner.write(data)
-
-    def close(self) -> None:
-        self._inner.close()
-
-    def abort(self) -> None:
-        self._inner.abort()
-
-
-class KillingStorage(LocalStorage):
+class KillingStorage(FaultyStorage):
     """Local storage whose process is SIGKILLed after ``kill_after`` bytes, or at the commit (``kill_at``)."""
 
     def __init__(self, root: str, *, kill_after: int | None, kill_at: str | None) -> None:
-        super().__init__(root)
-        self.kill_after, self.kill_at, self.written = kill_after, kill_at, 0
+        super().__init__(root, fail_after=kill_after)
+        self.kill_at = kill_at
 
-    def open_write(self, path: str) -> WriteStream:
-        return _KillingWriter(super().open_write(path), self)
+    def fault(self) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
 
     def publish(self, path: str, data: bytes) -> None:
         commit = path.endswith("COMMIT.json")
