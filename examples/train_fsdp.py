@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import sys
 import time
 
 import torch
@@ -66,3 +67,10 @@ def main() -> None:
 if __name__ == "__main__":
     os.environ.setdefault("PREEMPTIBLE_SOURCES", "signal")
     main()
+    # Skip interpreter shutdown: the process group outlives destroy_process_group() here (FSDP and the device mesh
+    # keep it), and a gloo worker thread that drops a finished collective's tensors while the interpreter shuts
+    # down aborts the process ("terminate called without an active exception", pytorch/pytorch#190489): a finished
+    # run would exit -6. Everything preemptible wrote is already durable (the run closed when its loop ended).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
