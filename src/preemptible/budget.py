@@ -385,12 +385,17 @@ def plan(
 
 def advise(
     step: int, *, state_bytes: int, bandwidth: float, platform: Any, step_time: float, journal: Any, rank: int = 0
-) -> Plan:
+) -> Plan | None:
     """After a run's first save: will its emergency save fit this platform's window? Journals the verdict and
     logs one line (a warning with the best fix when it would not fit)."""
     import logging
 
     log = logging.getLogger("preemptible")
+    if not 0 < platform.window_s < math.inf:  # grace 0: no time is promised, so there is nothing to fit into
+        log.info(
+            "[rank=%d] plan: no notice window is promised here (%s s); saves are best effort", rank, platform.window_s
+        )
+        return None
     verdict = evaluate(state_bytes=state_bytes, bandwidth=bandwidth, window=platform.window_s, step_time=step_time)
     journal.event("plan", step, platform=platform.name, **verdict.to_json())
     where = f"{platform.name} window {verdict.window_s:.0f} s"

@@ -430,7 +430,7 @@ class Run:
 
     def _report(self, result: SaveResult, reason: str) -> None:
         self.last_save = result
-        if not result.skipped and not self._planned:
+        if not result.skipped and not self._planned and reason != SaveReason.EMERGENCY:  # advice for what comes
             self._plan(result)
         if not result.skipped:
             log.log(

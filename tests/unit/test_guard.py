@@ -1,16 +1,19 @@
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from preemptible import Guard, Notice, NoticeKind
 from preemptible.errors import NoticeSourceError
-from preemptible.notice import Flag
+from preemptible.notice import Flag, NoticeBoard
 from preemptible.sources.signals import SignalSource, parse_signal
 
 
@@ -183,3 +186,42 @@ def test_notice_json() -> None:
     doc = n.to_json()
     assert doc["deadline"] == "1970-01-01T00:00:30+00:00"
     assert doc["kind"] == "terminate"
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e20", "-1", "86401", "thirty"])
+def test_grace_must_be_finite_seconds_from_0_to_a_day_named_in_the_error(
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (issue 14, item 8): nan/inf/1e20 made the signal handler itself raise, and no checkpoint."""
+    monkeypatch.setenv("PREEMPTIBLE_GRACE", value)
+    with pytest.raises(NoticeSourceError, match=r"\$PREEMPTIBLE_GRACE: expected"):
+        Guard("signal")
+    monkeypatch.delenv("PREEMPTIBLE_GRACE")
+    with pytest.raises(NoticeSourceError, match="grace: expected"):
+        Guard("signal", grace=float(value) if value != "thirty" else value)  # type: ignore[arg-type]
+
+
+def test_a_signal_handler_never_raises_even_when_the_deadline_cannot_be_computed() -> None:
+    src = SignalSource(grace=30, clock=lambda: 1e300)  # a clock no datetime can hold
+    board = NoticeBoard()
+    src.start(board.record)
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+    finally:
+        src.close()
+    (notice,) = board.notices
+    assert notice.detail == "SIGTERM" and notice.deadline is None
+
+
+def test_grace_zero_means_no_time_promised_and_a_committed_save_exits_with_the_policy_code(tmp_path: Path) -> None:
+    """Regression (issue 14, item 8): grace 0 committed the step, then logged a failed save and exited 75."""
+    from preemptible import Run
+
+    run = Run(tmp_path, grace=0, exit_on_notice=False, model=torch.nn.Linear(2, 1))
+    for step in run.steps(10):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+    events = [json.loads(x) for f in (tmp_path / "journal").glob("*.jsonl") for x in f.read_text().splitlines()]
+    exit_event = next(e for e in events if e["event"] == "exit")
+    assert exit_event["saved"] is True and exit_event["code"] == 0 and exit_event["step"] == 3
+    assert (tmp_path / "step-000000000003" / "COMMIT.json").exists()

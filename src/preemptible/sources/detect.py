@@ -24,6 +24,7 @@ from pathlib import Path
 
 from preemptible.errors import NoticeSourceError
 from preemptible.notice import Clock, NoticeSource
+from preemptible.sources.signals import check_grace
 
 SOURCES_ENV = "PREEMPTIBLE_SOURCES"
 GRACE_ENV = "PREEMPTIBLE_GRACE"
@@ -175,10 +176,7 @@ def detect_platform(
         )
     override = env.get(GRACE_ENV, "").strip()
     if override:
-        try:
-            seconds = float(override)
-        except ValueError:
-            raise NoticeSourceError(f"{GRACE_ENV}: expected seconds (e.g. 90), found {override!r}") from None
+        seconds = check_grace(override, f"${GRACE_ENV}")
         platform = Platform(
             name=platform.name,
             cloud=platform.cloud,

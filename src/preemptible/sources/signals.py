@@ -13,6 +13,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
 from types import FrameType
 from typing import Any
 
@@ -21,6 +22,24 @@ from preemptible.notice import Clock, Notice, NoticeKind, NoticeSink
 
 DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 DEFAULT_GRACE_S = 30.0
+MAX_GRACE_S = 86_400.0
+
+
+def check_grace(value: object, what: str = "grace") -> float:
+    """A grace period in seconds: finite, from 0 ("no time promised": the best attempt) to a day.
+
+    Raises:
+        NoticeSourceError: anything else, naming ``what`` (the argument or the environment variable).
+    """
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise NoticeSourceError(f"{what}: expected seconds (e.g. 30), found {value!r}") from None
+    if isinstance(value, bool) or not 0.0 <= seconds <= MAX_GRACE_S:  # also refuses nan and inf
+        raise NoticeSourceError(
+            f"{what}: expected a finite number of seconds from 0 to {MAX_GRACE_S:.0f}, found {value!r}"
+        )
+    return seconds
 
 
 def parse_signal(value: str | int | signal.Signals) -> signal.Signals:
@@ -66,11 +85,8 @@ class SignalSource:
         clock: Clock = time.time,
     ) -> None:
         self.signals = tuple(dict.fromkeys(parse_signal(s) for s in signals))
-        for value in (grace, *(grace_by_signal or {}).values()):
-            if value is not None and value < 0:
-                raise NoticeSourceError(f"expected a grace period >= 0 seconds, found {value}")
-        self.grace = grace
-        self.grace_by_signal = dict(grace_by_signal or {})
+        self.grace = check_grace(grace) if grace is not None else None
+        self.grace_by_signal = {s: check_grace(g, f"grace for {s.name}") for s, g in (grace_by_signal or {}).items()}
         self._clock = clock
         self._sink: NoticeSink | None = None
         self._previous: dict[signal.Signals, Any] = {}
@@ -112,6 +128,16 @@ class SignalSource:
         sink = self._sink
         if sink is not None:
             grace = self.grace_by_signal.get(sig, self.grace)
-            sink(
-                Notice.at(source=self.name, kind=NoticeKind.TERMINATE, now=self._clock(), grace=grace, detail=sig.name)
-            )
+            try:
+                notice = Notice.at(
+                    source=self.name, kind=NoticeKind.TERMINATE, now=self._clock(), grace=grace, detail=sig.name
+                )
+            except (ValueError, OverflowError):  # IMPORTANT: a handler never raises: an unknown deadline instead
+                notice = Notice(
+                    source=self.name,
+                    kind=NoticeKind.TERMINATE,
+                    received_at=datetime.now(timezone.utc),
+                    deadline=None,
+                    detail=sig.name,
+                )
+            sink(notice)
