@@ -104,6 +104,10 @@ class FileTooLargeError(PreemptibleError, ValueError):
     """A file read from storage is larger than the bound its reader allows (a tampered or wrong file)."""
 
 
+class NotRegularFileError(PreemptibleError, ValueError):
+    """A path that must be a plain file is a directory, a FIFO, a device or a socket (a tampered checkpoint)."""
+
+
 class StorageUnavailableError(PreemptibleError, ImportError):
     """The fsspec backend for a URL is not installed."""
 
@@ -154,6 +158,7 @@ __all__ = [
     "CoordinationError",
     "FileTooLargeError",
     "LifecycleError",
+    "NotRegularFileError",
     "NoticeSourceError",
     "PreemptibleError",
     "ProbeError",

@@ -14,7 +14,13 @@ from typing import Any
 
 import torch
 
-from preemptible.errors import CheckpointCorruptError, CheckpointNotFoundError, FileTooLargeError, StateMismatchError
+from preemptible.errors import (
+    CheckpointCorruptError,
+    CheckpointNotFoundError,
+    FileTooLargeError,
+    NotRegularFileError,
+    StateMismatchError,
+)
 from preemptible.state import unflatten
 from preemptible.store import checksum, layout, tagged_json
 from preemptible.store import format as tensor_format
@@ -77,7 +83,7 @@ class Reader:
         where = self.storage.join(self.path_of(step), layout.COMMIT)
         try:
             raw = self.storage.read_bytes(where, layout.MAX_MANIFEST_BYTES)
-        except FileTooLargeError as e:
+        except (FileTooLargeError, NotRegularFileError) as e:
             raise CheckpointCorruptError(f"{where}: {e}", path=where, step=step) from e
         except FileNotFoundError as e:
             raise CheckpointNotFoundError(
@@ -121,7 +127,10 @@ class Reader:
         opened.tree = {}
         for name in [n for n in opened.selected if n.endswith(".json")]:
             rec = manifest.files[name]
-            raw = self.storage.read_bytes(self.storage.join(directory, name), max(rec.bytes, 0))
+            try:
+                raw = self.storage.read_bytes(self.storage.join(directory, name), max(rec.bytes, 0))
+            except (FileTooLargeError, NotRegularFileError) as e:
+                raise bad(str(e)) from e
             found = checksum.of_bytes(raw)
             if found != rec.checksum:
                 raise bad(f"{name} checksum mismatch: COMMIT.json records {rec.checksum}, file hashes to {found}")
@@ -135,14 +144,17 @@ class Reader:
                 opened.numpy |= set(doc.get("numpy", []))
                 opened.dtensors.update(doc.get("dtensors") or {})
                 opened.casts.update({str(n): _dtype(str(d)) for n, d in (doc.get("casts") or {}).items()})
-            except (ValueError, KeyError, TypeError, AttributeError) as e:
-                raise bad(f"{name} is not a preemptible state document ({e})") from e
+            except (ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError) as e:
+                raise bad(f"{name} is not a preemptible state document ({type(e).__name__}: {e})") from e
         for name in opened.selected:
             if not name.endswith(layout.TENSOR_SUFFIX):
                 continue
             rec = manifest.files[name]
             p = self.storage.join(directory, name)
-            stream = self.storage.open_read(p)
+            try:
+                stream = self.storage.open_read(p)
+            except NotRegularFileError as e:
+                raise bad(str(e)) from e
             try:
                 entries = tensor_format.read_header(stream, rec.bytes, where=p)
             except CheckpointCorruptError as e:
@@ -238,7 +250,10 @@ class Reader:
         def read_file(name: str) -> dict[str, torch.Tensor]:
             rec = opened.manifest.files[name]
             p = self.storage.join(opened.directory, name)
-            stream = self.storage.open_read(p)
+            try:
+                stream = self.storage.open_read(p)
+            except NotRegularFileError as e:
+                raise opened.bad(str(e)) from e
             try:
                 return tensor_format.read(
                     stream,

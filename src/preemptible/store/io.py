@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import os
 import shutil
+import stat
 from typing import Any, Protocol
 
-from preemptible.errors import FileTooLargeError
+from preemptible.errors import FileTooLargeError, NotRegularFileError
 from preemptible.store import direct
 
 
@@ -55,6 +57,25 @@ class Storage(Protocol):
     def move(self, src: str, dst: str) -> None: ...
     def remove_tree(self, path: str) -> None: ...
     def sync_dir(self, path: str) -> None: ...
+
+
+def _open_regular(path: str) -> io.FileIO:
+    """Open ``path`` for reading only if it is a regular file: a FIFO would block forever, a device never end.
+
+    Raises:
+        NotRegularFileError: it is a directory, FIFO, device or socket (checked on the opened file: no race).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "directory" if stat.S_ISDIR(mode) else "FIFO" if stat.S_ISFIFO(mode) else "device or socket"
+            raise NotRegularFileError(f"{path} is a {kind}, expected a regular file")
+        os.set_blocking(fd, True)
+        return io.FileIO(fd, "rb", closefd=True)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 class _LocalWriter:
@@ -139,10 +160,10 @@ class LocalStorage:
         return _LocalWriter(path)
 
     def open_read(self, path: str) -> ReadStream:
-        return open(path, "rb", buffering=0)
+        return _open_regular(path)
 
     def read_bytes(self, path: str, limit: int) -> bytes:
-        with open(path, "rb") as f:
+        with _open_regular(path) as f:
             data = f.read(limit + 1)
         if len(data) > limit:
             raise FileTooLargeError(f"{path} is larger than the {limit} bytes expected of it")

@@ -18,7 +18,7 @@ from preemptible.errors import CheckpointCorruptError
 
 FORMAT_VERSION = 1
 STEP_DIGITS = 12
-STEP_RE = re.compile(rf"^step-(\d{{{STEP_DIGITS}}})$")
+STEP_RE = re.compile(rf"step-([0-9]{{{STEP_DIGITS}}})", re.ASCII)  # ASCII digits, exact width: fullmatch
 COMMIT = "COMMIT.json"
 VALID = "VALID.json"
 INVALID = "INVALID.json"
@@ -31,13 +31,13 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 
 
 def step_dir(step: int) -> str:
-    if step < 0:
-        raise ValueError(f"expected a step >= 0, found {step}")
+    if not 0 <= step < 10**STEP_DIGITS:
+        raise ValueError(f"expected a step from 0 to {10**STEP_DIGITS - 1} (the layout's width), found {step}")
     return f"step-{step:0{STEP_DIGITS}d}"
 
 
 def parse_step_dir(name: str) -> int | None:
-    m = STEP_RE.match(name)
+    m = STEP_RE.fullmatch(name)
     return int(m.group(1)) if m else None
 
 
@@ -45,7 +45,7 @@ def rank_suffix(rank: int) -> str:
     return f"-r{rank:05d}"
 
 
-_RANK_FILE = re.compile(r"-r(\d{5})(?:\.safetensors|\.json)$")
+_RANK_FILE = re.compile(r"-r([0-9]{5})(?:\.safetensors|\.json)$")
 
 
 def with_rank(name: str, rank: int) -> str:
@@ -107,8 +107,20 @@ class Manifest:
 
     @classmethod
     def from_json(cls, raw: bytes, *, where: str, expect_step: int | None = None) -> Manifest:
-        """Parse and check a manifest. Raises CheckpointCorruptError naming what is wrong."""
+        """Parse and check a manifest. Raises CheckpointCorruptError naming what is wrong (a tampered one too:
+        nesting too deep for the decoder, numbers too large for a float)."""
+        try:
+            return cls._parse(raw, where=where, expect_step=expect_step)
+        except (RecursionError, OverflowError) as e:
+            raise CheckpointCorruptError(
+                f"{where}: COMMIT.json cannot be a manifest ({type(e).__name__}: {e}); the checkpoint cannot be "
+                "trusted",
+                path=where,
+                step=expect_step,
+            ) from e
 
+    @classmethod
+    def _parse(cls, raw: bytes, *, where: str, expect_step: int | None) -> Manifest:
         def bad(why: str) -> CheckpointCorruptError:
             return CheckpointCorruptError(f"{where}: {why}", path=where, step=expect_step)
 
