@@ -11,8 +11,10 @@ import gc
 import inspect
 import logging
 import os
+import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
@@ -567,11 +569,22 @@ class Run:
         )
         self.journal.sync()
         if self.exit_on_notice:
+            _ignore_late_notices()  # before close(): it then leaves these alone (it restores only its own handlers)
             self.close()
             # Interpreter teardown with torch loaded spends 1-1.5 s in the final garbage collection; freezing
             # the heap skips that walk (atexit handlers and finally blocks still run) and cuts it to ~0.3 s.
             gc.freeze()
             raise SystemExit(code)
+
+
+def _ignore_late_notices() -> None:
+    """From the emergency exit on, SIGTERM and SIGUSR1 are ignored until the process has exited with the policy's
+    code: a late SIGTERM (a storm of them, or the orchestrator's second) must not turn a committed, clean stop into
+    143. SIGINT keeps its handler: a second Ctrl-C still aborts at once."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def _ensure_log_handler() -> None:

@@ -87,3 +87,23 @@ def test_second_sigterm_during_the_emergency_save_does_not_interrupt_it(tmp_path
     assert exit_event["saved"] is True
     assert exit_event["later_notices"] >= 1, "the repeated SIGTERMs arrived after the save had started"
     assert exit_event["step"] in committed(root)
+
+
+def test_item_9_a_storm_of_sigterms_still_exits_with_the_policy_code(tmp_path: Path) -> None:
+    """Regression (issue 14, item 9): handlers were restored before teardown, so a late SIGTERM made it 143."""
+    root = tmp_path / "ckpt"
+    t = Trainer(root, *E2E_ARGS, *SLOW)
+    t.wait_for_step(20)
+    sent = 0
+    while t.proc.poll() is None and sent < 5000:  # until it has exited: every phase of the stop gets some
+        try:
+            t.proc.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            break
+        sent += 1
+        time.sleep(0.0005)
+    code, _, err = t.finish()
+    assert code == 0, f"exit {code} after {sent} SIGTERMs: {err[-2000:]}"
+    exit_event = [e for e in journal(root) if e["event"] == "exit"][-1]
+    assert exit_event["saved"] is True and exit_event["step"] in committed(root)
+    assert sent > 1
