@@ -116,3 +116,191 @@ def test_item_6_a_fifo_in_a_checkpoint_never_hangs_restore(tmp_path: Path, name:
     reseal(step2, edit)
     restores_step_1(tmp_path)
     assert main(["verify", "--step", "2", str(tmp_path)]) == 1
+
+
+def rewrite_header(path: Path, edit: Any) -> None:
+    """Replace a safetensors file's JSON header with ``edit(header)`` (a dict, or raw bytes), keeping its data."""
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header, data = json.loads(raw[8 : 8 + n]), raw[8 + n :]
+    new = edit(header)
+    head = new if isinstance(new, bytes) else json.dumps(new).encode()
+    path.write_bytes(len(head).to_bytes(8, "little") + head + data)
+
+
+DEEP = "@deep@"
+"""In a rewritten state tree, stands for 5,000 nested lists (deeper than json.dumps itself can write)."""
+
+
+def rewrite_state(path: Path, tree_edit: Any) -> None:
+    doc = json.loads(path.read_text())
+    doc["tree"] = tree_edit(doc["tree"])
+    path.write_text(json.dumps(doc).replace(json.dumps(DEEP), "[" * 5000 + "1" + "]" * 5000))
+
+
+def _empty_huge(shape: list[int]) -> Any:
+    def edit(h: dict[str, Any]) -> dict[str, Any]:
+        h["huge"] = {"dtype": "F32", "shape": shape, "data_offsets": [64, 64]}
+        return h
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        _empty_huge([0, 10**30]),
+        _empty_huge([0, 2**62]),
+        _empty_huge([0, 2**61, 3]),
+        _empty_huge([0] * 100),
+        lambda h: b"{" + b'"a":[' * 200_000 + b"]" * 200_000 + b"}",
+    ],
+    ids=["0x10^30", "0x2^62", "0x2^61x3", "100-dims", "200000-deep"],
+)
+def test_item_7_a_tensor_header_with_impossible_shapes_or_nesting_falls_back(tmp_path: Path, edit: Any) -> None:
+    two_checkpoints(tmp_path)
+    rewrite_header(tmp_path / "step-000000000002" / "w.safetensors", edit)
+    reseal(tmp_path / "step-000000000002", lambda d: None)
+    restores_step_1(tmp_path)
+
+
+def _nest(depth: int, inner: Any, wrap: Any) -> Any:
+    for _ in range(depth):
+        inner = wrap(inner)
+    return inner
+
+
+@pytest.mark.parametrize(
+    "tree_edit",
+    [
+        lambda t: {**t, "meta": {"v": _nest(900, 1, lambda x: {"k": x})}},
+        lambda t: {**t, "meta": {"v": _nest(400, 1, lambda x: {"$tuple": [x]})}},
+        lambda t: {**t, "meta": {"v": _nest(300, 1, lambda x: {"$dict": [[1, x]]})}},
+        lambda t: {**t, "meta": {"v": {"$npscalar": "V8", "value": 5e10}}},
+        lambda t: {**t, "meta": {"v": {"$npscalar": "V8", "value": 2e9}}},
+        lambda t: {**t, "meta": {"v": {"$npscalar": "|i1", "value": 10**30}}},
+        lambda t: {**t, "meta": {"v": {"$npscalar": "<f8", "value": {"$bytes": "AAAA"}}}},
+        lambda t: {**t, "meta": {"v": {"$dict": [[[1], 2]]}}},
+    ],
+    ids=["900-deep", "400-tuples", "300-int-keys", "void-5e10", "void-2e9", "int8-10^30", "f8-bytes", "list-key"],
+)
+def test_item_7_a_state_document_too_deep_or_allocating_falls_back(tmp_path: Path, tree_edit: Any) -> None:
+    two_checkpoints(tmp_path)
+    rewrite_state(tmp_path / "step-000000000002" / layout.STATE, tree_edit)
+    reseal(tmp_path / "step-000000000002", lambda d: None)
+    restores_step_1(tmp_path)
+
+
+def test_item_7_a_state_nested_deeper_than_a_reader_accepts_is_refused_at_save(tmp_path: Path) -> None:
+    from preemptible.errors import UnsupportedStateError
+    from preemptible.store.tagged_json import MAX_DEPTH
+
+    deep: Any = 1
+    for _ in range(MAX_DEPTH + 1):
+        deep = [deep]
+    with pytest.raises(UnsupportedStateError, match="nested more than"):
+        Checkpointer(str(tmp_path)).save({"meta": {"v": deep}}, 1)
+    assert not list(tmp_path.glob("step-*"))
+    ok: Any = 1
+    for _ in range(MAX_DEPTH - 2):
+        ok = [ok]
+    Checkpointer(str(tmp_path)).save({"meta": {"v": ok}}, 1)
+    live: dict[str, Any] = {"meta": {}}
+    assert Checkpointer(str(tmp_path)).restore(live) == 1
+    assert live["meta"]["v"] == ok
+
+
+def model_and_optimizer() -> dict[str, Any]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(torch.ones(1, 4)).sum().backward()
+    opt.step()
+    return {"model": model, "optimizer": opt}
+
+
+@pytest.mark.parametrize(
+    "tree_edit",
+    [
+        lambda t: {**t, "model": "a string"},
+        lambda t: {**t, "model": [1, 2]},
+        lambda t: {**t, "optimizer": {**t["optimizer"], "param_groups": 5}},
+        lambda t: {**t, "optimizer": {**t["optimizer"], "param_groups": [{"params": "x"}]}},
+        lambda t: {**t, "optimizer": {"state": t["optimizer"]["state"]}},
+    ],
+    ids=["model-str", "model-list", "groups-int", "groups-bad", "no-groups"],
+)
+def test_item_7_a_model_or_optimizer_entry_that_cannot_load_falls_back(tmp_path: Path, tree_edit: Any) -> None:
+    objs = model_and_optimizer()
+    ck = Checkpointer(str(tmp_path), keep=3)
+    ck.save(objs, 1)
+    ck.save(objs, 2)
+    rewrite_state(tmp_path / "step-000000000002" / layout.STATE, tree_edit)
+    reseal(tmp_path / "step-000000000002", lambda d: None)
+    live = model_and_optimizer()
+    with pytest.warns(CheckpointFallbackWarning, match="step 2"):
+        assert Checkpointer(str(tmp_path)).restore(live) == 1
+    assert torch.equal(live["model"].weight, objs["model"].weight)
+
+
+RLIMIT_CHILD = """
+import resource, sys, warnings
+import torch
+from preemptible import Checkpointer
+def vm() -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith("VmSize:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmSize")
+headroom = 384 << 20
+resource.setrlimit(resource.RLIMIT_AS, (vm() + headroom, vm() + headroom))
+live = {"w": {"t": torch.zeros(16)}, "meta": {}}
+with warnings.catch_warnings(record=True):
+    warnings.simplefilter("always")
+    step = Checkpointer(sys.argv[1], threads=1).restore(live)
+assert torch.equal(live["w"]["t"], torch.full((16,), 1.0)), live
+print("restored", step)
+try:
+    bytearray(1 << 30)  # the limit holds: a 1 GiB allocation must fail here
+except MemoryError:
+    print("capped")
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        ("state", lambda t: {**t, "meta": {"v": {"$npscalar": "V8", "value": 2e9}}}),
+        ("state", lambda t: {**t, "meta": {"v": [{"$npscalar": "V8", "value": 2e8}] * 50}}),
+        ("state", lambda t: {**t, "meta": {"v": DEEP}}),
+        ("header", _empty_huge([0, 2**40, 2**20])),
+        ("header", lambda h: {**h, "w/t": {"dtype": "F32", "shape": [2**28], "data_offsets": [0, 2**30]}}),
+    ],
+    ids=["void-2e9", "void-50x2e8", "5000-deep", "empty-2^60", "claims-1GiB"],
+)
+def test_item_7_restore_past_a_hostile_checkpoint_stays_within_a_memory_cap(tmp_path: Path, hostile: Any) -> None:
+    """RLIMIT_AS of the process's size + 384 MiB: any allocation a hostile file asks for beyond what the files
+    hold would raise MemoryError (or kill the child); restore must fall back to step 1 inside the cap."""
+    import subprocess
+    import sys
+
+    what, edit = hostile
+    two_checkpoints(tmp_path)
+    step2 = tmp_path / "step-000000000002"
+    if what == "state":
+        rewrite_state(step2 / layout.STATE, edit)
+    else:
+        rewrite_header(step2 / "w.safetensors", edit)
+    reseal(step2, lambda d: None)
+    env = {**os.environ, "MALLOC_ARENA_MAX": "2", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", RLIMIT_CHILD, str(tmp_path)],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=110,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["restored", "1", "capped"]

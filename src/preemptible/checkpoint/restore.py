@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +37,7 @@ class Candidate:
 @dataclass(frozen=True)
 class _Outcome:
     ok: bool
-    kind: str = "ok"  # "content" or "io" when not ok
+    kind: str = "ok"  # when not ok: "content" (marked invalid), "load" (did not load, unmarked) or "io" (unmarked)
     why: str = ""
     probe: ProbeCheck | None = None
 
@@ -80,7 +80,14 @@ class Restorer:
             self.reader.check_sharding(opened, coord.world if coord is not None else 1)
             self.check_fits(state, self.reader.skeleton(opened), step)  # before a single byte changes
             loaded = self.reader.read(opened, live_flat.tensors, sharded=live_flat.dtensor_objs)
-            apply(state, loaded)
+            try:
+                apply(state, loaded)
+            except (TypeError, ValueError, KeyError, IndexError, AttributeError, RuntimeError) as e:
+                # The files are intact (every checksum passed) but a live object's load_state_dict() refused what
+                # they hold: tampering, or a change to the training script that check_fits cannot see (the
+                # optimizer's parameter groups). Not provably the checkpoint's fault, so it is not marked.
+                why = f"does not load into the live objects ({type(e).__name__}: {str(e)[:300]})"
+                return _Outcome(False, "load", why), None, None
             check = self._probe_check(state, opened.manifest.probe)
         except CheckpointCorruptError as e:
             return _Outcome(False, "content", str(e)), None, None
@@ -102,12 +109,14 @@ class Restorer:
         if outcome.ok and all(r["ok"] for r in reports):
             return outcome
         bad = [(r, x) for r, x in enumerate(reports) if not x["ok"]]
-        kind = "content" if any(x["kind"] == "content" for _, x in bad) else "io"
+        kinds = {x["kind"] for _, x in bad}
+        kind = next(k for k in ("content", "load", "io") if k in kinds)
         return _Outcome(False, kind, "; ".join(f"rank {r}: {x['why']}" for r, x in bad), outcome.probe)
 
     def restore(self, state: Mapping[str, Any], candidates: Sequence[Candidate], *, explicit: bool) -> int:
         failures: list[tuple[int, str]] = []
         io_errors: list[str] = []
+        load_errors: list[tuple[int, str]] = []
         live_flat = flatten(capture(state))
         coord = self.coord
         store = coord.client() if coord is not None else None
@@ -133,10 +142,20 @@ class Restorer:
                     if leader and cand.state is not State.INVALID:
                         self.markers.record(directory, Transition.CONTENT_FAIL, now=self._now(), reason=outcome.why)
                 else:
-                    io_errors.append(outcome.why)
+                    if outcome.kind == "io":
+                        io_errors.append(outcome.why)
+                    else:
+                        load_errors.append((cand.step, outcome.why))
                     self.events.event(Event.CHECKPOINT_UNVERIFIED, cand.step, error=outcome.why)
                 if explicit and outcome.kind == "content":
                     raise CheckpointCorruptError(outcome.why, path=directory, step=cand.step)
+                if explicit and outcome.kind == "load":
+                    raise StateMismatchError(
+                        f"the checkpoint of step {cand.step} at {directory} {outcome.why}; nothing was marked",
+                        path=directory,
+                        step=cand.step,
+                        differences=[outcome.why],
+                    )
                 if explicit:
                     raise OSError(f"the checkpoint of step {cand.step} {outcome.why}; nothing was marked, try again")
                 warnings.warn(
@@ -157,6 +176,15 @@ class Restorer:
                 f"no committed checkpoint under {self.reader.root} could be restored, and {len(io_errors)} could not "
                 f"even be verified because the storage failed:\n{lines}\nNothing was loaded and nothing was marked "
                 "invalid; check the storage (mount, credentials, network) and start again"
+            )
+        if load_errors:
+            raise StateMismatchError(
+                f"no committed checkpoint under {self.reader.root} could be restored, and {len(load_errors)} verified "
+                f"but did not load into the live objects:\n{lines}\nNothing was marked invalid. Build the model, "
+                "optimizer and scheduler exactly as when the checkpoints were saved, or start a new root.",
+                path=self.reader.root,
+                step=load_errors[0][0],
+                differences=[f"step {s}: {why}" for s, why in load_errors],
             )
         raise CheckpointCorruptError(
             f"none of the {len(failures)} committed checkpoints under {self.reader.root} verifies:\n{lines}\n"
@@ -189,6 +217,15 @@ class Restorer:
         """Raises `StateMismatchError` naming every difference between the checkpoint and the live objects."""
         # Entries named "_..." are preemptible's own (RNG streams, run metadata): a checkpoint written by a bare
         # Checkpointer lacks them, and restores fine (with a warning in the journal).
+        for name, obj in state.items():
+            if name in loaded and not isinstance(obj, MutableMapping) and not isinstance(loaded[name], Mapping):
+                # state_dict() always returns a mapping; what no save can have written, the files were made to hold
+                raise CheckpointCorruptError(
+                    f"the checkpoint of step {step}: entry {name!r} holds a {type(loaded[name]).__name__} where "
+                    f"{type(obj).__name__}.state_dict() always gives a mapping (the files were altered)",
+                    path=self.reader.path_of(step),
+                    step=step,
+                )
         missing = [name for name in state if name not in loaded and not name.startswith("_")]
         diffs = [f"{name}: missing from checkpoint (it holds {sorted(loaded)})" for name in missing]
         for name, obj in state.items():

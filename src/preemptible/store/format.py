@@ -26,6 +26,8 @@ from preemptible.errors import CheckpointCorruptError, UnsupportedStateError
 from preemptible.store import checksum
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the limit safetensors itself enforces
+MAX_DIMS = 64  # torch's own limit on a tensor's dimensions
+MAX_EXTENT = 1 << 62  # the product of a shape's extents (zeros counted as 1), times the item size: strides fit int64
 CHUNK_BYTES = 16 * 1024 * 1024  # writes: large, for the disk
 READ_CHUNK_BYTES = 2 * 1024 * 1024  # reads: read a piece and hash it while it is still in cache (measured best)
 
@@ -246,6 +248,8 @@ def parse_header(raw: bytes, *, data_bytes: int, where: str) -> tuple[list[Entry
         doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
     except (UnicodeDecodeError, ValueError) as e:
         raise _corrupt(where, f"header is not valid JSON ({e})") from e
+    except RecursionError as e:
+        raise _corrupt(where, "header is nested too deeply to be a safetensors header") from e
     if not isinstance(doc, dict):
         raise _corrupt(where, f"expected a JSON object as header, found {type(doc).__name__}")
     meta = doc.pop("__metadata__", {}) or {}
@@ -259,6 +263,10 @@ def parse_header(raw: bytes, *, data_bytes: int, where: str) -> tuple[list[Entry
             begin, end = info["data_offsets"]
             if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in (*shape, begin, end)):
                 raise ValueError("shape and offsets must be non-negative integers")
+            if len(shape) > MAX_DIMS:
+                raise ValueError(f"{len(shape)} dimensions, more than torch's {MAX_DIMS}")
+            if math.prod(max(d, 1) for d in shape) * itemsize(dtype) >= MAX_EXTENT or max(begin, end) >= MAX_EXTENT:
+                raise ValueError("a shape or offset too large for any tensor (its strides would overflow)")
         except (KeyError, TypeError, ValueError) as e:
             raise _corrupt(where, f"tensor {name!r} has a malformed header entry {str(info)[:120]} ({e})") from e
         want = math.prod(shape) * itemsize(dtype)

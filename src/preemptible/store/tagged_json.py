@@ -38,6 +38,9 @@ TensorSource = Callable[[str, bool], Any]
 """Called with (name, is_numpy); returns the stored tensor or ndarray."""
 
 _NONFINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+MAX_DEPTH = 100
+"""Containers nested deeper than this are refused when saving and corrupt when reading (no state dict nests so)."""
+_NPSCALAR_KINDS = "biufUS"  # numbers, bools and strings: what ``item()`` turns into JSON; never ``V`` (raw bytes)
 
 
 def _numpy() -> Any:
@@ -53,12 +56,20 @@ def key_str(key: Any) -> str:
     return key if isinstance(key, str) else repr(key) if isinstance(key, tuple) else str(key)
 
 
-def encode(obj: Any, sink: TensorSink, path: str = "") -> JSON:
+def encode(obj: Any, sink: TensorSink, path: str = "", depth: int = 0) -> JSON:
     """Encode ``obj`` to tagged JSON, handing tensors and arrays to ``sink``.
 
     Raises:
-        UnsupportedStateError: a leaf that is neither tensor, array nor representable, naming its key path.
+        UnsupportedStateError: a leaf that is neither tensor, array nor representable, or containers nested more
+            than `MAX_DEPTH` deep, naming its key path.
     """
+    if depth > MAX_DEPTH:
+        raise UnsupportedStateError(
+            f"state at {path!r} is nested more than {MAX_DEPTH} containers deep, more than a checkpoint may hold "
+            "(a reader could not tell it from a hostile file); flatten it in your state_dict()",
+            key=path,
+        )
+    depth += 1
     if obj is None or isinstance(obj, (bool, str)):
         return obj
     if isinstance(obj, int):
@@ -70,10 +81,10 @@ def encode(obj: Any, sink: TensorSink, path: str = "") -> JSON:
     if isinstance(obj, torch.Tensor):
         return {"$tensor": sink(obj, path, False)}
     if isinstance(obj, (list, tuple)) and (type(obj) in (list, tuple, torch.Size)):
-        items = [encode(v, sink, f"{path}/{i}") for i, v in enumerate(obj)]
+        items = [encode(v, sink, f"{path}/{i}", depth) for i, v in enumerate(obj)]
         return items if type(obj) is list else {"$tuple": items}
     if isinstance(obj, dict):
-        return _encode_dict(obj, sink, path)
+        return _encode_dict(obj, sink, path, depth)
     if isinstance(obj, (bytes, bytearray)):
         return {"$bytes": base64.b64encode(bytes(obj)).decode("ascii")}
     if isinstance(obj, torch.dtype):
@@ -85,25 +96,28 @@ def encode(obj: Any, sink: TensorSink, path: str = "") -> JSON:
                 raise _unsupported(obj, path, "a NumPy array of Python objects")
             return {"$ndarray": sink(obj, path, True)}
         if isinstance(obj, np.generic) and not isinstance(obj, np.object_):
-            return {"$npscalar": obj.dtype.str, "value": encode(obj.item(), sink, path)}
+            if obj.dtype.kind not in _NPSCALAR_KINDS:
+                raise _unsupported(obj, path, f"a NumPy scalar of kind {obj.dtype.kind!r}")
+            return {"$npscalar": obj.dtype.str, "value": encode(obj.item(), sink, path, depth)}
     raise _unsupported(obj, path)
 
 
-def _encode_dict(obj: dict[Any, Any], sink: TensorSink, path: str) -> JSON:
+def _encode_dict(obj: dict[Any, Any], sink: TensorSink, path: str, depth: int) -> JSON:
     plain = all(isinstance(k, str) and not k.startswith("$") for k in obj)
     out: dict[str, JSON]
     if plain:
-        out = {k: encode(v, sink, f"{path}/{k}" if path else k) for k, v in obj.items()}
+        out = {k: encode(v, sink, f"{path}/{k}" if path else k, depth) for k, v in obj.items()}
     else:
         pairs = []
         for k, v in obj.items():
             ks = key_str(k)
-            pairs.append([encode(k, sink, f"{path}/<key {ks}>"), encode(v, sink, f"{path}/{ks}" if path else ks)])
+            key = encode(k, sink, f"{path}/<key {ks}>", depth)
+            pairs.append([key, encode(v, sink, f"{path}/{ks}" if path else ks, depth)])
         out = {"$dict": pairs}
     meta = getattr(obj, "_metadata", None)
     if isinstance(meta, dict):  # nn.Module.state_dict() carries per-module versions here
         inner = out if not plain else {"$dict": [[k, v] for k, v in out.items()]}
-        return {"$dict": inner["$dict"], "$meta": encode(meta, sink, f"{path}/_metadata")}
+        return {"$dict": inner["$dict"], "$meta": encode(meta, sink, f"{path}/_metadata", depth)}
     return out
 
 
@@ -117,39 +131,43 @@ def _unsupported(obj: Any, path: str, what: str | None = None) -> UnsupportedSta
     )
 
 
-def decode(doc: JSON, source: TensorSource, path: str = "") -> Any:
+def decode(doc: JSON, source: TensorSource, path: str = "", depth: int = 0) -> Any:
     """Decode tagged JSON, fetching tensors from ``source``.
 
     Raises:
-        CheckpointCorruptError: an unknown or malformed tag.
+        CheckpointCorruptError: an unknown or malformed tag, or nesting deeper than `MAX_DEPTH`.
     """
-    if isinstance(doc, list):
-        return [decode(v, source, f"{path}/{i}") for i, v in enumerate(doc)]
-    if not isinstance(doc, dict):
+    if not isinstance(doc, (list, dict)):
         return doc
+    if depth > MAX_DEPTH:
+        raise _corrupt(path, f"nested more than {MAX_DEPTH} containers deep, more than any save writes")
+    depth += 1
+    if isinstance(doc, list):
+        return [decode(v, source, f"{path}/{i}", depth) for i, v in enumerate(doc)]
     if not doc or not next(iter(doc)).startswith("$"):
-        return {k: decode(v, source, f"{path}/{k}" if path else k) for k, v in doc.items()}
+        return {k: decode(v, source, f"{path}/{k}" if path else k, depth) for k, v in doc.items()}
     tag = next(iter(doc))
     try:
-        return _decode_tag(tag, doc, source, path)
+        return _decode_tag(tag, doc, source, path, depth)
     except CheckpointCorruptError:
         raise
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
-        raise _corrupt(path, f"malformed {tag} entry {str(doc)[:80]} ({e})") from e
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError) as e:
+        raise _corrupt(path, f"malformed {tag} entry {str(doc)[:80]} ({type(e).__name__}: {e})") from e
 
 
-def _decode_tag(tag: str, doc: dict[str, Any], source: TensorSource, path: str) -> Any:
+def _decode_tag(tag: str, doc: dict[str, Any], source: TensorSource, path: str, depth: int) -> Any:
     if tag == "$float":
         return _NONFINITE[doc["$float"]]
     if tag == "$tuple":
-        return tuple(decode(v, source, f"{path}/{i}") for i, v in enumerate(doc["$tuple"]))
+        return tuple(decode(v, source, f"{path}/{i}", depth) for i, v in enumerate(doc["$tuple"]))
     if tag == "$dict":
         result: dict[Any, Any] = OrderedDict() if "$meta" in doc else {}
         for k, v in doc["$dict"]:
-            key = decode(k, source, path)
-            result[_hashable(key)] = decode(v, source, f"{path}/{key_str(key)}" if path else key_str(key))
+            key = decode(k, source, path, depth)
+            result[_hashable(key)] = decode(v, source, f"{path}/{key_str(key)}" if path else key_str(key), depth)
         if "$meta" in doc:
-            result._metadata = decode(doc["$meta"], source, f"{path}/_metadata")  # type: ignore[attr-defined]
+            meta = decode(doc["$meta"], source, f"{path}/_metadata", depth)
+            result._metadata = meta  # type: ignore[attr-defined]
         return result
     if tag == "$tensor":
         return source(_str(doc["$tensor"]), False)
@@ -159,7 +177,11 @@ def _decode_tag(tag: str, doc: dict[str, Any], source: TensorSource, path: str) 
         np = _numpy()
         if np is None:
             raise _corrupt(path, "a NumPy scalar, but NumPy is not installed (pip install numpy)")
-        return np.dtype(_str(doc["$npscalar"])).type(decode(doc["value"], source, path))
+        dtype = np.dtype(_str(doc["$npscalar"]))
+        value = decode(doc["value"], source, path, depth)
+        if dtype.kind not in _NPSCALAR_KINDS or not isinstance(value, (bool, int, float, str, bytes)):
+            raise _corrupt(path, f"a NumPy scalar must be a number, bool or string, found {str(doc)[:80]}")
+        return dtype.type(value)
     if tag == "$bytes":
         return base64.b64decode(_str(doc["$bytes"]), validate=True)
     if tag == "$dtype":
