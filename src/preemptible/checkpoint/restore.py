@@ -40,6 +40,7 @@ class _Outcome:
     kind: str = "ok"  # when not ok: "content" (marked invalid), "load" (did not load, unmarked) or "io" (unmarked)
     why: str = ""
     probe: ProbeCheck | None = None
+    mismatch: StateMismatchError | None = None
 
 
 class Restorer:
@@ -80,24 +81,32 @@ class Restorer:
             self.reader.check_sharding(opened, coord.world if coord is not None else 1)
             self.check_fits(state, self.reader.skeleton(opened), step)  # before a single byte changes
             loaded = self.reader.read(opened, live_flat.tensors, sharded=live_flat.dtensor_objs)
-            try:
-                apply(state, loaded)
-            except (TypeError, ValueError, KeyError, IndexError, AttributeError, RuntimeError) as e:
-                # The files are intact (every checksum passed) but a live object's load_state_dict() refused what
-                # they hold: tampering, or a change to the training script that check_fits cannot see (the
-                # optimizer's parameter groups). Not provably the checkpoint's fault, so it is not marked.
-                why = f"does not load into the live objects ({type(e).__name__}: {str(e)[:300]})"
-                return _Outcome(False, "load", why), None, None
+            self._apply(state, loaded, opened)
             check = self._probe_check(state, opened.manifest.probe)
         except CheckpointCorruptError as e:
             return _Outcome(False, "content", str(e)), None, None
-        except StateMismatchError:
-            raise
+        except StateMismatchError as e:
+            # Intact files that do not fit the live objects: a changed training script, or tampering that kept the
+            # checksums. Not provably the checkpoint's fault, so it is not marked; an older one may fit.
+            return _Outcome(False, "load", str(e), mismatch=e), None, None
         except OSError as e:  # not the checkpoint's fault: it may be fine when the storage answers again
             return _Outcome(False, "io", f"could not verify ({type(e).__name__}: {e})"), None, None
         if check is not None and not check.ok:
             return _Outcome(False, "content", opened.bad(check.describe()).args[0], check), check, opened
         return _Outcome(True), check, opened
+
+    def _apply(self, state: Mapping[str, Any], loaded: Mapping[str, Any], opened: Opened) -> None:
+        try:
+            apply(state, loaded)
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError, RuntimeError) as e:
+            # check_fits compares tensors; load_state_dict() also checks what it cannot see (parameter groups)
+            why = f"a live object's load_state_dict() refused it ({type(e).__name__}: {str(e)[:300]})"
+            raise StateMismatchError(
+                f"the checkpoint of step {opened.step} at {opened.directory} does not load: {why}",
+                path=opened.directory,
+                step=opened.step,
+                differences=[why],
+            ) from e
 
     def _agree(self, store: Any, outcome: _Outcome) -> _Outcome:
         """Every rank must restore the same step: a checkpoint counts only if it verified on all of them."""
@@ -116,7 +125,7 @@ class Restorer:
     def restore(self, state: Mapping[str, Any], candidates: Sequence[Candidate], *, explicit: bool) -> int:
         failures: list[tuple[int, str]] = []
         io_errors: list[str] = []
-        load_errors: list[tuple[int, str]] = []
+        mismatches: list[StateMismatchError] = []
         live_flat = flatten(capture(state))
         coord = self.coord
         store = coord.client() if coord is not None else None
@@ -145,17 +154,12 @@ class Restorer:
                     if outcome.kind == "io":
                         io_errors.append(outcome.why)
                     else:
-                        load_errors.append((cand.step, outcome.why))
+                        mismatches.append(outcome.mismatch or _mismatch(directory, cand.step, outcome.why))
                     self.events.event(Event.CHECKPOINT_UNVERIFIED, cand.step, error=outcome.why)
                 if explicit and outcome.kind == "content":
                     raise CheckpointCorruptError(outcome.why, path=directory, step=cand.step)
-                if explicit and outcome.kind == "load":
-                    raise StateMismatchError(
-                        f"the checkpoint of step {cand.step} at {directory} {outcome.why}; nothing was marked",
-                        path=directory,
-                        step=cand.step,
-                        differences=[outcome.why],
-                    )
+                if explicit and mismatches:
+                    raise mismatches[0]
                 if explicit:
                     raise OSError(f"the checkpoint of step {cand.step} {outcome.why}; nothing was marked, try again")
                 warnings.warn(
@@ -177,14 +181,17 @@ class Restorer:
                 f"even be verified because the storage failed:\n{lines}\nNothing was loaded and nothing was marked "
                 "invalid; check the storage (mount, credentials, network) and start again"
             )
-        if load_errors:
+        if len(failures) == 1 and mismatches:
+            raise mismatches[0]
+        if mismatches:
+            newest = mismatches[0]
             raise StateMismatchError(
-                f"no committed checkpoint under {self.reader.root} could be restored, and {len(load_errors)} verified "
-                f"but did not load into the live objects:\n{lines}\nNothing was marked invalid. Build the model, "
-                "optimizer and scheduler exactly as when the checkpoints were saved, or start a new root.",
-                path=self.reader.root,
-                step=load_errors[0][0],
-                differences=[f"step {s}: {why}" for s, why in load_errors],
+                f"no committed checkpoint under {self.reader.root} could be restored; {len(mismatches)} do not fit the "
+                f"live objects:\n{lines}\nNothing was marked invalid. Build the model, optimizer and scheduler exactly "
+                "as when the checkpoints were saved, or start a new root.",
+                path=newest.path,
+                step=newest.step,
+                differences=newest.differences,
             )
         raise CheckpointCorruptError(
             f"none of the {len(failures)} committed checkpoints under {self.reader.root} verifies:\n{lines}\n"
@@ -243,3 +250,10 @@ class Restorer:
                 step=step,
                 differences=diffs,
             )
+
+
+def _mismatch(directory: str, step: int, why: str) -> StateMismatchError:
+    """Another rank's report of a checkpoint that does not fit its live objects."""
+    return StateMismatchError(
+        f"the checkpoint of step {step} at {directory}: {why}", path=directory, step=step, differences=[why]
+    )
