@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from preemptible.budget import Plan, plan
     from preemptible.checkpoint import Checkpointer, SaveHandle, SaveResult
     from preemptible.errors import (
+        AlreadyCommittedError,
         CheckpointCorruptError,
         CheckpointNotFoundError,
         PreemptibleError,
@@ -35,6 +36,7 @@ _EXPORTS = {
     "CheckpointNotFoundError": "preemptible.errors",
     "PreemptibleError": "preemptible.errors",
     "SaveError": "preemptible.errors",
+    "AlreadyCommittedError": "preemptible.errors",
     "StateMismatchError": "preemptible.errors",
     "UnsupportedStateError": "preemptible.errors",
     "Guard": "preemptible.guard",
@@ -80,6 +82,7 @@ __all__ = [
     "RNGState",
     "Run",
     "SaveError",
+    "AlreadyCommittedError",
     "SaveHandle",
     "SaveResult",
     "StateMismatchError",

@@ -92,6 +92,11 @@ class SaveError(PreemptibleError, OSError):
         return str(self.args[0])
 
 
+class AlreadyCommittedError(SaveError):
+    """Another process committed the same step while this save was writing it: this attempt is dropped, the
+    committed checkpoint is left untouched."""
+
+
 class NoticeSourceError(PreemptibleError, ValueError):
     """A notice source was named or configured wrongly (unknown name, bad signal, wrong thread)."""
 

@@ -107,7 +107,7 @@ def test_corruption_is_detected_and_falls_back(root: str) -> None:
     s = state()
     ck.save(s, 1)
     ck.save(s, 2)
-    target = ck.storage.join(ck.path_of(2), "model.safetensors")
+    target = ck.storage.join(ck.files_dir(2), "model.safetensors")
     data = bytearray(ck.storage.read_bytes(target, 1 << 30))
     data[-1] ^= 1
     ck.storage.publish(target, bytes(data))

@@ -54,19 +54,21 @@ def test_sigkill_during_save_leaves_previous_checkpoint_restorable(tmp_path: Pat
     t = Trainer(root, *BIG, "--steps", "7")
     wait_for_event(root, lambda e: e["event"] == "save_started" and e["step"] == 6)
     deadline = time.monotonic() + 30
-    while not list((root / "step-000000000006").glob("*.safetensors")) and time.monotonic() < deadline:
+    while not list(root.glob("step-000000000006.part-*/*.safetensors")) and time.monotonic() < deadline:
         time.sleep(0.001)
     t.proc.kill()  # SIGKILL while the tensor files are being written
     t.finish()
     assert not any(e["event"] == "save_committed" and e["step"] == 6 for e in journal(root)), "killed too late"
     assert committed(root) == [3]
-    assert (root / "step-000000000006").exists()  # the torn save's leftovers, invisible to restore
+    (leftover,) = root.glob("step-000000000006.part-*")  # the torn save's own directory, invisible to restore
+    assert not (root / "step-000000000006").exists()
 
     code, out, err = Trainer(root, *BIG, "--steps", "7").finish()
     assert code == 0, err
     assert "resumed_from=3" in out
-    # step 6 rewritten over its leftovers; step 3 stays as the newest validated checkpoint
+    # step 6 written again in a directory of its own; step 3 stays as the newest validated checkpoint
     assert committed(root) == [3, 6, 7]
+    assert leftover.exists()  # younger than stale_after_s: it could be another machine's save in progress
     assert final_digest(out) == final_digest(ref[1])
 
 

@@ -304,3 +304,21 @@ def test_item_7_restore_past_a_hostile_checkpoint_stays_within_a_memory_cap(tmp_
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["restored", "1", "capped"]
+
+
+def test_a_candidate_that_fails_half_way_through_loading_does_not_spoil_the_next(tmp_path: Path) -> None:
+    """Found by the fuzz suite: a flipped bit turned the optimizer's "step" into "stdp"; load_state_dict() took the
+    state in and then raised, and the older checkpoint was compared against that altered live state."""
+    objs = model_and_optimizer()
+    ck = Checkpointer(str(tmp_path), keep=3)
+    ck.save(objs, 1)
+    ck.save(objs, 2)
+    p = tmp_path / "step-000000000002" / layout.STATE
+    head, _, tail = p.read_text().rpartition('"step"')  # the second parameter's only
+    p.write_text(head + '"stdp"' + tail)
+    reseal(tmp_path / "step-000000000002", lambda d: None)
+    model = torch.nn.Linear(4, 2)
+    live = {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=0.1)}  # no state yet: lazily made
+    with pytest.warns(CheckpointFallbackWarning, match="step 2"):
+        assert Checkpointer(str(tmp_path)).restore(live) == 1
+    assert set(live["optimizer"].state_dict()["state"][0]) == {"step", "exp_avg", "exp_avg_sq"}

@@ -195,6 +195,11 @@ class Checkpointer(Lifecycle, Prestaging):
     def path_of(self, step: int) -> str:
         return self.storage.join(self.root, layout.step_dir(step))
 
+    def files_dir(self, step: int) -> str:
+        """Where the files of committed checkpoint ``step`` are: its directory, or on an object store the attempt
+        prefix inside it that its COMMIT.json names (``step-N/a-<token>/``)."""
+        return self.reader.manifest(step).file_dir(self.storage.join, self.path_of(step))
+
     def is_committed(self, step: int) -> bool:
         return self.storage.exists(self.storage.join(self.path_of(step), layout.COMMIT))
 
@@ -203,24 +208,45 @@ class Checkpointer(Lifecycle, Prestaging):
         out = []
         for name in self.storage.listdir(self.root):
             step = layout.parse_step_dir(name)
-            if step is None:
+            attempt = layout.parse_attempt_dir(name)
+            if step is None and attempt is None:
                 continue
             path = self.storage.join(self.root, name)
             if not self.storage.isdir(path):
                 continue
+            if attempt is not None:  # a local save attempt that never got renamed into place
+                if include_uncommitted:
+                    out.append(CheckpointInfo(step=attempt, path=path, committed=False, bytes=self._bytes_in(path)))
+                continue
+            assert step is not None
             info = self._info(step, path)
             if info.committed or include_uncommitted:
                 out.append(info)
-        return sorted(out, key=lambda c: c.step)
+            if include_uncommitted and info.manifest is not None and info.manifest.prefix:
+                out += self._losing_attempts(info)
+        return sorted(out, key=lambda c: (c.step, c.committed))
+
+    def _bytes_in(self, path: str) -> int:
+        size = 0
+        for name in self.storage.listdir(path):
+            with contextlib.suppress(OSError):
+                size += self.storage.size(self.storage.join(path, name))
+        return size
+
+    def _losing_attempts(self, info: CheckpointInfo) -> list[CheckpointInfo]:
+        """Object stores: attempt prefixes under a committed step that its COMMIT.json does not name."""
+        assert info.manifest is not None
+        return [
+            CheckpointInfo(step=info.step, path=p, committed=False, bytes=self._bytes_in(p))
+            for name in self.storage.listdir(info.path)
+            if layout.PREFIX_RE.fullmatch(name) and name != info.manifest.prefix
+            for p in [self.storage.join(info.path, name)]
+        ]
 
     def _info(self, step: int, path: str) -> CheckpointInfo:
         verdict = self.markers.read(path)
         if verdict.state is State.UNCOMMITTED:
-            size = 0
-            for name in self.storage.listdir(path):
-                with contextlib.suppress(OSError):
-                    size += self.storage.size(self.storage.join(path, name))
-            return CheckpointInfo(step=step, path=path, committed=False, bytes=size)
+            return CheckpointInfo(step=step, path=path, committed=False, bytes=self._bytes_in(path))
         validated = verdict.state is State.VALIDATED
         try:
             manifest = self.reader.manifest(step)
@@ -492,8 +518,8 @@ class Checkpointer(Lifecycle, Prestaging):
         try:
             result = committer.write(job, specs, docs, blobs, threads or self.threads)
         except BaseException as e:
-            if self._leader:
-                self._abandon(job.path)
+            if self._leader and job.write_dir:
+                self._abandon(job.write_dir)  # this attempt's own files only: never a committed step's
             if isinstance(e, SaveCancelled):
                 self.events.event(Event.SAVE_ABANDONED, job.step, reason=job.reason, written=job.progress.done)
                 raise

@@ -1,5 +1,12 @@
-"""The commit protocol: data files made durable, every rank's files reported through the store, then
-``COMMIT.json`` published by rank 0 alone, last. A directory without it is invisible to restore.
+"""The commit protocol: data files made durable, every rank's files reported through the store, then the commit,
+by rank 0 alone, last. A directory without ``COMMIT.json`` is invisible to restore.
+
+Each save attempt writes into a place of its own, so that no process ever writes into a committed checkpoint
+(two machines on one root: a reclaimed one still saving the step its replacement has committed). On a local file
+system that is ``step-N.part-<token>/``, which gets ``COMMIT.json`` and is then renamed to ``step-N`` by a rename
+that cannot replace an existing directory. On an object store (no rename) the data goes under
+``step-N/a-<token>/`` and ``COMMIT.json``, which names that prefix, is created conditionally. The attempt that
+finds the step committed already fails with `AlreadyCommittedError` and removes only its own files.
 
 Under several ranks this is a barrier (`preemptible.dist.Coordinator.exchange`): rank 0 commits only if every
 rank reported its files durable within the timeout, and every rank learns the outcome. A dead rank means no
@@ -18,7 +25,7 @@ from typing import Any
 
 from preemptible import dist
 from preemptible.checkpoint.handle import SaveResult
-from preemptible.errors import SaveError
+from preemptible.errors import AlreadyCommittedError, SaveError
 from preemptible.store import checksum, layout
 from preemptible.store import format as tensor_format
 from preemptible.store.io import Storage
@@ -43,6 +50,8 @@ class Job:
     timings: dict[str, float] = field(default_factory=dict)
     probe: float | None = None
     key: str = "save/0"  # this save's round in the store (the same on every rank: saves happen in lockstep)
+    token: str = ""  # this attempt's own name, chosen by rank 0 (`layout.new_token`)
+    write_dir: str = ""  # where this attempt writes its files (see the module docs); empty until prepared
 
 
 def _records_doc(records: Mapping[str, FileRecord]) -> dict[str, list[Any]]:
@@ -97,19 +106,23 @@ class Committer:
         self._monotonic = monotonic
         self.verify_after_save = verify_after_save
 
+    def _attempt_dir(self, job: Job) -> str:
+        if self.storage.kind == "local":
+            return self.storage.join(self.root, layout.attempt_dir(job.step, job.token))
+        return self.storage.join(job.path, layout.attempt_prefix(job.token))
+
     def _prepare(self, job: Job, store: Any) -> None:
-        """Rank 0 clears leftovers of the step and makes its directory; the others wait until it has."""
+        """Rank 0 names this attempt and makes its directory; the others learn the name once it exists."""
         coord = self.coord
         if coord is None or coord.rank == 0:
-            if self.storage.exists(job.path):
-                log.info("removing uncommitted leftovers of step %d at %s before writing it again", job.step, job.path)
-                self.storage.remove_tree(job.path)
-            self.storage.makedirs(job.path)
-            self.storage.sync_dir(self.root)
+            job.token = layout.new_token()
+            job.write_dir = self._attempt_dir(job)
+            self.storage.makedirs(job.write_dir)
             if store is not None:
-                store.set(f"{job.key}/ready", str(job.step))
+                store.set(f"{job.key}/ready", job.token)
         else:
-            coord.collect_one(store, f"{job.key}/ready")
+            job.token = coord.collect_one(store, f"{job.key}/ready")
+            job.write_dir = self._attempt_dir(job)
 
     def write(
         self,
@@ -125,14 +138,14 @@ class Committer:
         self._prepare(job, store)
         try:
             records: dict[str, FileRecord] = write_files(
-                self.storage, job.path, specs, threads=threads, progress=job.progress, blobs=blobs
+                self.storage, job.write_dir, specs, threads=threads, progress=job.progress, blobs=blobs
             )
             for name, doc in docs.items():
-                records[name] = write_bytes(self.storage, job.path, name, doc)
-            self.storage.sync_dir(job.path)
+                records[name] = write_bytes(self.storage, job.write_dir, name, doc)
+            self.storage.sync_dir(job.write_dir)
             if self.verify_after_save:
                 t_read = self._monotonic()
-                read_back(self.storage, job.path, records, step=job.step)
+                read_back(self.storage, job.write_dir, records, step=job.step)
                 job.timings["read_back"] = self._monotonic() - t_read
             job.progress.add(0)  # last chance to abandon before the commit point
         except BaseException as e:
@@ -186,12 +199,13 @@ class Committer:
             predicted_save_s=job.extra.pop("predicted_save_s", None),
             probe=job.probe,
             extra=job.extra,
+            prefix="" if self.storage.kind == "local" else layout.attempt_prefix(job.token),
         )
         try:
-            self.storage.publish(self.storage.join(job.path, layout.COMMIT), manifest.to_json())
+            self._commit(job, manifest.to_json())
         except BaseException as e:
             if store is not None:
-                store.set(f"{job.key}/outcome", f"rank 0 could not write COMMIT.json: {e}")
+                store.set(f"{job.key}/outcome", f"rank 0 could not commit: {e}")
             raise
         if store is not None:
             store.set(f"{job.key}/outcome", "committed")
@@ -206,6 +220,27 @@ class Committer:
             timings=timings,
             predicted_s=manifest.predicted_save_s,
         )
+
+    def _commit(self, job: Job, manifest: bytes) -> None:
+        storage = self.storage
+        try:
+            if storage.kind == "local":
+                storage.publish(storage.join(job.write_dir, layout.COMMIT), manifest)
+                if storage.exists(job.path) and not storage.exists(storage.join(job.path, layout.COMMIT)):
+                    # no COMMIT.json: an uncommitted leftover of the older layout, or a deletion cut short
+                    log.info("removing uncommitted leftovers at %s before committing step %d", job.path, job.step)
+                    storage.remove_tree(job.path)
+                storage.commit_dir(job.write_dir, job.path)
+            else:
+                storage.publish_new(storage.join(job.path, layout.COMMIT), manifest)
+        except FileExistsError as e:
+            raise AlreadyCommittedError(
+                f"step {job.step} was committed at {job.path} by another process while this one was saving it (two "
+                "machines on one root: a reclaimed one and its replacement?). Its checkpoint was left as it is and "
+                "this attempt's files were removed; check that only one job writes to this root",
+                path=job.path,
+                step=job.step,
+            ) from e
 
 
 def save_error(e: OSError, step: int, path: str, *, root: str, newest: int | None) -> SaveError:

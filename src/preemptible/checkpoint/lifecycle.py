@@ -61,7 +61,7 @@ class Lifecycle:
         try:
             manifest = self.reader.manifest(job.step)
             if "read_back" not in job.timings:  # verify_after_save already read everything back before the commit
-                read_back(self.storage, directory, manifest.files, step=job.step)
+                read_back(self.storage, manifest.file_dir(self.storage.join, directory), manifest.files, step=job.step)
         except (CheckpointCorruptError, SaveError) as e:
             self.events.event(Event.CHECKPOINT_INVALID, job.step, error=str(e))
             self.markers.record(directory, Transition.CONTENT_FAIL, now=self._now(), reason=str(e), by="save")
@@ -116,7 +116,7 @@ class Lifecycle:
         target = self.storage.join(self.root, "quarantine", stamp)
         self.storage.makedirs(target)
         for info in infos:
-            self.storage.move(info.path, self.storage.join(target, layout.step_dir(info.step)))
+            self.storage.move(info.path, self.storage.join(target, info.path.rstrip("/").rsplit("/", 1)[-1]))
         self.storage.sync_dir(self.root)
         return target
 
@@ -125,14 +125,19 @@ class Lifecycle:
         if infos is None:
             infos = self.checkpoints(include_uncommitted=True)
         leftovers = [c for c in infos if not c.committed]
-        mtimes = {c.step: self.storage.newest_mtime(c.path) for c in leftovers}
+        mtimes = {c.path: self.storage.newest_mtime(c.path) for c in leftovers}
         stale = retention.stale_leftovers(
             leftovers, mtimes, now=self._clock(), older_than_s=self.stale_after_s, protect=self._writing
         )
-        for step in stale:
-            log.info("removing stale uncommitted leftovers of step %d (older than %.0f s)", step, self.stale_after_s)
-            deletion.delete_leftover(self.storage, self.root, step)
-        return stale
+        for info in stale:
+            log.info(
+                "removing stale uncommitted leftovers of step %d at %s (older than %.0f s)",
+                info.step,
+                info.path,
+                self.stale_after_s,
+            )
+            deletion.delete_leftover(self.storage, info.path)
+        return sorted({info.step for info in stale})
 
     def verify_report(self, step: int, *, mark: bool = True) -> tuple[CheckpointInfo, list[str]]:
         """`verify`, plus notes that do not fail it (files the manifest does not list, a probe left to check)."""

@@ -38,6 +38,7 @@ class Opened:
     step: int
     directory: str
     manifest: Manifest
+    files_dir: str = ""  # where the manifest's files are: the directory, or its attempt prefix on object stores
     tree: Any = None
     numpy: set[str] = field(default_factory=set)
     casts: dict[str, torch.dtype] = field(default_factory=dict)
@@ -102,6 +103,7 @@ class Reader:
         manifest = self.manifest(step)
         directory = self.path_of(step)
         opened = Opened(step=step, directory=directory, manifest=manifest)
+        opened.files_dir = manifest.file_dir(self.storage.join, directory)
         bad = opened.bad
         if manifest.checksum_algorithm != checksum.ALGORITHM:
             raise bad(
@@ -111,7 +113,7 @@ class Reader:
         if layout.STATE not in manifest.files:
             raise bad(f"the manifest lists no {layout.STATE}")
         for name, rec in manifest.files.items():
-            p = self.storage.join(directory, name)
+            p = self.storage.join(opened.files_dir, name)
             if not self.storage.exists(p):
                 raise bad(f"file {name} listed in COMMIT.json is missing")
             size = self.storage.size(p)
@@ -121,14 +123,17 @@ class Reader:
         opened.extra_files = sorted(
             n
             for n in self.storage.listdir(directory)
-            if n not in manifest.files and n not in markers and not n.startswith(tuple(m + ".tmp-" for m in markers))
+            if n not in manifest.files
+            and n not in markers
+            and not n.startswith(tuple(m + ".tmp-" for m in markers))
+            and not layout.PREFIX_RE.fullmatch(n)  # attempts' files: ours, or a loser's left for cleanup
         )
         opened.selected = _select(manifest, rank, opened)
         opened.tree = {}
         for name in [n for n in opened.selected if n.endswith(".json")]:
             rec = manifest.files[name]
             try:
-                raw = self.storage.read_bytes(self.storage.join(directory, name), max(rec.bytes, 0))
+                raw = self.storage.read_bytes(self.storage.join(opened.files_dir, name), max(rec.bytes, 0))
             except (FileTooLargeError, NotRegularFileError) as e:
                 raise bad(str(e)) from e
             found = checksum.of_bytes(raw)
@@ -150,7 +155,7 @@ class Reader:
             if not name.endswith(layout.TENSOR_SUFFIX):
                 continue
             rec = manifest.files[name]
-            p = self.storage.join(directory, name)
+            p = self.storage.join(opened.files_dir, name)
             try:
                 stream = self.storage.open_read(p)
             except NotRegularFileError as e:
@@ -249,7 +254,7 @@ class Reader:
 
         def read_file(name: str) -> dict[str, torch.Tensor]:
             rec = opened.manifest.files[name]
-            p = self.storage.join(opened.directory, name)
+            p = self.storage.join(opened.files_dir, name)
             try:
                 stream = self.storage.open_read(p)
             except NotRegularFileError as e:

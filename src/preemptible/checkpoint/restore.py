@@ -73,13 +73,13 @@ class Restorer:
         return ProbeCheck(stored, run_probe(self.probe, state), self.probe_rtol)
 
     def _try(
-        self, state: Mapping[str, Any], live_flat: Any, step: int
+        self, state: Mapping[str, Any], captured: Mapping[str, Any], live_flat: Any, step: int
     ) -> tuple[_Outcome, ProbeCheck | None, Opened | None]:
         coord = self.coord
         try:
             opened = self.reader.open(step, rank=coord.rank if coord is not None else 0)
             self.reader.check_sharding(opened, coord.world if coord is not None else 1)
-            self.check_fits(state, self.reader.skeleton(opened), step)  # before a single byte changes
+            self.check_fits(state, self.reader.skeleton(opened), step, captured)  # before a single byte changes
             loaded = self.reader.read(opened, live_flat.tensors, sharded=live_flat.dtensor_objs)
             self._apply(state, loaded, opened)
             check = self._probe_check(state, opened.manifest.probe)
@@ -126,7 +126,10 @@ class Restorer:
         failures: list[tuple[int, str]] = []
         io_errors: list[str] = []
         mismatches: list[StateMismatchError] = []
-        live_flat = flatten(capture(state))
+        # IMPORTANT: what the live objects were before any attempt. A candidate that fails half-way through
+        # load_state_dict() leaves them altered; the next one is checked against this, then loaded over it whole.
+        captured = capture(state)
+        live_flat = flatten(captured)
         coord = self.coord
         store = coord.client() if coord is not None else None
         leader = coord is None or coord.rank == 0
@@ -139,7 +142,7 @@ class Restorer:
                 )
                 continue
             t0 = self._monotonic()
-            outcome, check, opened = self._try(state, live_flat, cand.step)
+            outcome, check, opened = self._try(state, captured, live_flat, cand.step)
             outcome = self._agree(store, outcome)
             directory = self.reader.path_of(cand.step)
             if not outcome.ok:
@@ -220,7 +223,13 @@ class Restorer:
         probe = {"stored": check.stored, "recomputed": check.recomputed, "rtol": check.rtol} if check else None
         self.markers.record(opened.directory, Transition.VERIFY_PASS, now=self._now(), by="restore", probe=probe)
 
-    def check_fits(self, state: Mapping[str, Any], loaded: Mapping[str, Any], step: int) -> None:
+    def check_fits(
+        self,
+        state: Mapping[str, Any],
+        loaded: Mapping[str, Any],
+        step: int,
+        captured: Mapping[str, Any] | None = None,
+    ) -> None:
         """Raises `StateMismatchError` naming every difference between the checkpoint and the live objects."""
         # Entries named "_..." are preemptible's own (RNG streams, run metadata): a checkpoint written by a bare
         # Checkpointer lacks them, and restores fine (with a warning in the journal).
@@ -237,7 +246,8 @@ class Restorer:
         diffs = [f"{name}: missing from checkpoint (it holds {sorted(loaded)})" for name in missing]
         for name, obj in state.items():
             if name in loaded and not isinstance(obj, (dict, RNGState)):
-                diffs += differences(capture({name: obj}), {name: loaded[name]})
+                live = {name: captured[name]} if captured is not None else capture({name: obj})
+                diffs += differences(live, {name: loaded[name]})
         if diffs:
             path = self.reader.path_of(step)
             shown = "\n".join(f"  {d}" for d in diffs[:50])

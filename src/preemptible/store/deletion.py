@@ -26,6 +26,7 @@ def delete_checkpoint(
     storage.remove_tree(directory)
 
 
-def delete_leftover(storage: Storage, root: str, step: int) -> None:
-    """Delete an uncommitted leftover of ``step`` (a save that died, or a failed one being retried)."""
-    storage.remove_tree(storage.join(root, layout.step_dir(step)))
+def delete_leftover(storage: Storage, path: str) -> None:
+    """Delete an uncommitted leftover (a save attempt that died or lost the race, or an older layout's step
+    directory without ``COMMIT.json``) at ``path``."""
+    storage.remove_tree(path)

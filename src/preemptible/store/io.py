@@ -52,6 +52,13 @@ class Storage(Protocol):
     def open_read(self, path: str) -> ReadStream: ...
     def read_bytes(self, path: str, limit: int) -> bytes: ...
     def publish(self, path: str, data: bytes) -> None: ...
+    def publish_new(self, path: str, data: bytes) -> None:
+        """`publish`, only if nothing is at ``path`` yet. Raises FileExistsError if something is."""
+
+    def commit_dir(self, src: str, dst: str) -> None:
+        """Rename the directory ``src`` to ``dst``, only if ``dst`` does not exist. Raises FileExistsError if it
+        does. Local file systems only."""
+
     def append_text(self, path: str) -> Any: ...
     def remove(self, path: str) -> None: ...
     def move(self, src: str, dst: str) -> None: ...
@@ -75,6 +82,36 @@ def _open_regular(path: str) -> io.FileIO:
         return io.FileIO(fd, "rb", closefd=True)
     except BaseException:
         os.close(fd)
+        raise
+
+
+_RENAME_NOREPLACE = 1
+_AT_FDCWD = -100
+
+
+def _rename_noreplace(src: str, dst: str) -> None:
+    """rename(2) that fails with FileExistsError if ``dst`` exists: renameat2(RENAME_NOREPLACE) where the kernel
+    and file system offer it; otherwise rename(2), which cannot replace a non-empty directory either."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        renameat2 = None
+    if renameat2 is not None:
+        if renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):  # EINVAL: this file system lacks the flag
+            raise OSError(err, os.strerror(err), dst)
+    if os.path.lexists(dst) and not os.path.isdir(dst):
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), dst)
+    try:
+        os.rename(src, dst)
+    except OSError as e:
+        if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
+            raise FileExistsError(errno.EEXIST, f"{dst} exists and is not empty", dst) from e
         raise
 
 
@@ -187,6 +224,29 @@ class LocalStorage:
                 os.unlink(tmp)
             raise
         self.sync_dir(os.path.dirname(path))
+
+    def publish_new(self, path: str, data: bytes) -> None:
+        # A hard link cannot replace an existing name: the one atomic "create if absent" POSIX (and NFS) offer.
+        tmp = f"{path}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
+        try:
+            w = _LocalWriter(tmp)
+            try:
+                w.write(memoryview(data))
+            except BaseException:
+                w.abort()
+                raise
+            w.close()
+            os.link(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        self.sync_dir(os.path.dirname(path))
+
+    def commit_dir(self, src: str, dst: str) -> None:
+        # IMPORTANT: the commit point of a local save: a complete directory appears under its step's name at
+        # once, and never over one that is there (a committed step is never written again, by anyone).
+        _rename_noreplace(src, dst)
+        self.sync_dir(os.path.dirname(dst))
 
     def append_text(self, path: str) -> Any:
         return open(path, "a", encoding="utf-8")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -39,6 +40,30 @@ def step_dir(step: int) -> str:
 def parse_step_dir(name: str) -> int | None:
     m = STEP_RE.fullmatch(name)
     return int(m.group(1)) if m else None
+
+
+ATTEMPT_RE = re.compile(rf"step-([0-9]{{{STEP_DIGITS}}})\.part-([0-9a-f]{{16}})", re.ASCII)
+PREFIX_RE = re.compile(r"a-[0-9a-f]{16}", re.ASCII)
+
+
+def new_token() -> str:
+    """A save attempt's own name: 64 random bits, unique across machines writing to one root."""
+    return secrets.token_hex(8)
+
+
+def attempt_dir(step: int, token: str) -> str:
+    """On a local file system: where one save attempt of ``step`` is written, then renamed to `step_dir`."""
+    return f"{step_dir(step)}.part-{token}"
+
+
+def parse_attempt_dir(name: str) -> int | None:
+    m = ATTEMPT_RE.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
+def attempt_prefix(token: str) -> str:
+    """On an object store: the prefix inside ``step-N/`` that holds one save attempt's data files."""
+    return f"a-{token}"
 
 
 def rank_suffix(rank: int) -> str:
@@ -85,6 +110,13 @@ class Manifest:
     timings: Mapping[str, float] = field(default_factory=dict)
     predicted_save_s: float | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    prefix: str = ""
+    """Object stores: the attempt prefix (``a-<token>``) inside the step directory that holds the files; empty on
+    a local file system (the files sit in the step directory, renamed into place whole)."""
+
+    def file_dir(self, join: Any, directory: str) -> str:
+        """Where this manifest's files are, for the step ``directory``."""
+        return join(directory, self.prefix) if self.prefix else directory
 
     @property
     def total_bytes(self) -> int:
@@ -102,6 +134,8 @@ class Manifest:
             "timings": dict(self.timings),
             "predicted_save_s": self.predicted_save_s,
         }
+        if self.prefix:
+            doc["prefix"] = self.prefix
         doc.update(self.extra)
         return (json.dumps(seal(doc), indent=1, allow_nan=False) + "\n").encode()
 
@@ -172,7 +206,11 @@ class Manifest:
             raise bad("expected 'timings' to be an object")
         predicted = doc.get("predicted_save_s")
         created = doc.get("created", "")
+        prefix = doc.get("prefix", "")
+        if prefix != "" and not (isinstance(prefix, str) and PREFIX_RE.fullmatch(prefix)):
+            raise bad(f"expected 'prefix' to name an attempt (a-<16 hex digits>), found {str(prefix)[:80]!r}")
         known = {
+            "prefix",
             "format_version",
             "step",
             "created",
@@ -207,6 +245,7 @@ class Manifest:
             timings={str(k): float(v) for k, v in timings.items() if isinstance(v, (int, float))},
             predicted_save_s=float(predicted) if isinstance(predicted, (int, float)) else None,
             extra={k: v for k, v in doc.items() if k not in known},
+            prefix=prefix,
         )
 
 

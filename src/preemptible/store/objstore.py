@@ -13,6 +13,7 @@ nothing half-written commits and the previous checkpoint stays usable.
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib
 import io
 import logging
@@ -151,6 +152,9 @@ class _ObjectWriter:
             log.warning("could not abort the upload of %s (%s); an incomplete upload may remain", self.path, e)
 
 
+_PRECONDITION_FAILED = ("PreconditionFailed", "Precondition Failed", "412", "ConditionNotMet", "BlobAlreadyExists")
+
+
 class FsspecStorage:
     """A prefix in an object store (or any fsspec file system), addressed by URL.
 
@@ -226,10 +230,13 @@ class FsspecStorage:
         return int(self._retry(f"stat {path}", lambda: self.fs.size(path)))
 
     def newest_mtime(self, path: str) -> float | None:
+        # Recursive: an attempt's files sit one prefix deeper (step-N/a-<token>/), and a prefix has no time of its own
+        self.fs.invalidate_cache(path)
         try:
-            infos = self._retry(f"list {path}", lambda: self._fresh_ls(path, detail=True))
+            found = self._retry(f"list {path}", lambda: self.fs.find(path, detail=True))
         except FileNotFoundError:
             return None
+        infos = found.values() if isinstance(found, dict) else found
         newest = None
         for info in infos:
             keys = ("LastModified", "last_modified", "mtime", "updated", "created")  # s3fs, adlfs, local, gcsfs
@@ -260,6 +267,31 @@ class FsspecStorage:
         # atomically, after every data object is complete. Never a rename (copy + delete is not atomic).
         self._retry(f"put {path}", lambda: self.fs.pipe_file(path, data))
         self.fs.invalidate_cache(path)
+
+    def publish_new(self, path: str, data: bytes) -> None:
+        # The check narrows the race for backends (or emulators) without a conditional create; the create closes it
+        # where there is one. Without one, two writers inside that gap both succeed: the later object wins, and
+        # each refers to its own complete files, so the checkpoint is whole either way.
+        if self.exists(path):
+            raise FileExistsError(errno.EEXIST, "already exists", path)
+        self.create_only(path, data)
+
+    def create_only(self, path: str, data: bytes) -> None:
+        """One PUT that fails with FileExistsError if the object exists, where the backend offers it: S3
+        ``If-None-Match: *``, GCS ``ifGenerationMatch=0``, Azure ``If-None-Match: *`` (fsspec's ``mode="create"``)."""
+        try:
+            self._retry(f"put {path}", lambda: self.fs.pipe_file(path, data, mode="create"))
+        except FileExistsError:
+            raise
+        except Exception as e:
+            if any(s in f"{type(e).__name__} {e}" for s in _PRECONDITION_FAILED):
+                raise FileExistsError(errno.EEXIST, f"already exists ({e})", path) from e
+            raise
+        finally:
+            self.fs.invalidate_cache(path)
+
+    def commit_dir(self, src: str, dst: str) -> None:
+        raise OSError(errno.ENOTSUP, "an object store cannot rename a prefix atomically; commit with publish_new", src)
 
     def append_text(self, path: str) -> Any:
         return _BufferedObjectText(self, path)

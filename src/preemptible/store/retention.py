@@ -66,13 +66,13 @@ def needs_validation(checkpoints: Iterable[CheckpointInfo], keep: int) -> bool:
 
 def stale_leftovers(
     checkpoints: Iterable[CheckpointInfo],
-    mtimes: dict[int, float | None],
+    mtimes: dict[str, float | None],
     *,
     now: float,
     older_than_s: float,
     protect: Collection[int] = (),
-) -> list[int]:
-    """Uncommitted directories safe to delete: untouched for longer than ``older_than_s``.
+) -> list[CheckpointInfo]:
+    """Uncommitted leftovers safe to delete: untouched for longer than ``older_than_s`` (``mtimes`` by path).
 
     A younger one may belong to a machine still writing during its notice window; it is left alone.
     """
@@ -80,7 +80,7 @@ def stale_leftovers(
     for c in checkpoints:
         if c.committed or c.step in protect:
             continue
-        mtime = mtimes.get(c.step)
+        mtime = mtimes.get(c.path)
         if mtime is not None and now - mtime > older_than_s:
-            out.append(c.step)
+            out.append(c)
     return out
