@@ -113,6 +113,11 @@ class NotRegularFileError(PreemptibleError, ValueError):
     """A path that must be a plain file is a directory, a FIFO, a device or a socket (a tampered checkpoint)."""
 
 
+class OutsideRootError(NotRegularFileError):
+    """A path under the checkpoint root resolves (through a symbolic link) to a place outside it: preemptible never
+    reads, writes or deletes through it."""
+
+
 class StorageUnavailableError(PreemptibleError, ImportError):
     """The fsspec backend for a URL is not installed."""
 

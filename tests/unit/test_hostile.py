@@ -322,3 +322,58 @@ def test_a_candidate_that_fails_half_way_through_loading_does_not_spoil_the_next
     with pytest.warns(CheckpointFallbackWarning, match="step 2"):
         assert Checkpointer(str(tmp_path)).restore(live) == 1
     assert set(live["optimizer"].state_dict()["state"][0]) == {"step", "exp_avg", "exp_avg_sq"}
+
+
+def test_item_3_a_step_dir_linking_out_of_the_root_is_refused_never_rotated_through(tmp_path: Path) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    ck = Checkpointer(str(root), keep=2)
+    ck.save(state(1.0), 1)
+    import shutil
+
+    shutil.copytree(root / "step-000000000001", outside)  # a real checkpoint's files, outside the root
+    (root / "step-000000000005").symlink_to(outside, target_is_directory=True)
+    before = sorted(p.name for p in outside.iterdir())
+    infos = Checkpointer(str(root)).checkpoints(include_uncommitted=True)
+    refused = [c for c in infos if c.status == "refused"]
+    assert [c.step for c in refused] == [5] and "outside the root" in str(refused[0].refused)
+    assert [c.step for c in Checkpointer(str(root)).checkpoints()] == [1]
+    for step in (7, 8, 9):  # commits, validates and rotates: must not touch what the link points to
+        ck.save(state(float(step)), step)
+    assert sorted(p.name for p in outside.iterdir()) == before
+    assert (root / "step-000000000005").is_symlink()
+    live = state(0.0)
+    assert Checkpointer(str(root)).restore(live) == 9
+    assert main(["inspect", str(root)]) == 0
+
+
+@pytest.mark.parametrize("name", ["w.safetensors", "state.json"])
+def test_item_3_a_file_linking_out_of_the_root_is_never_read(tmp_path: Path, name: str) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    two_checkpoints(root)
+    outside.mkdir()
+    step2 = root / "step-000000000002"
+    (outside / name).write_bytes((step2 / name).read_bytes())  # identical bytes: sizes and checksums still match
+    (step2 / name).unlink()
+    (step2 / name).symlink_to(outside / name)
+    reseal(step2, lambda d: None)
+    live = {"w": {"t": torch.zeros(16)}, "meta": {}}
+    with pytest.warns(CheckpointFallbackWarning, match="outside the checkpoint root"):
+        assert Checkpointer(str(root)).restore(live) == 1
+    assert main(["verify", "--step", "2", str(root)]) == 1
+
+
+def test_item_3_the_root_itself_may_be_a_link(tmp_path: Path) -> None:
+    real = tmp_path / "volume"
+    real.mkdir()
+    link = tmp_path / "ckpt"
+    link.symlink_to(real, target_is_directory=True)
+    ck = Checkpointer(str(link), keep=2)
+    for step in (1, 2, 3):
+        ck.save(state(float(step)), step)
+    assert ck.root == str(real)
+    assert sorted(p.name for p in real.iterdir() if p.name.startswith("step-")) == [
+        "step-000000000002",
+        "step-000000000003",
+    ]
+    live = state(0.0)
+    assert Checkpointer(str(link)).restore(live) == 3

@@ -31,6 +31,7 @@ from preemptible.checkpoint.restore import Candidate, Restorer
 from preemptible.errors import (
     CheckpointCorruptError,
     CheckpointNotFoundError,
+    NotRegularFileError,
     SaveCancelled,
     SaveError,
 )
@@ -212,6 +213,12 @@ class Checkpointer(Lifecycle, Prestaging):
             if step is None and attempt is None:
                 continue
             path = self.storage.join(self.root, name)
+            target = self.storage.escapes(path)
+            if target is not None:
+                if include_uncommitted:
+                    why = f"{name} is a link to {target}, outside the root: never read, restored or deleted through"
+                    out.append(CheckpointInfo(step=step or attempt or 0, path=path, committed=False, refused=why))
+                continue
             if not self.storage.isdir(path):
                 continue
             if attempt is not None:  # a local save attempt that never got renamed into place
@@ -244,7 +251,10 @@ class Checkpointer(Lifecycle, Prestaging):
         ]
 
     def _info(self, step: int, path: str) -> CheckpointInfo:
-        verdict = self.markers.read(path)
+        try:
+            verdict = self.markers.read(path)
+        except NotRegularFileError as e:  # COMMIT.json itself a link out of the root, or not a file
+            return CheckpointInfo(step=step, path=path, committed=True, error=str(e))
         if verdict.state is State.UNCOMMITTED:
             return CheckpointInfo(step=step, path=path, committed=False, bytes=self._bytes_in(path))
         validated = verdict.state is State.VALIDATED

@@ -124,7 +124,7 @@ class Lifecycle:
         """Delete uncommitted leftovers older than ``stale_after_s``; younger ones may still be being written."""
         if infos is None:
             infos = self.checkpoints(include_uncommitted=True)
-        leftovers = [c for c in infos if not c.committed]
+        leftovers = [c for c in infos if not c.committed and c.refused is None]
         mtimes = {c.path: self.storage.newest_mtime(c.path) for c in leftovers}
         stale = retention.stale_leftovers(
             leftovers, mtimes, now=self._clock(), older_than_s=self.stale_after_s, protect=self._writing

@@ -114,9 +114,12 @@ class Reader:
             raise bad(f"the manifest lists no {layout.STATE}")
         for name, rec in manifest.files.items():
             p = self.storage.join(opened.files_dir, name)
-            if not self.storage.exists(p):
-                raise bad(f"file {name} listed in COMMIT.json is missing")
-            size = self.storage.size(p)
+            try:
+                if not self.storage.exists(p):
+                    raise bad(f"file {name} listed in COMMIT.json is missing")
+                size = self.storage.size(p)
+            except NotRegularFileError as e:  # a link that leaves the root
+                raise bad(str(e)) from e
             if size != rec.bytes:
                 raise bad(f"file {name} is {size} bytes, COMMIT.json records {rec.bytes} (truncated or replaced)")
         markers = (layout.COMMIT, layout.VALID, layout.INVALID)

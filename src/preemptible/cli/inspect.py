@@ -36,7 +36,7 @@ def collect(root: str) -> dict[str, Any]:
                 "predicted_s": info.predicted_save_s,
                 "created": info.created,
                 "probe": m.probe if m else None,
-                "why": info.invalid or info.error,
+                "why": info.refused or info.invalid or info.error,
             }
         )
     done_path = ck.storage.join(ck.root, layout.DONE)

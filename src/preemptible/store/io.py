@@ -15,7 +15,7 @@ import shutil
 import stat
 from typing import Any, Protocol
 
-from preemptible.errors import FileTooLargeError, NotRegularFileError
+from preemptible.errors import FileTooLargeError, NotRegularFileError, OutsideRootError
 from preemptible.store import direct
 
 
@@ -64,16 +64,26 @@ class Storage(Protocol):
     def move(self, src: str, dst: str) -> None: ...
     def remove_tree(self, path: str) -> None: ...
     def sync_dir(self, path: str) -> None: ...
+    def escapes(self, path: str) -> str | None:
+        """Where ``path`` leads when a symbolic link takes it outside the root, else None."""
 
 
-def _open_regular(path: str) -> io.FileIO:
-    """Open ``path`` for reading only if it is a regular file: a FIFO would block forever, a device never end.
+def _open_regular(path: str, root: str | None = None) -> io.FileIO:
+    """Open ``path`` for reading only if it is a regular file (a FIFO would block forever, a device never end)
+    inside ``root``.
 
     Raises:
         NotRegularFileError: it is a directory, FIFO, device or socket (checked on the opened file: no race).
+        OutsideRootError: the file opened is outside ``root`` (checked on the opened file where /proc says).
     """
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
+        if root is not None:
+            try:
+                opened = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                opened = os.path.realpath(path)
+            _check_inside(path, opened, root)
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             kind = "directory" if stat.S_ISDIR(mode) else "FIFO" if stat.S_ISFIFO(mode) else "device or socket"
@@ -83,6 +93,14 @@ def _open_regular(path: str) -> io.FileIO:
     except BaseException:
         os.close(fd)
         raise
+
+
+def _check_inside(path: str, real: str, root: str) -> None:
+    if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
+        raise OutsideRootError(
+            f"{path} resolves to {real}, outside the checkpoint root {root}: a symbolic link that leaves the root "
+            "is never read, written or deleted through. Remove the link, or copy what it points to into the root"
+        )
 
 
 _RENAME_NOREPLACE = 1
@@ -146,7 +164,8 @@ class LocalStorage:
     kind = "local"
 
     def __init__(self, root: str, *, direct_io: bool = True) -> None:
-        self.root = os.path.abspath(os.path.expanduser(root))
+        # Resolved once: the root may itself be a link (to a mounted volume); nothing under it may leave it.
+        self.root = os.path.realpath(os.path.abspath(os.path.expanduser(root)))
         self.direct = direct_io
         """Write data files with O_DIRECT where the file system allows it (see `preemptible.store.direct`)."""
 
@@ -156,28 +175,43 @@ class LocalStorage:
     def join(self, *parts: str) -> str:
         return os.path.join(*parts)
 
+    def inside(self, path: str) -> str:
+        """``path``, once it is known to resolve inside the root.
+
+        Raises:
+            OutsideRootError: a symbolic link on the way leads out of the root.
+        """
+        _check_inside(path, os.path.realpath(path), self.root)
+        return path
+
+    def escapes(self, path: str) -> str | None:
+        """Where ``path`` leads when that is outside the root, else None."""
+        real = os.path.realpath(path)
+        inside = real == self.root or real.startswith(self.root.rstrip(os.sep) + os.sep)
+        return None if inside else real
+
     def makedirs(self, path: str) -> None:
-        os.makedirs(path, exist_ok=True)
+        os.makedirs(self.inside(path), exist_ok=True)
 
     def listdir(self, path: str) -> list[str]:
         try:
-            return sorted(os.listdir(path))
+            return sorted(os.listdir(self.inside(path)))
         except FileNotFoundError:
             return []
 
     def isdir(self, path: str) -> bool:
-        return os.path.isdir(path)
+        return os.path.isdir(self.inside(path))
 
     def exists(self, path: str) -> bool:
-        return os.path.exists(path)
+        return os.path.exists(self.inside(path))
 
     def size(self, path: str) -> int:
-        return os.stat(path).st_size
+        return os.stat(self.inside(path)).st_size
 
     def newest_mtime(self, path: str) -> float | None:
         """The newest modification time of ``path`` and, for a directory, of everything directly in it."""
         try:
-            newest = os.stat(path).st_mtime
+            newest = os.stat(self.inside(path)).st_mtime
         except FileNotFoundError:
             return None
         if os.path.isdir(path):
@@ -190,6 +224,7 @@ class LocalStorage:
         return newest
 
     def open_write(self, path: str) -> WriteStream:
+        self.inside(path)
         if self.direct:
             fd = direct.open_direct(path)
             if fd is not None:
@@ -197,10 +232,10 @@ class LocalStorage:
         return _LocalWriter(path)
 
     def open_read(self, path: str) -> ReadStream:
-        return _open_regular(path)
+        return _open_regular(path, self.root)
 
     def read_bytes(self, path: str, limit: int) -> bytes:
-        with _open_regular(path) as f:
+        with _open_regular(path, self.root) as f:
             data = f.read(limit + 1)
         if len(data) > limit:
             raise FileTooLargeError(f"{path} is larger than the {limit} bytes expected of it")
@@ -209,6 +244,7 @@ class LocalStorage:
     def publish(self, path: str, data: bytes) -> None:
         # IMPORTANT: the commit point. Temp name in the same directory (same device, no copy), fsync, atomic
         # rename, then fsync of the directory so the new name itself survives a power cut.
+        self.inside(path)
         tmp = f"{path}.tmp-{os.getpid()}"
         try:
             w = _LocalWriter(tmp)
@@ -227,7 +263,7 @@ class LocalStorage:
 
     def publish_new(self, path: str, data: bytes) -> None:
         # A hard link cannot replace an existing name: the one atomic "create if absent" POSIX (and NFS) offer.
-        tmp = f"{path}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
+        tmp = f"{self.inside(path)}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
         try:
             w = _LocalWriter(tmp)
             try:
@@ -245,22 +281,27 @@ class LocalStorage:
     def commit_dir(self, src: str, dst: str) -> None:
         # IMPORTANT: the commit point of a local save: a complete directory appears under its step's name at
         # once, and never over one that is there (a committed step is never written again, by anyone).
-        _rename_noreplace(src, dst)
+        _rename_noreplace(self.inside(src), self.inside(dst))
         self.sync_dir(os.path.dirname(dst))
 
     def append_text(self, path: str) -> Any:
-        return open(path, "a", encoding="utf-8")
+        return open(self.inside(path), "a", encoding="utf-8")
 
     def remove(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
+            if not os.path.islink(path):  # a link itself is removed, never what it points to
+                self.inside(path)
             os.unlink(path)
 
     def remove_tree(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
-            shutil.rmtree(path)
+            if os.path.islink(path):  # never deleted through; rmtree itself never follows links inside
+                os.unlink(path)
+                return
+            shutil.rmtree(self.inside(path))
 
     def move(self, src: str, dst: str) -> None:
-        os.replace(src, dst)
+        os.replace(src, self.inside(dst))
 
     def sync_dir(self, path: str) -> None:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)

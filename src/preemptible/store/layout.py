@@ -286,6 +286,7 @@ class CheckpointInfo:
         predicted_save_s: the prediction made before the save, or None.
         manifest: the parsed COMMIT.json, or None if uncommitted or unreadable.
         error: why the manifest could not be read, or None.
+        refused: why the entry is not looked into at all (see below), or None.
         invalid: why a restore rejected it (INVALID.json: a probe mismatch), or None.
     """
 
@@ -300,10 +301,14 @@ class CheckpointInfo:
     manifest: Manifest | None = None
     error: str | None = None
     invalid: str | None = None
+    refused: str | None = None
+    """Why it is not even looked into (a link that leads out of the root), or None. Never restored or deleted."""
 
     @property
     def status(self) -> str:
-        """``uncommitted``, ``committed``, ``validated``, ``invalid`` or ``unreadable``."""
+        """``uncommitted``, ``committed``, ``validated``, ``invalid``, ``unreadable`` or ``refused``."""
+        if self.refused is not None:
+            return "refused"
         if not self.committed:
             return "uncommitted"
         if self.error is not None:

@@ -290,6 +290,9 @@ class FsspecStorage:
         finally:
             self.fs.invalidate_cache(path)
 
+    def escapes(self, path: str) -> str | None:
+        return None  # object stores have no links
+
     def commit_dir(self, src: str, dst: str) -> None:
         raise OSError(errno.ENOTSUP, "an object store cannot rename a prefix atomically; commit with publish_new", src)
 

@@ -78,7 +78,7 @@ def stale_leftovers(
     """
     out = []
     for c in checkpoints:
-        if c.committed or c.step in protect:
+        if c.committed or c.step in protect or c.refused is not None:
             continue
         mtime = mtimes.get(c.path)
         if mtime is not None and now - mtime > older_than_s:
