@@ -32,6 +32,7 @@ from preemptible.cli import main
 from preemptible.store import checksum, layout
 
 EXAMPLES = int(os.environ.get("PREEMPTIBLE_FUZZ_EXAMPLES", "60"))
+REPORT = os.environ.get("PREEMPTIBLE_FUZZ_REPORT")  # read at import: the tests run with PREEMPTIBLE_* scrubbed
 FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,
@@ -74,9 +75,8 @@ _tried: dict[str, int] = {}
 
 
 def _report() -> None:
-    path = os.environ.get("PREEMPTIBLE_FUZZ_REPORT")
-    if path:
-        with open(path, "a") as f:
+    if REPORT:
+        with open(REPORT, "a") as f:
             f.write(json.dumps(_tried) + "\n")
 
 
