@@ -19,6 +19,7 @@ from preemptible.events import Event, SaveReason
 if TYPE_CHECKING:
     from preemptible.checkpoint import Checkpointer, SaveHandle, SaveResult
     from preemptible.guard import Guard
+    from preemptible.writer import Progress
 
 log = logging.getLogger("preemptible")
 
@@ -26,6 +27,20 @@ SAFETY_MARGIN = 0.8
 """Plan to use at most this share of the time left: bandwidth drifts, and steps vary."""
 ASSUMED_BANDWIDTH = 100e6
 """Bytes per second assumed for deadline arithmetic before the first save has measured the storage."""
+MIN_RATE_BYTES = 16 << 20
+"""An in-flight save's own rate counts only once it has written this much (or half its bytes): before that it
+measures start-up (opening files, a multipart upload's first round trip, a header of a few KB), not the storage."""
+
+
+def inflight_bandwidth(measured: float | None, progress: Progress) -> float:
+    """The bandwidth to settle an in-flight save with: what completed saves measured; else the save's own rate
+    once it has written enough to mean something; else `ASSUMED_BANDWIDTH`."""
+    if measured:
+        return measured
+    rate = progress.rate()
+    if rate and progress.done >= min(MIN_RATE_BYTES, max(1, progress.total // 2)):
+        return rate
+    return ASSUMED_BANDWIDTH
 
 
 class InflightChoice(str, Enum):
@@ -117,12 +132,12 @@ class Emergency:
         if handle is None or handle.done():
             return handle
         remaining = self.guard.remaining()
-        rate = handle.progress.rate()
+        bandwidth = inflight_bandwidth(self.checkpointer.bandwidth, handle.progress)
         choice = deadline_choice(
             remaining_s=remaining,
             inflight_left_bytes=handle.bytes_left,
             emergency_bytes=self._state_bytes(),
-            bandwidth=self.checkpointer.bandwidth or rate or ASSUMED_BANDWIDTH,
+            bandwidth=bandwidth,
         )
         self._events().event(
             Event.INFLIGHT,
@@ -131,6 +146,7 @@ class Emergency:
             choice=choice,
             bytes_left=handle.bytes_left,
             remaining_s=remaining,
+            bandwidth_mb_s=round(bandwidth / 1e6, 3),
         )
         if choice is InflightChoice.ABANDON:
             handle.cancel()

@@ -255,3 +255,23 @@ def test_file_plan_splits_large_groups_for_parallel_writers() -> None:
     model_parts = [s for s in specs if s.name.startswith("model-")]
     assert len(model_parts) >= 2
     assert sum(s.nbytes for s in model_parts) == 8 * (16 << 20)
+
+
+def test_item_10_an_inflight_save_that_has_written_only_its_header_is_not_judged_by_that_rate() -> None:
+    """Issue 14 item 10: SIGTERM with 30 s left during the first asynchronous save of a process; it had written its
+    4 KB header in 0.5 s (start-up, not the storage), so the rate said 8 KB/s and the save was abandoned."""
+    from preemptible.emergency import ASSUMED_BANDWIDTH, inflight_bandwidth
+    from preemptible.writer import Progress
+
+    now = [100.0]
+    progress = Progress(total=24_483_484 + 4096, done=4096, started=99.5, monotonic=lambda: now[0])
+    bandwidth = inflight_bandwidth(None, progress)
+    assert bandwidth == ASSUMED_BANDWIDTH
+    choice = deadline_choice(
+        remaining_s=30.0, inflight_left_bytes=24_483_484, emergency_bytes=24_483_484, bandwidth=bandwidth
+    )
+    assert choice == "finish"
+    progress.done = 20 << 20  # 20 MiB in 10 s: now the save's own rate means something, and it is slow
+    now[0] = 109.5
+    assert inflight_bandwidth(None, progress) == pytest.approx((20 << 20) / 10)
+    assert inflight_bandwidth(5e8, progress) == 5e8  # completed saves measured the storage: that comes first
