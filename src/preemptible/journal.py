@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from preemptible.events import Event
 from preemptible.notice import Clock
 from preemptible.store import layout
 from preemptible.store.io import Storage
@@ -50,6 +51,7 @@ class Journal:
         self._lock = threading.Lock()
         self._file: Any = None
         self._failed = False
+        self._written = 0
         self._directory = directory
         self.report: Any = None
         """A `preemptible.relay.ReportFile` that mirrors the milestones (set by `Run` under ``drill``)."""
@@ -62,17 +64,56 @@ class Journal:
             if self._failed:
                 return record
             try:
+                lost = self._lost()
                 if self._file is None:
                     self._storage.makedirs(self._directory)
                     self._file = self._storage.append_text(self.path)
+                if lost:
+                    self._file.write(self._lost_line(lost))
                 self._file.write(line)
                 self._file.flush()
+                self._written += 1
             except OSError as e:
                 self._failed = True
                 log.warning("journal %s cannot be written (%s); training continues without it", self.path, e)
         if self.report is not None:
             self.report.record(record)
         return record
+
+    def _lost(self) -> int:
+        """Local files: if the journal was deleted under the run (the root removed, a cleanup script), say so in
+        the log and start it again. Returns how many events were lost with it (0: nothing lost)."""
+        if self._file is None or getattr(self._file, "object_store", False):
+            return 0
+        try:
+            if os.fstat(self._file.fileno()).st_nlink > 0:
+                return 0
+        except (OSError, ValueError):
+            return 0
+        lost = self._written
+        log.warning(
+            "the journal %s was deleted while this run was writing it (was the checkpoint root removed?): its %d "
+            "earlier events are lost; a new journal starts at the same path with a journal_lost event",
+            self.path,
+            lost,
+        )
+        with contextlib.suppress(OSError):
+            self._file.close()
+        self._file = None
+        self._written = 0
+        return lost
+
+    def _lost_line(self, lost: int) -> str:
+        record = {
+            "t": layout.now_iso(self._clock()),
+            "event": Event.JOURNAL_LOST.value,
+            "step": None,
+            "rank": self.rank,
+            "lost_events": lost,
+            "why": "the journal file was deleted while the run was writing it (the root removed?)",
+        }
+        self._written += 1
+        return json.dumps(record) + "\n"
 
     def sync(self) -> None:
         """Force the journal to stable storage (called at exit and after saves)."""
