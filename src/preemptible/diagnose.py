@@ -12,12 +12,16 @@ ranks' ``exitcode: -15`` there is torchrun tearing them down after the first fai
 
 from __future__ import annotations
 
+import io
+import os
 import re
 import signal
-from collections.abc import Iterable, Sequence
+import stat
+import sys
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from preemptible.logrules import RULES
 
@@ -58,7 +62,7 @@ def _oom(line: str) -> bool:
     return any(r.verdict == "oom" and r.pattern.search(line) for r in RULES)
 
 
-def scan_lines(lines: Sequence[str], where: str) -> list[Evidence]:
+def scan_lines(lines: Iterable[str], where: str) -> list[Evidence]:
     """Evidence from one log's lines."""
     found: list[Evidence] = []
     in_traceback = False
@@ -293,6 +297,8 @@ class Diagnosis:
     steps_lost: int | None
     steps_lost_exact: bool
     confirm: list[str]
+    notes: list[str] = field(default_factory=list)
+    """What was left out of the inputs (a log over `MAX_LOG_BYTES`)."""
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -332,19 +338,28 @@ class Diagnosis:
                 qual = "" if self.steps_lost_exact else "at least "
                 lines.append(f"  steps lost: {qual}{self.steps_lost} (last step reached {ck.get('last_step')})")
         lines += ["", "how to confirm:"] + [f"  - {c}" for c in self.confirm]
+        if self.notes:
+            lines += ["", "not read:"] + [f"  - {n}" for n in self.notes]
         return "\n".join(lines)
 
 
 def diagnose(
-    logs: Iterable[tuple[str, Sequence[str]]] = (),
+    logs: Iterable[tuple[str, Iterable[str]] | LogInput] = (),
     *,
     exit_code: int | None = None,
     root: str | None = None,
 ) -> Diagnosis:
     """The verdict for ``logs`` (pairs of a name and its lines), an exit code and a checkpoint root."""
     evidence: list[Evidence] = []
-    for name, lines in logs:
-        evidence += scan_lines(lines, name)
+    notes: list[str] = []
+    for log_input in logs:
+        if isinstance(log_input, LogInput):
+            evidence += scan_lines(log_input, log_input.name)
+            if log_input.note is not None:
+                notes.append(log_input.note)
+        else:
+            name, lines = log_input
+            evidence += scan_lines(lines, name)
     facts = journal_facts(root) if root is not None else None
     if facts is not None:
         evidence += _journal_evidence(facts)
@@ -375,7 +390,7 @@ def diagnose(
             exact = facts.exit is not None or facts.done  # a hard kill may have gone further than the journal saw
     platforms = {e.platform for e in evidence if e.platform}
     confirm = _confirm(verdict, platforms)
-    return Diagnosis(verdict, summary, evidence, exit_code, checkpoint, lost, exact, confirm)
+    return Diagnosis(verdict, summary, evidence, exit_code, checkpoint, lost, exact, confirm, notes)
 
 
 def _decide(evidence: Sequence[Evidence]) -> str:
@@ -398,6 +413,62 @@ def _confirm(verdict: str, platforms: set[str]) -> list[str]:
     return platform_items + generic or items
 
 
-def read_log(path: str) -> tuple[str, list[str]]:
-    text = Path(path).read_bytes().decode("utf-8", errors="replace")
-    return Path(path).name, text.splitlines()
+MAX_LOG_BYTES = 64 << 20
+"""What one input may contribute: of a longer file, its last 64 MiB (how a run ended is at its end); of a stream,
+its first 64 MiB."""
+MAX_LINE_CHARS = 4096
+"""A longer line is scanned by its first 4096 characters; the rest is skipped without being kept."""
+
+
+class LogInput:
+    """The lines of one log, read as a stream with bounded memory (a line at a time, each cut at
+    `MAX_LINE_CHARS`) and bounded length (`MAX_LOG_BYTES`). ``note`` says what was left out, once it is read."""
+
+    def __init__(self, name: str, stream: BinaryIO, *, limit: int = MAX_LOG_BYTES, owned: bool = True) -> None:
+        self.name = name
+        self._stream = stream
+        self._limit = limit
+        self._owned = owned
+        self.note: str | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        try:
+            yield from self._lines()
+        finally:
+            if self._owned:
+                self._stream.close()
+
+    def _lines(self) -> Iterator[str]:
+        stream, limit = self._stream, self._limit
+        budget = limit
+        try:
+            size = os.fstat(stream.fileno()).st_size if stat.S_ISREG(os.fstat(stream.fileno()).st_mode) else None
+        except (OSError, ValueError, io.UnsupportedOperation):
+            size = None
+        if size is not None and size > limit:
+            stream.seek(size - limit)
+            budget -= len(stream.readline(limit))  # the first line is cut: start at the next whole one
+            self.note = f"{self.name}: {size / 2**20:.0f} MiB; only its last {limit >> 20} MiB were read"
+        while budget > 0:
+            line = stream.readline(min(MAX_LINE_CHARS + 1, budget))
+            if not line:
+                return
+            budget -= len(line)
+            if len(line) > MAX_LINE_CHARS and not line.endswith(b"\n"):
+                while budget > 0:  # skip the rest of an over-long line, a piece at a time
+                    rest = stream.readline(min(1 << 16, budget))
+                    budget -= len(rest)
+                    if not rest or rest.endswith(b"\n"):
+                        break
+            yield line[:MAX_LINE_CHARS].decode("utf-8", errors="replace").rstrip("\r\n")
+        if self.note is None:
+            self.note = f"{self.name}: stopped after its first {limit >> 20} MiB (the rest was not read)"
+
+
+def read_log(path: str, *, limit: int = MAX_LOG_BYTES) -> LogInput:
+    """A log file (or ``-``, standard input) as a `LogInput`. Raises OSError if it cannot be opened."""
+    if path == "-":
+        return LogInput("stdin", sys.stdin.buffer, limit=limit, owned=False)
+    if os.path.isdir(path):
+        raise IsADirectoryError(21, "is a directory, expected a log file", path)
+    return LogInput(Path(path).name, open(path, "rb"), limit=limit)

@@ -147,8 +147,8 @@ def read(storage: Storage) -> Iterator[dict[str, Any]]:
         for line in raw.decode("utf-8", errors="replace").splitlines():
             try:
                 record = json.loads(line)
-            except ValueError:
-                continue  # a line torn by kill -9
+            except (ValueError, RecursionError):
+                continue  # a line torn by kill -9 (or one no journal writes: nested too deep to be an event)
             if isinstance(record, dict):
                 record.setdefault("file", name)
                 yield record

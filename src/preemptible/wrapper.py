@@ -142,10 +142,10 @@ class Wrapper:
                     {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
                 )
                 self._child = subprocess.Popen(self.command, env=env, **group)
-            except (FileNotFoundError, PermissionError) as e:
+            except OSError as e:  # as env(1) and container runtimes: 127 not found, 126 found but not runnable
                 print(
-                    f"preemptible run: cannot start {self.command[0]!r}: {e.strerror}; expected an executable on "
-                    "PATH or a path to one",
+                    f"preemptible run: cannot start {self.command[0]!r}: {e.strerror or e}; expected an executable "
+                    "on PATH or a path to one",
                     file=sys.stderr,
                 )
                 return 127 if isinstance(e, FileNotFoundError) else 126

@@ -7,12 +7,13 @@ import importlib
 from collections.abc import Sequence
 
 from preemptible._version import __version__
+from preemptible.cli.args import OneLineParser
 
 SUBCOMMANDS = ("bench", "diagnose", "drill", "emulate", "inspect", "plan", "run", "verify")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="preemptible",
         description=(
             "Make PyTorch training survive spot reclaims, Kubernetes evictions and SLURM preemption. "
@@ -21,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("--version", action="version", version=f"preemptible {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     for name in SUBCOMMANDS:
         module = importlib.import_module(f"preemptible.cli.{name}")
         module.add_parser(sub)

@@ -6,6 +6,8 @@ import argparse
 import json
 from typing import Any
 
+from preemptible.cli.args import directory, integer, number
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
@@ -18,10 +20,17 @@ def add_parser(sub: Any) -> None:
             "fsync'd write, read and memcpy of the same bytes. Reports medians and ratios."
         ),
     )
-    p.add_argument("--dir", default=None, help="where to write (default: the system temp dir; use the real target)")
-    p.add_argument("--params", type=float, default=100e6, help="parameters of the large model (default 100e6)")
-    p.add_argument("--small-tensors", type=int, default=10_000)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument(
+        "--dir", type=directory, default=None, help="where to write (default: the system temp dir; use the real target)"
+    )
+    p.add_argument(
+        "--params",
+        type=number(low=0, above=True, high=1e13),
+        default=100e6,
+        help="parameters of the large model (default 100e6)",
+    )
+    p.add_argument("--small-tensors", type=integer(low=0, high=10_000_000), default=10_000)
+    p.add_argument("--rounds", type=integer(low=1, high=1000), default=3)
     p.add_argument("--quick", action="store_true", help="fewer contenders (CI smoke run)")
     p.add_argument("--no-beside", action="store_true", help="skip the training-beside-a-save measurement")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the figures as JSON")

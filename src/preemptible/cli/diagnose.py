@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+from preemptible.cli.args import existing_directory, integer
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
@@ -22,10 +24,16 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("logs", nargs="*", metavar="LOG", help="log files to read ('-' for stdin)")
     p.add_argument(
-        "--root", help="the run's checkpoint root (local path or s3://, gs://, az:// URL): reads its journal"
+        "--root",
+        type=existing_directory,
+        help="the run's checkpoint root (local path or s3://, gs://, az:// URL): reads its journal",
     )
     p.add_argument(
-        "--exit-code", type=int, default=None, metavar="N", help="the command's exit code (shell or -signal)"
+        "--exit-code",
+        type=integer(low=-255, high=255),
+        default=None,
+        metavar="N",
+        help="the command's exit code (shell or -signal)",
     )
     p.add_argument("--json", action="store_true", help="print JSON (verdict, summary, evidence, checkpoint, ...)")
 
@@ -35,13 +43,10 @@ def run(args: argparse.Namespace) -> int:
 
     logs = []
     for path in args.logs:
-        if path == "-":
-            logs.append(("stdin", sys.stdin.read().splitlines()))
-            continue
         try:
             logs.append(read_log(path))
         except OSError as e:
-            print(f"preemptible diagnose: cannot read log {path!r}: {e.strerror or e}", file=sys.stderr)
+            print(f"preemptible diagnose: error: cannot read log {path!r}: {e.strerror or e}", file=sys.stderr)
             return 2
     if not logs and args.root is None and args.exit_code is None:
         print("preemptible diagnose: expected at least one of LOG, --root or --exit-code; found none", file=sys.stderr)

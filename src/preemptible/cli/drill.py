@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any
+
+from preemptible.cli.args import directory, fail, number, unrunnable
 
 
 def _at(value: str) -> float | str:
@@ -15,8 +18,8 @@ def _at(value: str) -> float | str:
         seconds = float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected seconds or 'random', found {value!r}") from None
-    if seconds < 0:
-        raise argparse.ArgumentTypeError(f"expected seconds >= 0, found {value}")
+    if not math.isfinite(seconds) or not 0 <= seconds <= 86400:
+        raise argparse.ArgumentTypeError(f"expected seconds from 0 to 86400 or 'random', found {value!r}")
     return seconds
 
 
@@ -34,10 +37,24 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--source", default="signal", choices=["signal", "sigint", "slurm", "aws", "gcp", "azure"])
     p.add_argument("--at", type=_at, default=3.0, metavar="SECONDS|random", help="when to deliver (default 3 s)")
-    p.add_argument("--window", type=float, default=None, metavar="S", help="the window to meet (default: the source's)")
-    p.add_argument("--root", default=None, help="the run's checkpoint root (default: what the run reports)")
+    p.add_argument(
+        "--window",
+        type=number(low=0, above=True, high=86400),
+        default=None,
+        metavar="S",
+        help="the window to meet (default: the source's)",
+    )
+    p.add_argument(
+        "--root", type=directory, default=None, help="the run's checkpoint root (default: what the run reports)"
+    )
     p.add_argument("--reference", action="store_true", help="also run CMD uninterrupted and compare final states")
-    p.add_argument("--start-timeout", type=float, default=120.0, metavar="S", help="wait for the Run to start")
+    p.add_argument(
+        "--start-timeout",
+        type=number(low=0, above=True, high=86400),
+        default=120.0,
+        metavar="S",
+        help="wait for the Run to start",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
 
@@ -47,6 +64,9 @@ def run(args: argparse.Namespace) -> int:
     from preemptible.errors import PreemptibleError
 
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    missing = unrunnable(command)
+    if missing is not None:
+        return fail("preemptible drill", missing)
     try:
         drill = Drill(
             command,

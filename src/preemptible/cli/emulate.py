@@ -8,6 +8,7 @@ import sys
 import threading
 from typing import Any
 
+from preemptible.cli.args import PORT, fail, number
 from preemptible.emulate import EMULATORS, AwsEmulator, AzureEmulator, Emulator, GcpEmulator
 
 ENV = {"aws": "PREEMPTIBLE_AWS_ENDPOINT", "gcp": "PREEMPTIBLE_GCP_ENDPOINT", "azure": "PREEMPTIBLE_AZURE_ENDPOINT"}
@@ -25,13 +26,31 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("cloud", choices=sorted(EMULATORS))
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=0, help="port (default: any free one)")
-    p.add_argument("--notice-after", type=float, default=None, metavar="S", help="deliver the notice after S seconds")
+    p.add_argument("--port", type=PORT, default=0, help="port (default: any free one)")
+    p.add_argument(
+        "--notice-after",
+        type=number(low=0, high=86400),
+        default=None,
+        metavar="S",
+        help="deliver the notice after S seconds",
+    )
     p.add_argument("--action", default="terminate", choices=["terminate", "stop", "hibernate"], help="aws only")
     p.add_argument("--no-token-required", action="store_true", help="aws only: allow IMDSv1 (HttpTokens=optional)")
     p.add_argument("--vm-name", default="preemptible-vm", help="azure only: this VM's name")
-    p.add_argument("--first-call-delay", type=float, default=0.0, help="azure only: seconds the first call takes")
-    p.add_argument("--for", dest="duration", type=float, default=None, metavar="S", help="stop after S seconds")
+    p.add_argument(
+        "--first-call-delay",
+        type=number(low=0, high=3600),
+        default=0.0,
+        help="azure only: seconds the first call takes",
+    )
+    p.add_argument(
+        "--for",
+        dest="duration",
+        type=number(low=0, above=True, high=86400 * 365),
+        default=None,
+        metavar="S",
+        help="stop after S seconds",
+    )
 
 
 def build(args: argparse.Namespace) -> Emulator:
@@ -55,7 +74,10 @@ def build(args: argparse.Namespace) -> Emulator:
 
 
 def run(args: argparse.Namespace) -> int:
-    emulator = build(args).start()
+    try:
+        emulator = build(args).start()
+    except OSError as e:
+        return fail("preemptible emulate", f"cannot listen on {args.host}:{args.port}: {e.strerror or e}")
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:

@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+from preemptible.cli.args import existing_directory
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
@@ -14,7 +16,7 @@ def add_parser(sub: Any) -> None:
         help="list the checkpoints under a root: step, state, bytes, save and predicted seconds",
         description="Reads manifests only (fast); `preemptible verify` checks every byte.",
     )
-    p.add_argument("root")
+    p.add_argument("root", type=existing_directory)
     p.add_argument("--json", action="store_true")
 
 

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from preemptible import budget
+from preemptible.cli.args import integer, number
 
 
 def add_parser(sub: Any) -> None:
@@ -24,18 +25,38 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "root", help="where checkpoints will be written: a directory (created if missing) or s3://, gs://, az:// URL"
     )
-    p.add_argument("--params", type=float, required=True, help="parameters, e.g. 7e9")
+    p.add_argument("--params", type=number(low=0, above=True, high=1e15), required=True, help="parameters, e.g. 7e9")
     p.add_argument("--optimizer", choices=sorted(budget.OPTIMIZER_MOMENTS), default="adamw")
     p.add_argument("--dtype", choices=sorted(budget.DTYPE_BYTES), default="fp32", help="parameter dtype")
     p.add_argument("--bf16-moments", action="store_true", help="optimizer moments saved as bfloat16")
-    p.add_argument("--world-size", type=int, default=1, help="data-parallel ranks striping the save")
+    p.add_argument(
+        "--world-size", type=integer(low=1, high=10_000_000), default=1, help="data-parallel ranks striping the save"
+    )
     group = p.add_mutually_exclusive_group()
-    group.add_argument("--window", type=float, help="seconds from notice to hard stop")
+    group.add_argument(
+        "--window", type=number(low=0, above=True, high=86400 * 365), help="seconds from notice to hard stop"
+    )
     group.add_argument("--platform", choices=["aws", "gcp", "azure", "gke", "k8s", "slurm"])
-    p.add_argument("--step-time", type=float, default=0.0, metavar="S", help="seconds per training step")
-    p.add_argument("--mtbf", type=float, default=None, metavar="HOURS", help="mean time between preemptions")
-    p.add_argument("--bandwidth", type=float, default=None, metavar="BYTES_PER_S", help="skip the probe")
-    p.add_argument("--probe-mb", type=float, default=256, help="probe size in MB (default 256)")
+    p.add_argument(
+        "--step-time", type=number(low=0, high=86400 * 365), default=0.0, metavar="S", help="seconds per training step"
+    )
+    p.add_argument(
+        "--mtbf",
+        type=number(low=0, above=True, high=1e9),
+        default=None,
+        metavar="HOURS",
+        help="mean time between preemptions",
+    )
+    p.add_argument(
+        "--bandwidth",
+        type=number(low=0, above=True, high=1e15),
+        default=None,
+        metavar="BYTES_PER_S",
+        help="skip the probe",
+    )
+    p.add_argument(
+        "--probe-mb", type=number(low=0, above=True, high=1e6), default=256, help="probe size in MB (default 256)"
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output with stable keys")
 
 

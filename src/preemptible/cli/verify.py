@@ -7,6 +7,8 @@ import json
 import time
 from typing import Any
 
+from preemptible.cli.args import existing_directory, integer
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
@@ -20,8 +22,8 @@ def add_parser(sub: Any) -> None:
             "('could not verify'). --no-mark leaves every file untouched."
         ),
     )
-    p.add_argument("root")
-    p.add_argument("--step", type=int, default=None)
+    p.add_argument("root", type=existing_directory)
+    p.add_argument("--step", type=integer(low=0, high=10**12 - 1), default=None)
     p.add_argument("--json", action="store_true")
     p.add_argument("--no-mark", action="store_true", help="only report: write no VALID.json/INVALID.json")
 
