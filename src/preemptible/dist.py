@@ -6,9 +6,12 @@ Every code path runs in one process too: without an initialised process group, a
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import threading
+import time
+import weakref
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -150,6 +153,11 @@ class Coordinator:
 
     gather = exchange
 
+    def gather_until(self, store: Any, key: str, value: str, *, timeout_s: float, stop: threading.Event) -> list[str]:
+        """`exchange`, polled, giving up as soon as ``stop`` is set."""
+        store.set(f"{key}/{self.rank}", value)
+        return self.collect(store, key, timeout_s=timeout_s, stop=stop)
+
     def collect_one(self, store: Any, key: str, *, timeout_s: float | None = None) -> str:
         """Wait for one key (set by one rank) and return its value."""
         wait_s = self.timeout_s if timeout_s is None else timeout_s
@@ -162,11 +170,18 @@ class Coordinator:
             ) from e
         return bytes(store.get(key)).decode()
 
-    def collect(self, store: Any, key: str, *, timeout_s: float | None = None) -> list[str]:
+    def collect(
+        self, store: Any, key: str, *, timeout_s: float | None = None, stop: threading.Event | None = None
+    ) -> list[str]:
+        """Every rank's value of ``key``, in rank order. With ``stop``: polled, and given up (CoordinationError) as
+        soon as it is set, so a background thread never sits in a blocking store call at interpreter exit."""
         keys = [f"{key}/{r}" for r in range(self.world)]
         wait_s = self.timeout_s if timeout_s is None else timeout_s
         try:
-            store.wait(keys, timedelta(seconds=wait_s))
+            if stop is None:
+                store.wait(keys, timedelta(seconds=wait_s))
+            else:
+                _poll(store, keys, wait_s, stop)
         except Exception as e:  # DistStoreError, RuntimeError: a timeout or a lost connection
             missing = [k.rsplit("/", 1)[1] for k in keys if not _has(store, k)]
             raise CoordinationError(
@@ -174,6 +189,15 @@ class Coordinator:
                 f"or cannot reach it ({type(e).__name__}); nothing was committed"
             ) from e
         return [bytes(store.get(k)).decode() for k in keys]
+
+
+def _poll(store: Any, keys: list[str], wait_s: float, stop: threading.Event) -> None:
+    deadline = time.monotonic() + wait_s
+    while not store.check(keys):
+        if stop.wait(POLL_S):
+            raise CoordinationError("closed while waiting")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{wait_s:.0f} s")
 
 
 def _has(store: Any, key: str) -> bool:
@@ -270,6 +294,7 @@ class StoreAgreement:
         self._main_client: Any = None
         self._thread = threading.Thread(target=self._run, name="preemptible-agree", daemon=True)
         self._thread.start()
+        _LIVE.add(self)
 
     @property
     def stop_step(self) -> int | None:
@@ -287,6 +312,7 @@ class StoreAgreement:
         store.compare_set("notice", "", doc)  # the first announcement wins; later ones change nothing
 
     def _run(self) -> None:
+        store = None
         try:
             store = self.coord.client()
             while not self._closed.is_set():
@@ -301,11 +327,16 @@ class StoreAgreement:
             if doc.get("rank") != self.coord.rank and self._local_notice() is None:
                 self._record(_notice_from(doc))
             self._noticed.set()
-            steps = self.coord.gather(store, "step", str(self._completed), timeout_s=self.timeout_s)
+            steps = self.coord.gather_until(
+                store, "step", str(self._completed), timeout_s=self.timeout_s, stop=self._closed
+            )
             self._stop_step = max(int(s) for s in steps) + 1
         except BaseException as e:  # reaches the main thread through should_stop
             self._error = e
         finally:
+            # IMPORTANT: the store client goes here, in this thread, now; never at interpreter exit, where
+            # destroying a TCPStore (or a thread blocked in one) can abort the process after a clean stop.
+            store = None
             self._known.set()
 
     def should_stop(self, completed: int, noticed: bool) -> bool:
@@ -328,9 +359,22 @@ class StoreAgreement:
         return completed >= self._stop_step
 
     def close(self) -> None:
+        """Stop the thread and release the store clients (a poll interval and one request, at most)."""
         self._closed.set()
         if self._thread is not threading.current_thread():
-            self._thread.join(2)
+            self._thread.join(self.timeout_s + 5)
+        self._main_client = None
+        _LIVE.discard(self)
+
+
+_LIVE: weakref.WeakSet[StoreAgreement] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_agreements() -> None:
+    """A safety net for a run that was never closed: threads and store clients go before interpreter teardown."""
+    for agreement in list(_LIVE):
+        agreement.close()
 
 
 def _notice_from(doc: dict[str, Any]) -> Any:

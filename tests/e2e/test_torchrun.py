@@ -5,79 +5,15 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from conftest import REPO, clean_env, final_digest, wait_for_event
 from preemptible.emulate import AwsEmulator
-
-EXAMPLE = REPO / "examples" / "train_ddp.py"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Torchrun:
-    def __init__(
-        self, root: Path, nproc: int, *args: str, env: dict[str, str] | None = None, script: Path | None = None
-    ) -> None:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes",
-            "1",
-            "--nproc-per-node",
-            str(nproc),
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            str(free_port()),
-            str(script or EXAMPLE),
-            "--root",
-            str(root),
-            *args,
-        ]
-        self.root = root
-        self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(**(env or {}))
-        )
-        self.lines: list[str] = []
-
-    def wait_for_step(self, step: int, timeout: float = 90) -> None:
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            if line.startswith(f"step {step} ") or time.monotonic() > deadline:
-                return
-        raise AssertionError(f"never reached step {step}: {self.proc.stderr.read() if self.proc.stderr else ''}")
-
-    def finish(self, timeout: float = 120) -> tuple[int, str, str]:
-        out, err = self.proc.communicate(timeout=timeout)
-        return self.proc.returncode, "".join(self.lines) + out, err
-
-
-def journals(root: Path) -> dict[int, list[dict[str, Any]]]:
-    out: dict[int, list[dict[str, Any]]] = {}
-    for path in sorted((root / "journal").glob("*.jsonl")):
-        rank = int(path.stem.rsplit("-r", 1)[1])
-        out.setdefault(rank, []).extend(json.loads(x) for x in path.read_text().splitlines() if x.strip())
-    return out
-
-
-def last(events: list[dict[str, Any]], name: str) -> dict[str, Any]:
-    return [e for e in events if e["event"] == name][-1]
-
+from torchrunkit import EXAMPLE, FSDP, Torchrun, free_port, journals, last
 
 ARGS = ("--steps", "90", "--save-every", "40")
 SLOW = ("--step-time", "0.02")
@@ -186,9 +122,6 @@ def test_a_rank_killed_during_the_save_means_no_commit(tmp_path: Path) -> None:
     from preemptible import Checkpointer
 
     assert Checkpointer(str(root)).verify(20).step == 20  # the previous checkpoint is intact
-
-
-FSDP = REPO / "examples" / "train_fsdp.py"
 
 
 def test_fsdp2_sharded_state_saved_per_rank_resumes_exactly_and_refuses_another_world_size(tmp_path: Path) -> None:
