@@ -66,11 +66,16 @@ def main() -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("PREEMPTIBLE_SOURCES", "signal")
-    main()
-    # Skip interpreter shutdown: the process group outlives destroy_process_group() here (FSDP and the device mesh
-    # keep it), and a gloo worker thread that drops a finished collective's tensors while the interpreter shuts
-    # down aborts the process ("terminate called without an active exception", pytorch/pytorch#190489): a finished
-    # run would exit -6. Everything preemptible wrote is already durable (the run closed when its loop ended).
+    try:
+        main()
+        code = 0
+    except SystemExit as stop:  # the emergency exit after a notice: the policy's code (0 by default)
+        code = stop.code if isinstance(stop.code, int) else 1
+    # Skip interpreter shutdown, on the finished and the preempted path alike: the process group outlives
+    # destroy_process_group() here (FSDP and the device mesh keep it), and a gloo worker thread that drops a
+    # finished collective's tensors while the interpreter shuts down aborts the process ("terminate called without
+    # an active exception", pytorch/pytorch#190489): a clean stop would exit -6. Everything preemptible wrote is
+    # already durable (the run closed before the loop ended or the SystemExit was raised).
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)

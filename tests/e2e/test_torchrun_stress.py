@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from torchrunkit import FSDP, Torchrun, journals, last
+from torchrunkit import EXAMPLE, FSDP, Torchrun, journals, last
 
 ROUNDS = int(os.environ.get("PREEMPTIBLE_STRESS_ROUNDS", "2"))
 FAIL = REPO / "tests" / "scripts" / "ddp_fail.py"
@@ -30,7 +30,7 @@ def clean(err: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300 * ROUNDS)
-@pytest.mark.parametrize("path", ["finished-ddp", "finished-fsdp2", "preempted-ddp", "failed-ddp"])
+@pytest.mark.parametrize("path", ["finished-ddp", "finished-fsdp2", "preempted-ddp", "preempted-fsdp2", "failed-ddp"])
 def test_item_14_no_rank_dies_at_exit(tmp_path: Path, path: str) -> None:
     for i in range(ROUNDS):
         root = tmp_path / f"round{i}"
@@ -40,8 +40,9 @@ def test_item_14_no_rank_dies_at_exit(tmp_path: Path, path: str) -> None:
         elif path == "finished-fsdp2":
             code, _, err = Torchrun(root, 2, "--steps", "30", script=FSDP).finish()
             assert code == 0, err
-        elif path == "preempted-ddp":
-            t = Torchrun(root, 2, "--steps", "100000", "--save-every", "1000", "--step-time", "0.01")
+        elif path.startswith("preempted"):
+            script = FSDP if path.endswith("fsdp2") else EXAMPLE
+            t = Torchrun(root, 2, "--steps", "100000", "--save-every", "1000", "--step-time", "0.01", script=script)
             t.wait_for_step(5)
             t.proc.send_signal(signal.SIGTERM)
             code, _, err = t.finish()
