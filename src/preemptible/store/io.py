@@ -244,25 +244,14 @@ class LocalStorage:
     def publish(self, path: str, data: bytes) -> None:
         # IMPORTANT: the commit point. Temp name in the same directory (same device, no copy), fsync, atomic
         # rename, then fsync of the directory so the new name itself survives a power cut.
-        self.inside(path)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        try:
-            w = _LocalWriter(tmp)
-            try:
-                w.write(memoryview(data))
-            except BaseException:
-                w.abort()
-                raise
-            w.close()
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
-        self.sync_dir(os.path.dirname(path))
+        self._through_temp(path, data, os.replace)
 
     def publish_new(self, path: str, data: bytes) -> None:
         # A hard link cannot replace an existing name: the one atomic "create if absent" POSIX (and NFS) offer.
+        self._through_temp(path, data, os.link)
+
+    def _through_temp(self, path: str, data: bytes, place: Any) -> None:
+        """Write ``data`` durably under a temp name beside ``path``, ``place(tmp, path)`` it, fsync the directory."""
         tmp = f"{self.inside(path)}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
         try:
             w = _LocalWriter(tmp)
@@ -272,10 +261,10 @@ class LocalStorage:
                 w.abort()
                 raise
             w.close()
-            os.link(tmp, path)
+            place(tmp, path)
         finally:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+                os.unlink(tmp)  # nothing left after a rename; the temp name after a link
         self.sync_dir(os.path.dirname(path))
 
     def commit_dir(self, src: str, dst: str) -> None:
