@@ -377,3 +377,16 @@ def test_item_3_the_root_itself_may_be_a_link(tmp_path: Path) -> None:
     ]
     live = state(0.0)
     assert Checkpointer(str(link)).restore(live) == 3
+
+
+def test_a_root_that_is_a_file_is_a_clear_error_and_a_file_named_as_a_step_is_no_obstacle(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(NotADirectoryError, match="expected a directory"):
+        Checkpointer(str(tmp_path / "file"))
+    with pytest.raises(NotADirectoryError, match="expected a directory"):
+        Checkpointer("/dev/null")
+    ck = Checkpointer(str(tmp_path / "root"))
+    ck.save(state(1.0), 1)
+    (tmp_path / "root" / "step-000000000002").write_text("junk where a step belongs")
+    ck.save(state(2.0), 2)
+    assert [c.step for c in ck.checkpoints()] == [1, 2]

@@ -9,6 +9,7 @@ lifecycle's marker files in `preemptible.store.markers`, retention in `preemptib
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import math
 import os
@@ -135,6 +136,12 @@ class Checkpointer(Lifecycle, Prestaging):
         if threads is None:  # object stores gain from many uploads at once; a disk from a few
             threads = OBJECT_STORE_THREADS if self.storage.kind == "object" else DEFAULT_THREADS
         self.root = self.storage.root
+        if self.storage.kind == "local" and os.path.exists(self.root) and not os.path.isdir(self.root):
+            raise NotADirectoryError(
+                errno.ENOTDIR,
+                f"checkpoint root {root} is a file or device, expected a directory (or a path where one can be made)",
+                root,
+            )
         self.keep = keep
         self.journal = journal
         self.threads = threads

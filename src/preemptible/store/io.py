@@ -284,8 +284,8 @@ class LocalStorage:
 
     def remove_tree(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
-            if os.path.islink(path):  # never deleted through; rmtree itself never follows links inside
-                os.unlink(path)
+            if os.path.islink(path) or not os.path.isdir(path):  # a link is never deleted through; rmtree itself
+                os.unlink(path if os.path.islink(path) else self.inside(path))  # never follows links inside
                 return
             shutil.rmtree(self.inside(path))
 
