@@ -7,15 +7,19 @@ Every code path runs in one process too: without an initialised process group, a
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
+import logging
 import os
 import threading
-import time
 import weakref
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, Protocol
 
 from preemptible.errors import CoordinationError
+
+log = logging.getLogger("preemptible")
 
 
 def _dist_ready() -> bool:
@@ -113,6 +117,10 @@ class Coordinator:
         self.prefix = f"preemptible/{run_id}/{restart}"
         self._rounds: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._idle: list[Any] = []
+        self.wrap: Any = None
+        """Optional: called with each new store client, returns what to use instead (the coordination simulator
+        counts and delays requests this way: benchmarks/coord_sim.py)."""
 
     def round(self, kind: str) -> str:
         """The key prefix of this process's next round of ``kind`` (``save/3``): see the lockstep note."""
@@ -133,6 +141,31 @@ class Coordinator:
         return cls(rank_=rank(), world=world, address=address, timeout_s=timeout_s)
 
     def client(self) -> Any:
+        """A new store client of the caller's own (the protocols borrow pooled ones: `borrow`)."""
+        return self._connect()
+
+    @contextlib.contextmanager
+    def borrow(self) -> Iterator[Any]:
+        """A store client for the length of a ``with`` block, from this process's pool: made on first need, never
+        used by two threads at once, kept for the next round. A connection per round would cost a TCP handshake
+        per rank per save, and at thousands of ranks a connection storm on the one store server (it answers a
+        burst of connects slowly: 5 s here for the 17th to 32nd at once). `release` closes the idle ones."""
+        with self._lock:
+            client = self._idle.pop() if self._idle else None
+        if client is None:
+            client = self._connect()
+        try:
+            yield client
+        finally:
+            with self._lock:
+                self._idle.append(client)
+
+    def release(self) -> None:
+        """Close the idle pooled clients now (before interpreter exit); busy ones go when their user is done."""
+        with self._lock:
+            self._idle.clear()
+
+    def _connect(self) -> Any:
         import importlib
 
         c10d: Any = importlib.import_module("torch.distributed")  # its store classes are not re-exported for mypy
@@ -140,7 +173,8 @@ class Coordinator:
         store = c10d.TCPStore(
             host, port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=self.timeout_s)
         )
-        return c10d.PrefixStore(self.prefix, store)
+        client = c10d.PrefixStore(self.prefix, store)
+        return self.wrap(client) if self.wrap is not None else client
 
     def exchange(self, store: Any, key: str, value: str, *, timeout_s: float | None = None) -> list[str]:
         """The barrier: publish ``value`` under ``key/<rank>`` and return every rank's, in rank order.
@@ -153,10 +187,36 @@ class Coordinator:
 
     gather = exchange
 
-    def gather_until(self, store: Any, key: str, value: str, *, timeout_s: float, stop: threading.Event) -> list[str]:
-        """`exchange`, polled, giving up as soon as ``stop`` is set."""
+    def reduce(
+        self, store: Any, key: str, value: str, combine: Callable[[list[str]], str], *, timeout_s: float | None = None
+    ) -> str:
+        """Every rank contributes ``value``; every rank gets ``combine(values in rank order)``.
+
+        IMPORTANT (scale): O(1) requests and keys read per rank. Each rank sets its own key and counts itself in
+        with one ``add``; the last to arrive reads every value in one ``multi_get``, combines them and sets one
+        result, which the others wait for. No rank reads the others' keys one by one (an O(N^2) storm of reads at
+        N ranks).
+
+        Raises:
+            CoordinationError: not every rank arrived within the timeout (naming the missing ones).
+        """
         store.set(f"{key}/{self.rank}", value)
-        return self.collect(store, key, timeout_s=timeout_s, stop=stop)
+        if store.add(f"{key}/arrived", 1) == self.world:
+            keys = [f"{key}/{r}" for r in range(self.world)]
+            store.set(f"{key}/result", combine([bytes(v).decode() for v in store.multi_get(keys)]))
+        return self._wait_for(store, key, "result", timeout_s)
+
+    def _wait_for(self, store: Any, key: str, leaf: str, timeout_s: float | None) -> str:
+        wait_s = self.timeout_s if timeout_s is None else timeout_s
+        try:
+            store.wait([f"{key}/{leaf}"], timedelta(seconds=wait_s))
+        except Exception as e:
+            missing = [r for r in range(self.world) if not _has(store, f"{key}/{r}")]  # O(N), on failure only
+            raise CoordinationError(
+                f"waited {wait_s:.0f} s for ranks {missing} to report '{key}' through the store: they died, hang "
+                f"or cannot reach it ({type(e).__name__}); nothing was committed"
+            ) from e
+        return bytes(store.get(f"{key}/{leaf}")).decode()
 
     def collect_one(self, store: Any, key: str, *, timeout_s: float | None = None) -> str:
         """Wait for one key (set by one rank) and return its value."""
@@ -170,18 +230,13 @@ class Coordinator:
             ) from e
         return bytes(store.get(key)).decode()
 
-    def collect(
-        self, store: Any, key: str, *, timeout_s: float | None = None, stop: threading.Event | None = None
-    ) -> list[str]:
-        """Every rank's value of ``key``, in rank order. With ``stop``: polled, and given up (CoordinationError) as
-        soon as it is set, so a background thread never sits in a blocking store call at interpreter exit."""
+    def collect(self, store: Any, key: str, *, timeout_s: float | None = None) -> list[str]:
+        """Every rank's value of ``key``, in rank order (O(N) reads: for small worlds and tests; the protocols
+        use `reduce`)."""
         keys = [f"{key}/{r}" for r in range(self.world)]
         wait_s = self.timeout_s if timeout_s is None else timeout_s
         try:
-            if stop is None:
-                store.wait(keys, timedelta(seconds=wait_s))
-            else:
-                _poll(store, keys, wait_s, stop)
+            store.wait(keys, timedelta(seconds=wait_s))
         except Exception as e:  # DistStoreError, RuntimeError: a timeout or a lost connection
             missing = [k.rsplit("/", 1)[1] for k in keys if not _has(store, k)]
             raise CoordinationError(
@@ -191,13 +246,31 @@ class Coordinator:
         return [bytes(store.get(k)).decode() for k in keys]
 
 
-def _poll(store: Any, keys: list[str], wait_s: float, stop: threading.Event) -> None:
-    deadline = time.monotonic() + wait_s
-    while not store.check(keys):
-        if stop.wait(POLL_S):
-            raise CoordinationError("closed while waiting")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{wait_s:.0f} s")
+def commit_barrier(coord: Coordinator, store: Any, key: str, report: str, *, wait: bool = True) -> list[str] | None:
+    """The commit barrier's gathering half: every rank reports (its files, or its error); rank 0 gets every
+    report, in rank order, once all are in; the others get None (they then wait for rank 0's outcome). O(1)
+    requests per rank but rank 0's one ``multi_get``. ``wait=False``: report and return (a rank that failed).
+
+    Raises:
+        CoordinationError: rank 0 did not hear from every rank within the timeout.
+    """
+    store.set(f"{key}/{coord.rank}", report)
+    if store.add(f"{key}/arrived", 1) == coord.world:
+        store.set(f"{key}/all", "1")
+    if coord.rank != 0 or not wait:
+        return None
+    coord._wait_for(store, key, "all", None)
+    return [bytes(v).decode() for v in store.multi_get([f"{key}/{r}" for r in range(coord.world)])]
+
+
+def agree(coord: Coordinator, store: Any, key: str, doc: str) -> list[tuple[int, dict[str, Any]]]:
+    """The restore agreement: each rank's outcome (JSON with ``ok``); returns the ranks whose outcome was not ok,
+    with their reports (empty: every rank verified). One `Coordinator.reduce`."""
+
+    def failures(values: list[str]) -> str:
+        return json.dumps([[r, d] for r, d in enumerate(json.loads(v) for v in values) if not d.get("ok")])
+
+    return [(int(r), d) for r, d in json.loads(coord.reduce(store, key, doc, failures))]
 
 
 def _has(store: Any, key: str) -> bool:
@@ -234,9 +307,14 @@ def check_shared_root(storage: Any, coord: Coordinator) -> None:
     Raises:
         PreemptibleError: some rank cannot see it (a node-local path in a multi-node job), naming them.
     """
+
+    with coord.borrow() as store:
+        _check_shared_root(storage, coord, store)
+
+
+def _check_shared_root(storage: Any, coord: Coordinator, store: Any) -> None:
     import secrets
 
-    store = coord.client()
     storage.makedirs(storage.root)
     name = storage.join(storage.root, ".preemptible-shared-check")
     if coord.rank == 0:
@@ -248,8 +326,14 @@ def check_shared_root(storage: Any, coord: Coordinator) -> None:
         seen = storage.read_bytes(name, 64).decode() == token
     except OSError:
         seen = False
-    answers = coord.exchange(store, "shared/seen", "yes" if seen else "no")
-    blind = [r for r, a in enumerate(answers) if a != "yes"]
+    blind = json.loads(
+        coord.reduce(
+            store,
+            "shared/seen",
+            "yes" if seen else "no",
+            lambda answers: json.dumps([r for r, a in enumerate(answers) if a != "yes"]),
+        )
+    )
     if blind:
         raise CoordinationError(
             f"checkpoint root {storage.root} is not shared by all {coord.world} ranks: rank(s) {blind} cannot see "
@@ -258,30 +342,52 @@ def check_shared_root(storage: Any, coord: Coordinator) -> None:
         )
 
 
-POLL_S = 0.1
-"""How often the agreement thread looks for an announcement in the store (one small request)."""
+class Waitable(Protocol):
+    """What the announcing thread waits on: a `threading.Event`, or the guard's signal-safe flag."""
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
+WATCH_S = 3600.0
+"""The agreement thread's blocking wait for a notice is renewed this often: one request per rank per hour."""
+LOCAL_CHECK_S = 0.2
+"""How often the announcing thread looks whether the run is closing (a local wait: no store traffic)."""
 
 
 class StoreAgreement:
     """Stop-step agreement over the store, run beside the training loop (see DESIGN.md).
 
-    A rank that sees a notice announces it in the store. Every rank's background thread (``preemptible-agree``)
-    waits for an announcement, then publishes the number of steps its main thread has completed and waits for
-    every rank's; the stop step is the largest plus one, so every rank can still reach it. The main thread
-    checks a local flag at each boundary (no collective, no store request without a notice); once it knows of
-    a notice it starts no further step until the stop step is known, so no rank runs past it, and since the
-    publishing happens in a background thread, a rank blocked in a collective still answers.
+    Without a notice there is no store traffic: each rank's ``preemptible-agree`` thread sits in one blocking
+    wait on its own key ``notice/<rank>``, and its ``preemptible-announce`` thread waits (locally) for this rank's
+    own notice. A rank that sees a notice announces it: ``compare_set`` on ``notice`` (the first announcement
+    wins), then one ``multi_set`` of the winning announcement to every rank's key, which wakes every waiting
+    thread at once. Each then contributes the number of steps its main thread has completed to one
+    `Coordinator.reduce`; the stop step is the largest plus one, so every rank can still reach it. O(1) requests
+    and keys read per rank; the announcer writes N keys in one request. The main thread checks a local flag at
+    each boundary; once it knows of a notice it starts no further step until the stop step is known, so no rank
+    runs past it, and since all this happens in background threads, a rank blocked in a collective still answers.
 
     Args:
         coordinator: store access.
         record: how a notice announced by another rank is recorded on this rank (the guard's board).
-        local_notice: this rank's first notice, or None (read at boundaries and by the thread).
+        local_notice: this rank's first notice, or None (read at boundaries and by the announcing thread).
+        local_event: set when this rank records a notice (the guard's board event); the announcing thread waits
+            on it.
     """
 
-    def __init__(self, coordinator: Coordinator, *, record: Any, local_notice: Any, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        *,
+        record: Any,
+        local_notice: Any,
+        local_event: Waitable | None = None,
+        timeout_s: float = 30.0,
+    ) -> None:
         self.coord = coordinator
         self._record = record
         self._local_notice = local_notice
+        self._local_event: Waitable = local_event if local_event is not None else threading.Event()
         self.timeout_s = timeout_s
         self._completed = 0
         self._stop_step: int | None = None
@@ -291,9 +397,11 @@ class StoreAgreement:
         self._announced = False
         self._announce_lock = threading.Lock()
         self._error: BaseException | None = None
-        self._main_client: Any = None
-        self._thread = threading.Thread(target=self._run, name="preemptible-agree", daemon=True)
+        self._mine = f"notice/{coordinator.rank}"
+        self._thread = threading.Thread(target=self._watch, name="preemptible-agree", daemon=True)
+        self._announcer = threading.Thread(target=self._announce_when_noticed, name="preemptible-announce", daemon=True)
         self._thread.start()
+        self._announcer.start()
         _LIVE.add(self)
 
     @property
@@ -309,35 +417,48 @@ class StoreAgreement:
                 return
             self._announced = True
         doc = json.dumps({**notice.to_json(), "rank": self.coord.rank})
-        store.compare_set("notice", "", doc)  # the first announcement wins; later ones change nothing
+        winner = bytes(store.compare_set("notice", "", doc)).decode()  # the first announcement wins
+        world = self.coord.world
+        store.multi_set([f"notice/{r}" for r in range(world)], [winner] * world)  # wakes every rank at once
 
-    def _run(self) -> None:
-        store = None
+    def _announce_when_noticed(self) -> None:
         try:
-            store = self.coord.client()
             while not self._closed.is_set():
-                if self._local_notice() is not None:
-                    self._announce(store)
-                if store.check(["notice"]):  # a quick look: a timed-out wait would log a C++ warning each time
-                    break
-                self._closed.wait(POLL_S)
-            if self._closed.is_set():
-                return
-            doc = json.loads(bytes(store.get("notice")).decode())
-            if doc.get("rank") != self.coord.rank and self._local_notice() is None:
-                self._record(_notice_from(doc))
-            self._noticed.set()
-            steps = self.coord.gather_until(
-                store, "step", str(self._completed), timeout_s=self.timeout_s, stop=self._closed
-            )
-            self._stop_step = max(int(s) for s in steps) + 1
+                if self._local_event.wait(LOCAL_CHECK_S) and self._local_notice() is not None:
+                    with self.coord.borrow() as store:
+                        self._announce(store)
+                    return
+        except BaseException as e:  # the main thread announces at its next boundary anyway
+            log.warning("[rank=%d] could not announce the notice from the background: %s", self.coord.rank, e)
+
+    def _watch(self) -> None:
+        try:
+            with self.coord.borrow() as store:
+                self._watch_with(store)
         except BaseException as e:  # reaches the main thread through should_stop
             self._error = e
         finally:
-            # IMPORTANT: the store client goes here, in this thread, now; never at interpreter exit, where
-            # destroying a TCPStore (or a thread blocked in one) can abort the process after a clean stop.
-            store = None
             self._known.set()
+
+    def _watch_with(self, store: Any) -> None:
+        while not self._closed.is_set():
+            try:
+                store.wait([self._mine], timedelta(seconds=WATCH_S))  # blocks: no requests while it waits
+                break
+            except Exception:
+                if self._closed.is_set():
+                    return
+        doc = json.loads(bytes(store.get(self._mine)).decode())
+        if doc.get("closed"):
+            return  # close() woke us
+        if doc.get("rank") != self.coord.rank and self._local_notice() is None:
+            self._record(_notice_from(doc))
+        self._noticed.set()
+        stop = self.coord.reduce(
+            store, "step", str(self._completed), lambda steps: str(max(int(x) for x in steps) + 1),
+            timeout_s=self.timeout_s,
+        )  # fmt: skip
+        self._stop_step = int(stop)
 
     def should_stop(self, completed: int, noticed: bool) -> bool:
         # IMPORTANT: write the step first, read the flags after (the thread sets the flag first, reads the
@@ -348,9 +469,8 @@ class StoreAgreement:
         if not noticed and not self._noticed.is_set():
             return False
         if noticed and not self._announced:
-            if self._main_client is None:
-                self._main_client = self.coord.client()
-            self._announce(self._main_client)
+            with self.coord.borrow() as store:
+                self._announce(store)
         if not self._known.wait(self.timeout_s + 5):
             raise CoordinationError(f"no stop step agreed within {self.timeout_s + 5:.0f} s")
         if self._error is not None:
@@ -359,11 +479,18 @@ class StoreAgreement:
         return completed >= self._stop_step
 
     def close(self) -> None:
-        """Stop the thread and release the store clients (a poll interval and one request, at most)."""
+        """Wake and join both threads, and release this process's store clients (before interpreter exit)."""
         self._closed.set()
-        if self._thread is not threading.current_thread():
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            try:  # wake our own blocking wait; nobody else reads this key
+                with self.coord.borrow() as store:
+                    store.set(self._mine, json.dumps({"closed": True}))
+            except Exception as e:  # the store is gone (the launcher exited): the wait ends with the connection
+                log.debug("could not wake the agreement thread: %s", e)
             self._thread.join(self.timeout_s + 5)
-        self._main_client = None
+        if self._announcer is not threading.current_thread():
+            self._announcer.join(LOCAL_CHECK_S * 10)
+        self.coord.release()
         _LIVE.discard(self)
 
 
@@ -375,6 +502,9 @@ def _close_agreements() -> None:
     """A safety net for a run that was never closed: threads and store clients go before interpreter teardown."""
     for agreement in list(_LIVE):
         agreement.close()
+    for coord in list(_COORDINATORS.values()):
+        if coord is not None:
+            coord.release()
 
 
 def _notice_from(doc: dict[str, Any]) -> Any:

@@ -79,7 +79,10 @@ class Guard:
         try:
             if self.coordinator is not None and not self._explicit_agreement:
                 self._agreement = dist.StoreAgreement(
-                    self.coordinator, record=self.board.record, local_notice=lambda: self.board.first
+                    self.coordinator,
+                    record=self.board.record,
+                    local_notice=lambda: self.board.first,
+                    local_event=self.board.event,
                 )
             for source in self.sources:
                 source.start(self.board.record)

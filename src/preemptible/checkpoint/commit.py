@@ -8,7 +8,7 @@ that cannot replace an existing directory. On an object store (no rename) the da
 ``step-N/a-<token>/`` and ``COMMIT.json``, which names that prefix, is created conditionally. The attempt that
 finds the step committed already fails with `AlreadyCommittedError` and removes only its own files.
 
-Under several ranks this is a barrier (`preemptible.dist.Coordinator.exchange`): rank 0 commits only if every
+Under several ranks this is a barrier (`preemptible.dist.commit_barrier`): rank 0 commits only if every
 rank reported its files durable within the timeout, and every rank learns the outcome. A dead rank means no
 commit.
 """
@@ -132,9 +132,23 @@ class Committer:
         blobs: dict[str, memoryview] | None,
         threads: int,
     ) -> SaveResult:
+        if self.coord is None:
+            return self._write(job, specs, docs, blobs=blobs, threads=threads, store=None)
+        with self.coord.borrow() as store:
+            return self._write(job, specs, docs, blobs=blobs, threads=threads, store=store)
+
+    def _write(
+        self,
+        job: Job,
+        specs: list[FileSpec],
+        docs: dict[str, bytes],
+        *,
+        blobs: dict[str, memoryview] | None,
+        threads: int,
+        store: Any,
+    ) -> SaveResult:
         t0 = self._monotonic()
         coord = self.coord
-        store = coord.client() if coord is not None else None
         self._prepare(job, store)
         try:
             records: dict[str, FileRecord] = write_files(
@@ -150,7 +164,8 @@ class Committer:
             job.progress.add(0)  # last chance to abandon before the commit point
         except BaseException as e:
             if store is not None and coord is not None:
-                store.set(f"{job.key}/report/{coord.rank}", json.dumps({"error": f"{type(e).__name__}: {e}"}))
+                error = json.dumps({"error": f"{type(e).__name__}: {e}"})
+                dist.commit_barrier(coord, store, f"{job.key}/report", error, wait=False)
             raise
         t_write = self._monotonic()
         job.timings["write"] = t_write - t0
@@ -158,11 +173,9 @@ class Committer:
         if store is not None and coord is not None:
             # IMPORTANT: the commit barrier. Every rank reports its files as durable; rank 0 commits only if all
             # did, within the timeout; everyone learns the outcome. A dead rank means no commit.
-            reports = [
-                json.loads(x)
-                for x in coord.exchange(store, f"{job.key}/report", json.dumps({"files": _records_doc(records)}))
-            ]
-            errors = [(r, x["error"]) for r, x in enumerate(reports) if "error" in x]
+            gathered = dist.commit_barrier(
+                coord, store, f"{job.key}/report", json.dumps({"files": _records_doc(records)})
+            )
             if coord.rank != 0:
                 outcome = coord.collect_one(store, f"{job.key}/outcome")
                 if outcome != "committed":
@@ -175,6 +188,9 @@ class Committer:
                     seconds=self._monotonic() - job.start,
                     timings=dict(job.timings),
                 )
+            assert gathered is not None
+            reports = [json.loads(x) for x in gathered]
+            errors = [(r, x["error"]) for r, x in enumerate(reports) if "error" in x]
             if errors:
                 why = "; ".join(f"rank {r}: {e}" for r, e in errors)
                 store.set(f"{job.key}/outcome", f"rank(s) failed: {why}")

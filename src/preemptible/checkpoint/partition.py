@@ -99,8 +99,12 @@ def check_replicated(
     checkpoint) the differing entries become per-rank for this save, and the journal says so.
     """
     mine = entry_digests(flat, set(state) - split_.own)
-    digests = [json.loads(x) for x in coord.exchange(coord.client(), f"{key}/digest", json.dumps(mine))]
-    keys, ranks = divergent_entries(digests)
+
+    def compare(values: list[str]) -> str:  # on the last rank to arrive: one read of every digest
+        return json.dumps(divergent_entries([json.loads(v) for v in values]))
+
+    with coord.borrow() as store:
+        keys, ranks = json.loads(coord.reduce(store, f"{key}/digest", json.dumps(mine), compare))
     if not keys:
         return split_
     why = (

@@ -114,15 +114,20 @@ class Restorer:
         if coord is None or store is None:
             return outcome
         doc = json.dumps({"ok": outcome.ok, "kind": outcome.kind, "why": outcome.why})
-        reports = [json.loads(x) for x in coord.exchange(store, coord.round("restore"), doc)]
-        if outcome.ok and all(r["ok"] for r in reports):
+        bad = dist.agree(coord, store, coord.round("restore"), doc)
+        if outcome.ok and not bad:
             return outcome
-        bad = [(r, x) for r, x in enumerate(reports) if not x["ok"]]
         kinds = {x["kind"] for _, x in bad}
         kind = next(k for k in ("content", "load", "io") if k in kinds)
         return _Outcome(False, kind, "; ".join(f"rank {r}: {x['why']}" for r, x in bad), outcome.probe)
 
     def restore(self, state: Mapping[str, Any], candidates: Sequence[Candidate], *, explicit: bool) -> int:
+        if self.coord is None:
+            return self._restore(state, candidates, explicit, None)
+        with self.coord.borrow() as store:
+            return self._restore(state, candidates, explicit, store)
+
+    def _restore(self, state: Mapping[str, Any], candidates: Sequence[Candidate], explicit: bool, store: Any) -> int:
         failures: list[tuple[int, str]] = []
         io_errors: list[str] = []
         mismatches: list[StateMismatchError] = []
@@ -131,14 +136,13 @@ class Restorer:
         captured = capture(state)
         live_flat = flatten(captured)
         coord = self.coord
-        store = coord.client() if coord is not None else None
         leader = coord is None or coord.rank == 0
         for cand in candidates:
             if cand.state is State.INVALID and not explicit:
                 why = f"marked invalid earlier: {cand.invalid_reason}"
                 failures.append((cand.step, why))
                 warnings.warn(
-                    f"skipping the checkpoint of step {cand.step}: {why}", CheckpointFallbackWarning, stacklevel=3
+                    f"skipping the checkpoint of step {cand.step}: {why}", CheckpointFallbackWarning, stacklevel=4
                 )
                 continue
             t0 = self._monotonic()
@@ -168,7 +172,7 @@ class Restorer:
                 warnings.warn(
                     f"skipping the checkpoint of step {cand.step}: {outcome.why}; falling back to the next newest",
                     CheckpointFallbackWarning,
-                    stacklevel=3,
+                    stacklevel=4,
                 )
                 continue
             assert opened is not None
@@ -211,7 +215,7 @@ class Restorer:
                 f"the checkpoint of step {cand.step} holds files its COMMIT.json does not list, ignored: "
                 f"{', '.join(opened.extra_files)}",
                 CheckpointFallbackWarning,
-                stacklevel=4,
+                stacklevel=5,
             )
         if not leader:
             return
