@@ -191,6 +191,7 @@ def test_bug_per_rank_dict_replaced_by_rank0_after_resume(tmp_path: Path) -> Non
     code, out, err = Torchrun(root, 2, "--steps", "40", script=PER_RANK_SCRIPT).finish()
     assert code == 0, err
     finals = {int(line.split()[2]): line for line in out.splitlines() if line.startswith("final rank")}
+    assert set(finals) == {0, 1}, (out[-3000:], err[-3000:], journals(root))
     assert finals[0].split()[4] == "40" and finals[1].split()[4] == "1040", finals
     assert f"resumed_from={stop}" in finals[1]
 
