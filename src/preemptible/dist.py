@@ -246,6 +246,11 @@ class Coordinator:
         return [bytes(store.get(k)).decode() for k in keys]
 
 
+def session(coord: Coordinator | None) -> contextlib.AbstractContextManager[Any]:
+    """A pooled store client for a ``with`` block (`Coordinator.borrow`), or None in a single-process run."""
+    return coord.borrow() if coord is not None else contextlib.nullcontext(None)
+
+
 def commit_barrier(coord: Coordinator, store: Any, key: str, report: str, *, wait: bool = True) -> list[str] | None:
     """The commit barrier's gathering half: every rank reports (its files, or its error); rank 0 gets every
     report, in rank order, once all are in; the others get None (they then wait for rank 0's outcome). O(1)

@@ -132,9 +132,7 @@ class Committer:
         blobs: dict[str, memoryview] | None,
         threads: int,
     ) -> SaveResult:
-        if self.coord is None:
-            return self._write(job, specs, docs, blobs=blobs, threads=threads, store=None)
-        with self.coord.borrow() as store:
+        with dist.session(self.coord) as store:
             return self._write(job, specs, docs, blobs=blobs, threads=threads, store=store)
 
     def _write(

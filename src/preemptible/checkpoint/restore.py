@@ -122,9 +122,7 @@ class Restorer:
         return _Outcome(False, kind, "; ".join(f"rank {r}: {x['why']}" for r, x in bad), outcome.probe)
 
     def restore(self, state: Mapping[str, Any], candidates: Sequence[Candidate], *, explicit: bool) -> int:
-        if self.coord is None:
-            return self._restore(state, candidates, explicit, None)
-        with self.coord.borrow() as store:
+        with dist.session(self.coord) as store:
             return self._restore(state, candidates, explicit, store)
 
     def _restore(self, state: Mapping[str, Any], candidates: Sequence[Candidate], explicit: bool, store: Any) -> int:
