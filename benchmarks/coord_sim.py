@@ -12,14 +12,16 @@ Measured per N:
 - notice latency: from one rank's notice to every rank knowing the stop step;
 - commit-barrier, restore-agreement and shared-root latencies;
 - keys read per rank during the agreement;
-- the store server's CPU seconds and open connections.
+- the store server's CPU seconds and open connections, and the simulated clients' CPU seconds;
+- each phase's latency on a cluster (``*_projected_s``): the server's CPU, one rank's share of the clients' CPU,
+  and a round trip per request of a rank (see `projected`).
 
     .venv/bin/python benchmarks/coord_sim.py --ranks 64 256 1024 4096 --rtt-ms 0.2
     .venv/bin/python benchmarks/coord_sim.py --ranks 64 --json out.json
 
-This machine has 2 cores: every figure includes the N threads and the server competing for them. A real job
-spreads ranks over nodes, so the latencies here are an upper bound for the same protocol, and request counts are
-exact either way.
+This machine has 2 cores: every wall time includes the N threads and the server competing for them, and follows
+their total CPU over the cores. A real job spreads ranks over nodes, so the wall times here are an upper bound for
+the same protocol; request counts and CPU seconds are exact either way.
 """
 
 from __future__ import annotations
@@ -47,13 +49,17 @@ print(s.port, flush=True)
 sys.stdin.read()
 """
 
-REQUESTS = (
-    "set", "get", "add", "check", "wait", "compare_set", "multi_get", "multi_set", "delete_key", "num_keys", "append"
-)  # fmt: skip
+ROUND_TRIPS = {
+    "set": 0, "multi_set": 0, "append": 0,  # one-way: the client sends and goes on (measured: 5 us against 60)
+    "get": 2, "multi_get": 2,  # a wait, then the get
+    "add": 1, "check": 1, "wait": 1, "compare_set": 1, "delete_key": 1, "num_keys": 1,
+}  # fmt: skip
+"""Per call of the store's API: how many replies the client waits for (torch 2.x TCPStore). Each call is at
+least one request to the server; a get is two."""
 
 
 class Counting:
-    """A store client that counts requests and keys read, and sleeps ``delay_s`` before each request."""
+    """A store client that counts requests and keys read, and sleeps ``delay_s`` per round trip of each call."""
 
     def __init__(self, inner: Any, delay_s: float, tally: dict[str, int], lock: threading.Lock) -> None:
         self._inner = inner
@@ -63,19 +69,16 @@ class Counting:
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._inner, name)
-        if name not in REQUESTS:
+        if name not in ROUND_TRIPS:
             return attr
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            keys = 0
-            if name in ("get", "wait", "check", "multi_get"):
-                keys = len(args[0]) if name != "get" else 1
+            keys = len(args[0]) if name == "multi_get" else 1 if name in ("get", "compare_set") else 0
             with self._lock:
-                self._tally["requests"] += 1
-                if name in ("get", "multi_get"):
-                    self._tally["keys_read"] += keys
-            if self._delay:
-                time.sleep(self._delay)
+                self._tally["requests"] += max(1, ROUND_TRIPS[name])
+                self._tally["keys_read"] += keys
+            if self._delay and ROUND_TRIPS[name]:
+                time.sleep(self._delay * ROUND_TRIPS[name])
             return attr(*args, **kwargs)
 
         return call
@@ -108,23 +111,27 @@ def _worker(ranks: list[int], world: int, where: tuple[int, float, str], conn: A
     """``where``: the store's port, the injected round trip in seconds, the shared root."""
     port, rtt_s, root = where
     from preemptible import dist
-    from preemptible.notice import Notice, NoticeKind
+    from preemptible.notice import Flag, Notice, NoticeKind
     from preemptible.store.io import LocalStorage
 
     threading.stack_size(512 << 10)
+    # Up to 1,024 ranks share this interpreter's lock; at the default 5 ms switch interval, every thread waiting for
+    # it wakes each 5 ms to ask for it, and that churn tripled the clients' CPU at 4,096 ranks. A real rank is
+    # its own process with a couple of threads, so a longer interval only takes out an artefact of the simulation.
+    sys.setswitchinterval(float(os.environ.get("COORD_SIM_SWITCH_S", "0.05")))
     if os.environ.get("COORD_SIM_DEBUG"):  # seconds: dump every thread's stack then, and exit
         import faulthandler
 
         faulthandler.dump_traceback_later(float(os.environ["COORD_SIM_DEBUG"]), exit=True)
-    lock = threading.Lock()
+    locks = {r: threading.Lock() for r in ranks}  # one per rank: the tally is not a point of contention
     tallies = {r: {"requests": 0, "keys_read": 0} for r in ranks}
     coords = {}
     for r in ranks:
         c = dist.Coordinator(rank_=r, world=world, address=("127.0.0.1", port), timeout_s=600)
-        c.wrap = lambda inner, t=tallies[r]: Counting(inner, rtt_s, t, lock)
+        c.wrap = lambda inner, t=tallies[r], k=locks[r]: Counting(inner, rtt_s, t, k)
         coords[r] = c
     notice = Notice(source="sim", kind=NoticeKind.TERMINATE, received_at=datetime.now(timezone.utc), deadline=None)
-    local: dict[int, threading.Event] = {r: threading.Event() for r in ranks}
+    local = {r: Flag() for r in ranks}  # each rank's guard board event
     agreements: dict[int, Any] = {}
     failed = threading.Event()  # a rank's error: the others stop looping
 
@@ -192,9 +199,14 @@ def _worker(ranks: list[int], world: int, where: tuple[int, float, str], conn: A
             raise errors[0]
         return done
 
-    def snapshot() -> dict[str, int]:
-        with lock:
-            return {k: sum(t[k] for t in tallies.values()) for k in ("requests", "keys_read")}
+    def snapshot() -> dict[str, float]:
+        counts: dict[str, float] = {}
+        for r, t in tallies.items():
+            with locks[r]:
+                for k in ("requests", "keys_read"):
+                    counts[k] = counts.get(k, 0) + t[k]
+        cpu = os.times()
+        return {**counts, "cpu": cpu.user + cpu.system}  # this process's CPU seconds (its ranks' client work)
 
     while True:
         cmd, arg = conn.recv()
@@ -215,15 +227,14 @@ def _worker(ranks: list[int], world: int, where: tuple[int, float, str], conn: A
             if arg in ranks:
                 local[arg].set()
 
-            def known(r: int) -> None:
+            for r in ranks:  # in turn, in this thread: once the last returns, every rank knew (no extra threads)
                 if not agreements[r]._known.wait(600):
                     raise RuntimeError(f"rank {r} never learned the stop step")
                 if agreements[r]._error is not None:
                     raise agreements[r]._error
-
-            done = run_all(known)
+            done = time.monotonic()
             stops = {agreements[r].stop_step for r in ranks}
-            conn.send(("ok", {"t0": t0, "done": max(done.values()), "stops": sorted(stops), **snapshot()}))
+            conn.send(("ok", {"t0": t0, "done": done, "stops": sorted(stops), **snapshot()}))
         elif cmd == "commit":
             done = run_all(commit)
             conn.send(("ok", {"done": max(done.values()), **snapshot()}))
@@ -241,6 +252,16 @@ def legacy_revision() -> bool:
     from preemptible import dist
 
     return not hasattr(dist, "commit_barrier")
+
+
+def projected(row: dict[str, Any], phase: str, world: int, rtt_ms: float) -> float:
+    """The phase's latency on a cluster, where each rank has its own cores and only the store server is shared:
+    the server's CPU for the phase (one thread, serial: all on the critical path), plus one rank's share of the
+    clients' CPU, plus one round trip per request of a rank. Here all of it shares 2 cores, so the measured wall
+    time is about (server + clients) / 2 instead; the counts behind both are exact."""
+    share = row[f"{phase}_client_cpu_s"] / world
+    trips = row[f"{phase}_requests_per_rank"] * rtt_ms / 1e3
+    return round(row[f"{phase}_server_cpu_s"] + share + trips, 3)
 
 
 def simulate(world: int, *, rtt_ms: float = 0.0, steady_s: float = 3.0, procs: int = 4) -> dict[str, Any]:
@@ -265,8 +286,8 @@ def simulate(world: int, *, rtt_ms: float = 0.0, steady_s: float = 3.0, procs: i
             replies = [c.recv() for c in pipes]
             return [r[1] for r in replies]
 
-        def total(replies: list[Any], key: str) -> int:
-            return sum(r[key] for r in replies)
+        def total(replies: list[Any], key: str) -> float:
+            return float(sum(r[key] for r in replies))
 
         try:
             ask("start")
@@ -301,6 +322,8 @@ def simulate(world: int, *, rtt_ms: float = 0.0, steady_s: float = 3.0, procs: i
             out["agreement_requests_per_rank"] = round(
                 (total(replies, "requests") - total(base, "requests")) / world, 2
             )
+            out["agreement_client_cpu_s"] = round(total(replies, "cpu") - total(base, "cpu"), 3)
+            out["agreement_projected_s"] = projected(out, "agreement", world, rtt_ms)
             for phase in ("commit", "restore", "shared"):
                 base = ask("count")
                 cpu_a, _ = server_stats(pid)
@@ -308,6 +331,11 @@ def simulate(world: int, *, rtt_ms: float = 0.0, steady_s: float = 3.0, procs: i
                 replies = ask(phase)
                 out[f"{phase}_s"] = round(max(r["done"] for r in replies) - t0, 3)
                 out[f"{phase}_server_cpu_s"] = round(server_stats(pid)[0] - cpu_a, 3)
+                out[f"{phase}_client_cpu_s"] = round(total(replies, "cpu") - total(base, "cpu"), 3)
+                out[f"{phase}_requests_per_rank"] = round(
+                    (total(replies, "requests") - total(base, "requests")) / world, 2
+                )
+                out[f"{phase}_projected_s"] = projected(out, phase, world, rtt_ms)
                 out[f"{phase}_keys_read_per_rank"] = round(
                     (total(replies, "keys_read") - total(base, "keys_read")) / world, 2
                 )

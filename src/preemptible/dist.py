@@ -216,7 +216,7 @@ class Coordinator:
                 f"waited {wait_s:.0f} s for ranks {missing} to report '{key}' through the store: they died, hang "
                 f"or cannot reach it ({type(e).__name__}); nothing was committed"
             ) from e
-        return bytes(store.get(f"{key}/{leaf}")).decode()
+        return read(store, f"{key}/{leaf}")
 
     def collect_one(self, store: Any, key: str, *, timeout_s: float | None = None) -> str:
         """Wait for one key (set by one rank) and return its value."""
@@ -228,7 +228,7 @@ class Coordinator:
                 f"waited {wait_s:.0f} s for '{key}' through the store: the rank that sets it died, hangs or cannot "
                 f"reach it ({type(e).__name__}); nothing was committed"
             ) from e
-        return bytes(store.get(key)).decode()
+        return read(store, key)
 
     def collect(self, store: Any, key: str, *, timeout_s: float | None = None) -> list[str]:
         """Every rank's value of ``key``, in rank order (O(N) reads: for small worlds and tests; the protocols
@@ -243,7 +243,23 @@ class Coordinator:
                 f"waited {wait_s:.0f} s for ranks {missing} to report '{key}' through the store: they died, hang "
                 f"or cannot reach it ({type(e).__name__}); nothing was committed"
             ) from e
-        return [bytes(store.get(k)).decode() for k in keys]
+        return [read(store, k) for k in keys]
+
+
+_ABSENT = "\x00preemptible: no such key"
+
+
+def read(store: Any, key: str) -> str:
+    """The value of ``key``, which a ``wait`` has just seen, in one round trip.
+
+    IMPORTANT (scale): TCPStore's ``get`` is two round trips (a wait, then the get); after our own ``wait`` the
+    first is wasted, and at N ranks that is N requests more on the one server per gathering. ``compare_set``
+    with an expected value no key ever holds changes nothing and answers the current value in one.
+    """
+    value = bytes(store.compare_set(key, _ABSENT, _ABSENT)).decode()
+    if value == _ABSENT:
+        raise CoordinationError(f"expected key '{key}' in the job's store after waiting for it, found none")
+    return value
 
 
 def session(coord: Coordinator | None) -> contextlib.AbstractContextManager[Any]:
@@ -348,15 +364,15 @@ def _check_shared_root(storage: Any, coord: Coordinator, store: Any) -> None:
 
 
 class Waitable(Protocol):
-    """What the announcing thread waits on: a `threading.Event`, or the guard's signal-safe flag."""
+    """What the announcing thread waits on: the guard's signal-safe `preemptible.notice.Flag`."""
 
-    def wait(self, timeout: float | None = None) -> bool: ...
+    def wait(self, timeout: float | None = None, *, unless: Callable[[], bool] | None = None) -> bool: ...
+
+    def wake(self) -> None: ...
 
 
 WATCH_S = 3600.0
 """The agreement thread's blocking wait for a notice is renewed this often: one request per rank per hour."""
-LOCAL_CHECK_S = 0.2
-"""How often the announcing thread looks whether the run is closing (a local wait: no store traffic)."""
 
 
 class StoreAgreement:
@@ -392,7 +408,7 @@ class StoreAgreement:
         self.coord = coordinator
         self._record = record
         self._local_notice = local_notice
-        self._local_event: Waitable = local_event if local_event is not None else threading.Event()
+        self._local_event: Waitable = local_event if local_event is not None else _flag()
         self.timeout_s = timeout_s
         self._completed = 0
         self._stop_step: int | None = None
@@ -428,8 +444,8 @@ class StoreAgreement:
 
     def _announce_when_noticed(self) -> None:
         try:
-            while not self._closed.is_set():
-                if self._local_event.wait(LOCAL_CHECK_S) and self._local_notice() is not None:
+            while not self._closed.is_set():  # one blocking wait, no polling: close() wakes it
+                if self._local_event.wait(WATCH_S, unless=self._closed.is_set) and self._local_notice() is not None:
                     with self.coord.borrow() as store:
                         self._announce(store)
                     return
@@ -453,7 +469,7 @@ class StoreAgreement:
             except Exception:
                 if self._closed.is_set():
                     return
-        doc = json.loads(bytes(store.get(self._mine)).decode())
+        doc = json.loads(read(store, self._mine))
         if doc.get("closed"):
             return  # close() woke us
         if doc.get("rank") != self.coord.rank and self._local_notice() is None:
@@ -493,8 +509,9 @@ class StoreAgreement:
             except Exception as e:  # the store is gone (the launcher exited): the wait ends with the connection
                 log.debug("could not wake the agreement thread: %s", e)
             self._thread.join(self.timeout_s + 5)
+        self._local_event.wake()
         if self._announcer is not threading.current_thread():
-            self._announcer.join(LOCAL_CHECK_S * 10)
+            self._announcer.join(self.timeout_s + 5)  # announcing, at worst: a bounded store request
         self.coord.release()
         _LIVE.discard(self)
 
@@ -510,6 +527,12 @@ def _close_agreements() -> None:
     for coord in list(_COORDINATORS.values()):
         if coord is not None:
             coord.release()
+
+
+def _flag() -> Waitable:
+    from preemptible.notice import Flag
+
+    return Flag()
 
 
 def _notice_from(doc: dict[str, Any]) -> Any:

@@ -152,11 +152,19 @@ class Flag:
             self._flag = True
             self._cond.notify_all()
 
-    def wait(self, timeout: float | None = None) -> bool:
+    def wait(self, timeout: float | None = None, *, unless: Callable[[], bool] | None = None) -> bool:
+        """Wait until the flag is set (returns True) or ``timeout`` passes. ``unless``: checked under the lock
+        before waiting; when it holds, return at once. A thread that makes it hold and then calls `wake` cannot
+        slip between the check and the wait: one blocking wait with no polling, ended by `wake`."""
         with self._cond:
-            if not self._flag:
+            if not self._flag and not (unless is not None and unless()):
                 self._cond.wait(timeout)
             return self._flag
+
+    def wake(self) -> None:
+        """Wake every waiter without setting the flag (they return False and look at their ``unless``)."""
+        with self._cond:
+            self._cond.notify_all()
 
 
 @dataclass

@@ -95,3 +95,56 @@ def test_shared_root_check_passes_on_one_root_and_names_blind_ranks(server: Any,
     roots = {0: tmp_path / "node0", 1: tmp_path / "node1"}  # a node-local path: each rank sees its own
     with pytest.raises(CoordinationError, match=r"rank\(s\) \[1\] cannot see"):
         on_every_rank(coords, lambda c: dist.check_shared_root(LocalStorage(str(roots[c.rank])), c))
+
+
+def test_read_answers_an_existing_key_and_names_a_missing_one(server: Any) -> None:
+    (c,) = coordinators(server, 1)
+    store = c.client()
+    store.set("here", "value")
+    assert dist.read(store, "here") == "value"
+    with pytest.raises(CoordinationError, match=r"expected key 'gone'.*found none"):
+        dist.read(store, "gone")
+    assert not store.check(["gone"])  # reading creates nothing
+
+
+def test_the_announcing_thread_blocks_without_polling_and_close_wakes_it(server: Any) -> None:
+    """No notice: the announcer sits in one wait on the board's flag (no timed wake-ups); close() ends it."""
+    from preemptible.notice import Flag
+
+    waits: list[float | None] = []
+
+    class CountingFlag(Flag):
+        def wait(self, timeout: float | None = None, *, unless: Any = None) -> bool:
+            waits.append(timeout)
+            return super().wait(timeout, unless=unless)
+
+    (c,) = coordinators(server, 1)
+    flag = CountingFlag()
+    agreement = dist.StoreAgreement(c, record=lambda n: None, local_notice=lambda: None, local_event=flag)
+    try:
+        assert agreement._announcer.is_alive()
+    finally:
+        agreement.close()
+    assert not agreement._announcer.is_alive() and not agreement._thread.is_alive()
+    assert waits and len(waits) <= 2 and all(t == dist.WATCH_S for t in waits), waits
+
+
+def test_flag_wake_ends_a_wait_whose_unless_now_holds_with_no_lost_wakeup() -> None:
+    """close() sets its flag, then wakes: whether the waiter checked ``unless`` before or after, it returns."""
+    from preemptible.notice import Flag
+
+    for _ in range(50):  # both interleavings, many times
+        flag = Flag()
+        closed = threading.Event()
+        done: list[bool] = []
+        t = threading.Thread(
+            target=lambda f=flag, c=closed, d=done: d.append(f.wait(None, unless=c.is_set)), daemon=True
+        )
+        t.start()
+        closed.set()
+        flag.wake()
+        t.join(30)
+        assert done == [False]  # woken, not set
+    flag = Flag()
+    flag.set()
+    assert flag.wait(None, unless=lambda: True) is True
