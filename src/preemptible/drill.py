@@ -438,13 +438,12 @@ class Drill:
         theirs = self._final_state(reference_root, done[-1]["step"])
         same = ours is not None and ours == theirs
         differing = sorted(k for k in (ours or {}) if (theirs or {}).get(k) != (ours or {}).get(k))
-        report.check(
-            "final state bit-identical to the uninterrupted run",
-            same,
-            f"{len(ours or {}) - 1} tensor files and the JSON state equal (RNG streams aside)"
-            if same
-            else f"differ: {', '.join(differing) or 'missing'}",
-        )
+        detail = f"{len(ours or {}) - 1} tensor files and the JSON state equal (RNG streams, logs and timings aside)"
+        if not same:
+            detail = f"differ: {', '.join(differing) or 'missing'}"
+            if ours is not None and theirs is not None:
+                detail += "\n" + explain_difference(report.root, reference_root, done[-1]["step"])
+        report.check("final state bit-identical to the uninterrupted run", same, detail)
 
     # helpers ------------------------------------------------------------------------------------------------
     @staticmethod
@@ -466,7 +465,7 @@ class Drill:
             return None
         files = {n: f.checksum for n, f in info.manifest.files.items() if n.endswith(".safetensors")}
         state = {k: v for k, v in files.items() if not k.startswith("_rng")}
-        state["state.json"] = json.dumps({k: v for k, v in tree.items() if not k.startswith("_")}, sort_keys=True)
+        state["state.json"] = json.dumps(_without_records({k: v for k, v in tree.items() if not k.startswith("_")}))
         return state
 
     @staticmethod
@@ -487,3 +486,92 @@ class Drill:
             f"no Run reported within {self.start_timeout:g} s through ${relay.REPORT_FILE_ENV}; expected the command "
             "to train with preemptible.Run (for other commands, rehearse with preemptible run)"
         )
+
+
+LIKELY_CAUSES = (
+    "Likely causes, most common first: the batches after the resume are not the ones the uninterrupted run "
+    "trained on (a batch fetched before the checkpoint and trained on after it, i.e. prefetched; a DataLoader "
+    "iterator made before the restore, so its shuffle seed was drawn from the streams before they were put back; a "
+    "loader whose position is not in the state: give a stateful loader to Run, or loop with run.batches); or "
+    "random draws from a generator that is not saved (a torch.Generator of the script's own, a framework's private "
+    "stream). Differences within a few units in the last place, all over, instead point at kernels that are not "
+    "deterministic (threads, atomics): set torch.use_deterministic_algorithms(True)."
+)
+
+
+def explain_difference(ours_root: str | None, theirs_root: str, step: int, *, shown: int = 8) -> str:
+    """Which entries of two final checkpoints differ and by how much, with the likely causes: what a drill with
+    ``--reference`` says when the resumed run did not end where the uninterrupted one did."""
+    from preemptible.checkpoint import Checkpointer
+    from preemptible.state import flatten
+
+    try:
+        ours = Checkpointer(str(ours_root)).load(step)
+        theirs = Checkpointer(theirs_root).load(step)
+    except Exception as e:  # the comparison by checksum above stands; this only adds detail
+        return f"(could not read both final checkpoints to compare entries: {e})"
+    a = flatten({k: v for k, v in ours.items() if not k.startswith("_")})
+    b = flatten({k: v for k, v in theirs.items() if not k.startswith("_")})
+    lines: list[str] = []
+    names = sorted(set(a.tensors) | set(b.tensors))
+    tensor_diffs = []
+    for name in names:
+        x, y = a.tensors.get(name), b.tensors.get(name)
+        if x is None or y is None or x.shape != y.shape or x.dtype != y.dtype:
+            tensor_diffs.append(f"{name}: only in one, or another shape/dtype")
+            continue
+        if torch_equal(x, y):
+            continue
+        diff = (x.double() - y.double()).abs()
+        tensor_diffs.append(
+            f"{name}: {int((diff > 0).sum())} of {x.numel()} values, max |difference| {float(diff.max()):.3g}"
+        )
+    if tensor_diffs:
+        lines.append(f"{len(tensor_diffs)} of {len(names)} tensors differ:")
+        lines += [f"  {d}" for d in tensor_diffs[:shown]]
+        if len(tensor_diffs) > shown:
+            lines.append(f"  ... and {len(tensor_diffs) - shown} more")
+    leaves = _json_leaves(_without_records(a.tree), ""), _json_leaves(_without_records(b.tree), "")
+    json_diffs = sorted(k for k in set(leaves[0]) | set(leaves[1]) if leaves[0].get(k) != leaves[1].get(k))
+    if json_diffs:
+        shown_leaves = ", ".join(f"{k} ({leaves[0].get(k)!r} vs {leaves[1].get(k)!r})" for k in json_diffs[:shown])
+        lines.append(f"{len(json_diffs)} non-tensor values differ (resumed vs uninterrupted): {shown_leaves}")
+    lines.append(LIKELY_CAUSES)
+    return "\n".join(lines)
+
+
+def torch_equal(x: Any, y: Any) -> bool:
+    import torch
+
+    return bool(torch.equal(x, y))
+
+
+RECORDS = ("log_history",)
+"""Keys whose values record what happened rather than hold training state (a framework's log), left out of the
+comparison with the reference run; so are leaves that measure wall-clock time (``*runtime``, ``*per_second``)."""
+
+
+def _without_records(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {
+            k: _without_records(v)
+            for k, v in sorted(tree.items())
+            if k not in RECORDS and not str(k).endswith(("runtime", "per_second"))
+        }
+    if isinstance(tree, list):
+        return [_without_records(v) for v in tree]
+    return tree
+
+
+def _json_leaves(tree: Any, path: str) -> dict[str, Any]:
+    """Flattened non-tensor leaves of a tagged tree, by key path (tensor references compare as names)."""
+    out: dict[str, Any] = {}
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            out.update(_json_leaves(v, f"{path}/{k}" if path else str(k)))
+    elif isinstance(tree, list):
+        for i, v in enumerate(tree):
+            out.update(_json_leaves(v, f"{path}/{i}"))
+    else:
+        out[path] = tree
+    return out

@@ -51,6 +51,7 @@ ROOT_ENV = "PREEMPTIBLE_ROOT"
 
 _RNG = "_rng"
 _RUN = "_run"
+_LOOP = "_loop"
 
 
 class Run:
@@ -181,12 +182,14 @@ class Run:
             probe_rtol=probe_rtol,
             verify_after_save=verify_after_save,
             storage_options=storage_options,
-            per_rank=(_RNG, *self.options.per_rank),
+            per_rank=(_RNG, _LOOP, *self.options.per_rank),
         )
         self.allow_fresh_start = allow_fresh_start
         self.guard = guard if guard is not None else Guard(sources, grace=grace, clock=clock)
         self._meta: dict[str, Any] = {}
-        self.state: dict[str, Any] = {**state, _RNG: RNGState(), _RUN: self._meta}
+        self._loop: dict[str, Any] = {"epoch": 0, "done": 0, "rng": None}
+        """Where `epochs`/`batches` are: the epoch, the batches done in it, the random streams at its start."""
+        self.state: dict[str, Any] = {**state, _RNG: RNGState(), _RUN: self._meta, _LOOP: self._loop}
         flatten(capture(self.state))  # every leaf storable now: a clear error here, not at the first save
         self.step: int = 0
         """Completed steps so far (the step a checkpoint taken now would carry)."""
@@ -209,6 +212,9 @@ class Run:
             rank=self.rank,
         )
         self._boundary_at = 0.0
+        self._start: int | None = None
+        self._auto_close = False
+        self._total: int | None = None
         self._planned = False
         self.step_time: float | None = None
         """Seconds per step (moving average), once steps have run."""
@@ -272,6 +278,43 @@ class Run:
         return self.guard.notice
 
     # the loop ----------------------------------------------------------------------------------------------
+    @property
+    def start_step(self) -> int:
+        """The step this run starts at: 0 on a fresh start, else the step of the checkpoint it resumed from.
+
+        Reading it the first time opens the run (signal handlers, notice sources, journal) and restores the newest
+        valid checkpoint, verified, with fallback, exactly as `steps` would; later reads (and `steps`) reuse that.
+        For loops that need the step before they start, e.g. to build a scheduler or skip epochs.
+        """
+        if self._start is None:
+            self._begin(None)
+        assert self._start is not None
+        return self._start
+
+    def _begin(self, total: int | None) -> int:
+        if self._start is not None:
+            return self._start
+        self._auto_close = not self._entered
+        self._open()
+        assert self.journal is not None
+        self.journal.event(
+            Event.START,
+            None,
+            total=total,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            version=__version__,
+            world_size=dist.world_size(),
+            sources=[s.name for s in self.guard.sources],
+            argv=sys.argv,
+        )
+        start = self._resume()
+        self.step = start
+        self._start = start
+        self._last_save_time = self._monotonic()
+        self._boundary_at = self._monotonic()
+        return start
+
     def steps(self, total: int) -> Iterator[int]:
         """Yield the step numbers still to run, ``0 .. total-1``, after restoring the newest valid checkpoint.
 
@@ -281,59 +324,133 @@ class Run:
         """
         if total < 0:
             raise ValueError(f"expected total >= 0 steps, found {total}")
-        opened_here = not self._entered
-        self._open()
-        assert self.journal is not None
+        self._total = total
         try:
-            self.journal.event(
-                Event.START,
-                None,
-                total=total,
-                pid=os.getpid(),
-                host=socket.gethostname(),
-                version=__version__,
-                world_size=dist.world_size(),
-                sources=[s.name for s in self.guard.sources],
-                argv=sys.argv,
-            )
-            start = self._resume()
-            self.step = start
-            if self.guard.should_stop(start):
-                self._stop(start)  # a notice during restore: nothing new to save, exit promptly
+            start = self._begin(total)
+            if not self._ready(start, total):
                 return
-            if start >= total:
-                self.journal.event(Event.DONE, start, total=total, already=True)
-                return
-            self.checkpointer.clear_finished()
-            self._last_save_time = self._monotonic()
-            self._boundary_at = self._monotonic()
             for step in range(start, total):
                 yield step
-                completed = step + 1
-                self.step = completed
-                now = self._monotonic()
-                spent = now - self._boundary_at
-                self._boundary_at = now
-                self.step_time = spent if self.step_time is None else 0.9 * self.step_time + 0.1 * spent
-                if self.guard.should_stop(completed):
-                    self._stop(completed)
+                if self.boundary(step + 1):
                     return
-                if self.guard.advisory is not None and not self._advisory_done and completed < total:
-                    if self._advisory(completed):
-                        return
-                elif self._periodic_due(completed, total):
-                    self._save(completed, SaveReason.PERIODIC, blocking=not self.async_save)
-                    if self.guard.should_stop(completed):  # a notice that came during the save
-                        self._stop(completed)
-                        return
-                elif self.prestage_every is not None and completed % self.prestage_every == 0:
-                    self.checkpointer.prestage(self.state, completed)
-                if self._pending is not None:
-                    self._reap()
             self._finish(total)
         finally:
-            if opened_here:
+            if self._auto_close:
                 self.close()
+
+    def _ready(self, start: int, total: int | None) -> bool:
+        """False when there is nothing to run: a notice came during the restore, or the run had finished."""
+        assert self.journal is not None
+        if self.guard.should_stop(start):
+            self._stop(start)  # a notice during restore: nothing new to save, exit promptly
+            return False
+        if total is not None and start >= total:
+            self.journal.event(Event.DONE, start, total=total, already=True)
+            return False
+        self.checkpointer.clear_finished()
+        return True
+
+    def boundary(self, completed: int) -> bool:
+        """A step boundary: call it after each optimizer step with the number of steps completed, when driving the
+        loop yourself (`steps`, `epochs` and the framework integrations call it for you).
+
+        It saves when a save is due and, after a notice, agrees the stop step with every rank, writes the emergency
+        checkpoint and ends the process with the exit policy's code (``SystemExit``). With ``exit_on_notice=False``
+        it returns True instead: end the loop now. Otherwise False: train on.
+        """
+        if self._start is None:
+            self._begin(None)
+        total = self._total
+        self.step = completed
+        now = self._monotonic()
+        spent = now - self._boundary_at
+        self._boundary_at = now
+        self.step_time = spent if self.step_time is None else 0.9 * self.step_time + 0.1 * spent
+        if self.guard.should_stop(completed):
+            self._stop(completed)
+            return True
+        if self.guard.advisory is not None and not self._advisory_done and (total is None or completed < total):
+            if self._advisory(completed):
+                return True
+        elif self._periodic_due(completed, total):
+            self._save(completed, SaveReason.PERIODIC, blocking=not self.async_save)
+            if self.guard.should_stop(completed):  # a notice that came during the save
+                self._stop(completed)
+                return True
+        elif self.prestage_every is not None and completed % self.prestage_every == 0:
+            self.checkpointer.prestage(self.state, completed)
+        if self._pending is not None:
+            self._reap()
+        return False
+
+    # epoch-structured loops ------------------------------------------------------------------------------------
+    def epochs(self, total: int) -> Iterator[int]:
+        """Yield the epoch numbers still to run, ``0 .. total-1``, for loops built of epochs over a data loader:
+
+            for epoch in run.epochs(args.epochs):
+                for data, target in run.batches(train_loader):  # one optimizer step per batch
+                    ...
+                evaluate(); scheduler.step()                    # epoch-end work runs once per epoch
+
+        A resume restarts the epoch it stopped in, and `batches` skips the batches that epoch had done, in the
+        same order (see there). An epoch whose batches were all done but whose end-of-epoch work had not run yet
+        (a notice at its last step) is yielded again with no batches left, so that work runs exactly once. After
+        the last epoch it saves the final checkpoint, as `steps` does.
+        """
+        if total < 0:
+            raise ValueError(f"expected total >= 0 epochs, found {total}")
+        try:
+            start = self._begin(None)
+            if self._loop["epoch"] >= total:
+                assert self.journal is not None
+                self.journal.event(Event.DONE, start, total=start, already=True)
+                return
+            if not self._ready(start, None):
+                return
+            while self._loop["epoch"] < total:
+                yield self._loop["epoch"]
+                if self.preempted:
+                    return  # exit_on_notice=False: batches() ended the epoch early
+                self._loop.update(epoch=self._loop["epoch"] + 1, done=0, rng=None)
+            self._finish(self.step)
+        finally:
+            if self._auto_close:
+                self.close()
+
+    def batches(self, loader: Iterable[Any]) -> Iterator[Any]:
+        """The batches of this epoch still to run, each followed by a step boundary (see `boundary`).
+
+        After a resume mid-epoch it makes the loader's iterator as the interrupted epoch made it (the random streams
+        as they were at that epoch's start, so a shuffling sampler draws the same order and workers the same
+        seeds), skips the batches done before the checkpoint (they are loaded and dropped: O(batches done)), then
+        puts the streams back as the checkpoint had them. A loader given to `Run` as state (a stateful loader
+        that saves its own position) is not skipped.
+        """
+        loop = self._loop
+        skip = int(loop["done"])
+        stateful = any(loader is obj for obj in self.state.values())
+        if stateful or skip == 0:
+            loop["rng"] = None if stateful else RNGState().state_dict()
+            iterator = iter(loader)
+        else:
+            if loop["rng"] is None:
+                raise PreemptibleError(
+                    f"expected the random streams of epoch {loop['epoch']}'s start in the checkpoint, to skip its "
+                    f"{skip} done batches in their order; found none (the checkpoint was not written inside "
+                    "run.batches()). Resume with the loop that wrote it"
+                )
+            resumed = RNGState().state_dict()
+            RNGState().load_state_dict(loop["rng"])
+            iterator = iter(loader)
+            for _ in range(skip):
+                if next(iterator, _END) is _END:
+                    break
+            RNGState().load_state_dict(resumed)
+        for batch in iterator:
+            yield batch
+            loop["done"] += 1
+            if self.boundary(self.step + 1):
+                return
 
     def log(self, **figures: Any) -> None:
         """Record figures (loss, throughput, ...) for the current step in the journal."""
@@ -378,8 +495,8 @@ class Run:
         log.info("[rank=%d] resumed from the checkpoint of step %d (%.2f s)", self.rank, restored, seconds)
         return restored
 
-    def _periodic_due(self, completed: int, total: int) -> bool:
-        if completed >= total:
+    def _periodic_due(self, completed: int, total: int | None) -> bool:
+        if total is not None and completed >= total:
             return False  # the final save covers it
         if self.save_every is not None and completed % self.save_every == 0:
             return True
@@ -575,6 +692,9 @@ class Run:
             # the heap skips that walk (atexit handlers and finally blocks still run) and cuts it to ~0.3 s.
             gc.freeze()
             raise SystemExit(code)
+
+
+_END = object()
 
 
 def _ignore_late_notices() -> None:

@@ -1,0 +1,313 @@
+"""The Hugging Face ``Trainer``, preemption-safe:
+
+    from preemptible.integrations.transformers import PreemptibleCallback
+    cb = PreemptibleCallback("s3://bucket/run1")
+    trainer = Trainer(..., callbacks=[cb])
+    trainer.train(resume_from_checkpoint=cb.resume_from)
+
+What it does:
+- **Notices.** Every source `preemptible.Run` has (signals, AWS, GCP, Azure, SLURM, the ``preemptible run`` relay),
+  with their real deadlines. While training, its SIGTERM/SIGUSR1 handlers replace the Trainer's own
+  (``enable_jit_checkpoint``), which come back when training ends.
+- **Stop.** At the first optimizer-step boundary after a notice (``on_step_end``: after the optimizer and scheduler
+  stepped and ``global_step`` counted it), on every rank at the agreed step, it writes the checkpoint through
+  preemptible's writer and commit protocol, then ends the process with the exit policy's code (``SystemExit``),
+  so the script's code after ``train()`` does not run as if training had finished. With ``exit_on_notice=False``,
+  ``train()`` returns instead and ``cb.preempted`` is True.
+- **Resume.** ``cb.resume_from``, read the first time, restores the newest checkpoint that verifies (checksums; the
+  probe when given; falling back to the previous one otherwise) and returns a small local directory holding the
+  ``trainer_state.json`` the Trainer reads (global step, epoch, log history). The Trainer's own resume then runs as
+  usual (it skips the batches done in the epoch and puts the random streams back after the first batch), but
+  the weights, optimizer, scheduler, scaler and random streams come from preemptible's checkpoint (safetensors
+  and JSON): nothing is unpickled. None on a fresh start.
+- **Checkpoints.** The Trainer's own ``save_steps`` checkpoints go on beside it. ``save_every`` adds preemptible's
+  periodic saves (in optimizer steps; written in the background unless ``async_save=False``).
+
+What it needs: the Trainer's standard data loading (``accelerate``'s seedable sampler, the default), which makes
+the data order a function of the seed and the epoch. ``model_init`` (a model re-made inside ``train()``), DeepSpeed
+and FSDP are not supported yet: it says so when it meets them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+from transformers import Trainer, TrainerCallback
+
+from preemptible.errors import PreemptibleError
+from preemptible.run import Run
+from preemptible.state import RNGState
+
+log = logging.getLogger("preemptible")
+
+STATE_FILE = "trainer_state.json"
+"""What the Trainer reads from ``resume_from_checkpoint`` itself (JSON; the rest comes from preemptible)."""
+
+
+class _TrainerParts:
+    """What the Trainer makes inside ``train()``, as two state entries. ``shared``: optimizer, scheduler and scaler,
+    the same on every rank under DDP (saved once). ``rank``: the ``TrainerState`` (as ``save_to_json`` writes it)
+    and the loss-logging accumulators, which differ between ranks (saved per rank). Restored into plain dicts
+    first, and loaded into the live objects when the Trainer asks for them."""
+
+    def __init__(self, trainer: Any, part: str) -> None:
+        self._trainer = trainer
+        self._part = part
+
+    def state_dict(self) -> dict[str, Any]:
+        trainer = self._trainer
+        if self._part == "rank":
+            trainer.store_flos()  # as the Trainer's own saves do: the FLOPs so far into the state
+            return {
+                "state": json.loads(json.dumps(dataclasses.asdict(trainer.state))),
+                "logging": {  # the loss summed since the last log: the first log after a resume averages all of it
+                    name: value.detach().clone() if hasattr(value, "detach") else value
+                    for name in _LOGGING
+                    if (value := getattr(trainer, name, None)) is not None
+                },
+            }
+        parts: dict[str, Any] = {"optimizer": trainer.optimizer.state_dict()}
+        if trainer.lr_scheduler is not None:
+            parts["scheduler"] = trainer.lr_scheduler.state_dict()
+        scaler = getattr(trainer.accelerator, "scaler", None)
+        if scaler is not None:
+            parts["scaler"] = scaler.state_dict()
+        return parts
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # never: restored into a dict (see PreemptibleCallback)
+        raise NotImplementedError
+
+
+class PreemptibleCallback(TrainerCallback):
+    """Preemption safety for a Hugging Face ``Trainer`` (see the module docs).
+
+    Args:
+        root: where checkpoints and the journal live: a local path or an s3://, gs://, az:// URL.
+        save_every: also save every this many optimizer steps (``global_step``). None: only on a notice and at the
+            end (the Trainer's own ``save_steps`` checkpoints are independent of this).
+        exit_on_notice: True (default) ends the process after the emergency save; False makes ``train()`` return,
+            with `preempted` True.
+        **options: `preemptible.Run`'s options where they apply: ``keep``, ``sources``, ``grace``, ``exit_code``,
+            ``on_advisory``, ``requeue``, ``async_save``, ``bf16_moments``, ``probe``, ``probe_rtol``,
+            ``verify_after_save``, ``allow_fresh_start``, ``storage_options``.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        save_every: int | None = None,
+        exit_on_notice: bool = True,
+        **options: Any,
+    ) -> None:
+        unsupported = sorted(set(options) - _OPTIONS)
+        if unsupported:
+            raise TypeError(
+                f"PreemptibleCallback got options {unsupported}; expected those of preemptible.Run that apply to a "
+                f"Trainer: {sorted(_OPTIONS)}"
+            )
+        self.root = os.fspath(root)
+        self.save_every = save_every
+        self.exit_on_notice = exit_on_notice
+        self.options = options
+        self.preempted = False
+        """True once a notice stopped training (only seen with ``exit_on_notice=False``: otherwise the process ends)."""
+        self.run: Run | None = None
+        """The `preemptible.Run` underneath (journal, guard, checkpointer), once training or `resume_from` began."""
+        self._trainer: Any = None
+        self._resume_dir: str | None = None
+        self._resolved = False
+        self._held: dict[str, dict[str, Any]] = {}
+
+    # the Trainer -----------------------------------------------------------------------------------------------
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        trainer = _calling_trainer()
+        if trainer is None:
+            raise PreemptibleError(
+                "expected PreemptibleCallback to be registered with a transformers.Trainer "
+                "(Trainer(..., callbacks=[cb]) or trainer.add_callback(cb) before train()); found no Trainer calling it"
+            )
+        self._attach(trainer)
+
+    def _attach(self, trainer: Any) -> None:
+        if self._trainer is trainer:
+            return
+        if getattr(trainer, "model_init", None) is not None:
+            raise PreemptibleError(
+                "PreemptibleCallback does not support Trainer(model_init=...) yet: train() re-makes the model after "
+                "the checkpoint was restored into it. Build the model yourself and pass model=..."
+            )
+        self._trainer = trainer
+        for name in ("_load_from_checkpoint", "_load_optimizer_and_scheduler", "_load_scaler", "_load_rng_state"):
+            original = getattr(trainer, name, None)
+            if original is None:
+                import transformers
+
+                raise PreemptibleError(
+                    f"expected transformers.Trainer to load checkpoints through {name}() (transformers 5.x); found "
+                    f"transformers {transformers.__version__} without it. pip install 'preemptible[transformers]'"
+                )
+            setattr(trainer, name, self._loader(name, original))
+
+    def _loader(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def load(checkpoint: str | None, *args: Any, **kwargs: Any) -> Any:
+            if checkpoint is None or checkpoint != self._resume_dir:
+                return original(checkpoint, *args, **kwargs)  # the Trainer's own checkpoint: its own loader
+            getattr(self, name)()
+            return None
+
+        return load
+
+    # the loaders the Trainer calls with our directory ----------------------------------------------------------
+    def _load_from_checkpoint(self) -> None:
+        pass  # the weights were restored (and verified) into the model when resume_from was read
+
+    def _load_optimizer_and_scheduler(self) -> None:
+        trainer = self._trainer
+        trainer.optimizer.load_state_dict(self._held["optimizer"])
+        if trainer.lr_scheduler is not None and "scheduler" in self._held:
+            trainer.lr_scheduler.load_state_dict(self._held["scheduler"])
+
+    def _load_scaler(self) -> None:
+        scaler = getattr(self._trainer.accelerator, "scaler", None)
+        if scaler is not None and "scaler" in self._held:
+            scaler.load_state_dict(self._held["scaler"])
+
+    def _load_rng_state(self) -> None:
+        RNGState().load_state_dict(self._held["rng"])
+
+    # resume --------------------------------------------------------------------------------------------------
+    @property
+    def resume_from(self) -> str | None:
+        """What ``trainer.train(resume_from_checkpoint=...)`` needs to continue from preemptible's newest valid
+        checkpoint, or None on a fresh start. The first read restores and verifies it (see the module docs)."""
+        if not self._resolved:
+            self._resolve()
+        return self._resume_dir
+
+    def _resolve(self) -> None:
+        if self._trainer is None:
+            raise PreemptibleError(
+                "expected cb.resume_from to be read after Trainer(..., callbacks=[cb]) was built (it restores into "
+                "the Trainer's model); found the callback not registered with a Trainer yet"
+            )
+        trainer = self._trainer
+        held: dict[str, Any] = {}
+        mine: dict[str, Any] = {}
+        run = Run(
+            self.root,
+            save_every=self.save_every,
+            exit_on_notice=self.exit_on_notice,
+            per_rank=["trainer_rank"],
+            model=trainer.model,
+            trainer=held,
+            trainer_rank=mine,
+            **self.options,
+        )
+        before = RNGState().state_dict()
+        start = run.start_step  # opens the run (notice sources) and restores, verified, with fallback
+        held.update(mine)
+        held["rng"] = RNGState().state_dict()
+        RNGState().load_state_dict(before)  # the Trainer puts the streams back itself, after the first batch
+        self.run = run
+        self._held = held
+        self._resolved = True
+        if run.resumed_from is None:
+            return
+        if "state" not in held or "optimizer" not in held:
+            raise PreemptibleError(
+                f"expected the checkpoint of step {start} under {run.root} to hold the Trainer's state and optimizer; "
+                "found none (it was not written by PreemptibleCallback). Resume it with the loop that wrote it"
+            )
+        directory = tempfile.mkdtemp(prefix=f"preemptible-step-{start}-")
+        with open(os.path.join(directory, STATE_FILE), "w") as f:
+            json.dump(held["state"], f)
+        self._resume_dir = directory
+        log.info("[rank=%d] the Trainer resumes at global step %d from %s", run.rank, start, run.root)
+
+    # training ------------------------------------------------------------------------------------------------
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not self._resolved:
+            self._resolve()
+            passed = False
+        else:
+            passed = self.run is not None and state.global_step == self.run.resumed_from
+        run = self.run
+        assert run is not None
+        if self._resume_dir is not None and not passed:
+            run.close()
+            raise PreemptibleError(
+                f"expected trainer.train(resume_from_checkpoint=cb.resume_from): {run.root} holds a checkpoint of "
+                f"step {run.resumed_from}, and the Trainer started at step {state.global_step} instead. Pass "
+                "cb.resume_from, or give a new root to start over"
+            )
+        run.state["trainer"] = _TrainerParts(self._trainer, "shared")
+        run.state["trainer_rank"] = _TrainerParts(self._trainer, "rank")
+        if self._resume_dir is not None:
+            for name, saved in self._held.get("logging", {}).items():
+                current: Any = getattr(self._trainer, name, None)
+                moved = saved.to(current.device) if hasattr(current, "device") and hasattr(saved, "to") else saved
+                setattr(self._trainer, name, moved)
+        run._total = state.max_steps if state.max_steps and state.max_steps > 0 else None
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        assert self.run is not None
+        if self.run.boundary(state.global_step):  # only with exit_on_notice=False: otherwise the process ended
+            self.preempted = True
+            control.should_training_stop = True
+        return control
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        run = self.run
+        if run is None:
+            return
+        try:
+            if not self.preempted:
+                run._finish(state.global_step)
+        finally:
+            run.close()
+
+
+_LOGGING = ("_tr_loss", "_total_loss_scalar", "_globalstep_last_logged")
+"""The Trainer's loss-logging accumulators (reset at the start of training, before ``on_train_begin``)."""
+
+_OPTIONS = frozenset(
+    {
+        "keep",
+        "sources",
+        "grace",
+        "exit_code",
+        "on_advisory",
+        "requeue",
+        "async_save",
+        "bf16_moments",
+        "probe",
+        "probe_rtol",
+        "verify_after_save",
+        "allow_fresh_start",
+        "storage_options",
+        "guard",
+        "clock",
+        "monotonic",
+    }
+)
+
+
+def _calling_trainer() -> Any:
+    """The Trainer whose __init__ is calling its callbacks' ``on_init_end`` (callbacks are not given it)."""
+    frame: Any = sys._getframe(1)
+    for _ in range(16):
+        if frame is None:
+            return None
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, Trainer):
+            return candidate
+        frame = frame.f_back
+    return None

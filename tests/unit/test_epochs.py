@@ -1,0 +1,135 @@
+"""Run.epochs / Run.batches / Run.start_step / Run.boundary: epoch-structured loops over a shuffling DataLoader,
+stopped by a notice at any step (mid-epoch, at an epoch's last batch, at the very end), resume to exactly the state
+of a run that was never stopped: weights, optimizer, scheduler (stepped once per epoch), and the batches seen."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch.utils.data import DataLoader, TensorDataset
+
+import preemptible
+from preemptible.errors import PreemptibleError
+
+EPOCHS, BATCHES = 3, 5  # 15 steps
+
+
+def build() -> tuple[torch.nn.Module, torch.optim.Optimizer, Any, DataLoader[Any]]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    g = torch.Generator().manual_seed(1)
+    data = TensorDataset(torch.randn(BATCHES * 4, 4, generator=g), torch.randn(BATCHES * 4, 1, generator=g))
+    return model, optimizer, scheduler, DataLoader(data, batch_size=4, shuffle=True)
+
+
+def train(root: Path, stop_at: int | None = None) -> tuple[dict[str, Any], list[tuple[int, float]], preemptible.Run]:
+    """One process's life: returns the final state, the (epoch, first value) of every batch trained on, the run."""
+    model, optimizer, scheduler, loader = build()
+    run = preemptible.Run(root, sources=(), exit_on_notice=False, model=model, optimizer=optimizer, scheduler=scheduler)
+    seen: list[tuple[int, float]] = []
+    with run:
+        for epoch in run.epochs(EPOCHS):
+            for x, y in run.batches(loader):
+                seen.append((epoch, float(x[0, 0])))
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                if stop_at is not None and run.step + 1 == stop_at:
+                    run.guard.trigger(source="test")
+            if run.preempted:
+                break
+            scheduler.step()  # once per epoch, never twice, never skipped
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+    return state, seen, run
+
+
+def same(a: Any, b: Any) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    return bool(a == b)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], list[tuple[int, float]]]:
+    state, seen, run = train(tmp_path_factory.mktemp("ref") / "ckpt")
+    assert run.step == EPOCHS * BATCHES and not run.preempted
+    return state, seen
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stop_at=st.integers(min_value=1, max_value=EPOCHS * BATCHES))
+def test_a_stop_at_any_step_resumes_to_the_uninterrupted_state(
+    stop_at: int, reference: tuple[dict[str, Any], list[tuple[int, float]]], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    root = tmp_path_factory.mktemp("stop") / "ckpt"
+    _, first_seen, first = train(root, stop_at)
+    assert first.preempted and first.step == stop_at
+    state, rest_seen, second = train(root)
+    assert second.resumed_from == stop_at and not second.preempted
+    assert first_seen + rest_seen == reference[1]  # the same batches, in the same order, each once
+    assert same(state, reference[0])
+
+
+@pytest.mark.parametrize("stop_at", [BATCHES, 2 * BATCHES, 3 * BATCHES])
+def test_a_stop_at_an_epoch_s_last_batch_runs_its_end_of_epoch_work_once_after_the_resume(
+    stop_at: int, reference: tuple[dict[str, Any], list[tuple[int, float]]], tmp_path: Path
+) -> None:
+    train(tmp_path / "ckpt", stop_at)
+    state, _seen, _ = train(tmp_path / "ckpt")
+    assert state["scheduler"]["last_epoch"] == EPOCHS == reference[0]["scheduler"]["last_epoch"]
+    assert same(state, reference[0])
+
+
+def test_a_finished_run_runs_nothing_more(tmp_path: Path) -> None:
+    train(tmp_path / "ckpt")
+    _, seen, run = train(tmp_path / "ckpt")
+    assert seen == [] and run.start_step == EPOCHS * BATCHES
+
+
+def test_start_step_restores_before_the_loop_and_once(tmp_path: Path) -> None:
+    train(tmp_path / "ckpt", stop_at=7)
+    model, optimizer, scheduler, _loader = build()
+    run = preemptible.Run(tmp_path / "ckpt", sources=(), model=model, optimizer=optimizer, scheduler=scheduler)
+    try:
+        assert run.start_step == 7 and run.resumed_from == 7
+        weights = {k: v.clone() for k, v in model.state_dict().items()}
+        assert run.start_step == 7  # no second restore
+        assert same(weights, model.state_dict())
+    finally:
+        run.close()
+
+
+def test_boundary_drives_a_loop_of_your_own(tmp_path: Path) -> None:
+    model, _optimizer, _, _ = build()
+    run = preemptible.Run(tmp_path / "ckpt", sources=(), save_every=2, exit_on_notice=False, model=model)
+    with run:
+        step = run.start_step
+        stopped = False
+        while not stopped:
+            step += 1
+            if step == 5:
+                run.guard.trigger(source="test")
+            stopped = run.boundary(step)
+    assert run.preempted and run.step == 5
+    assert [c.step for c in run.checkpointer.checkpoints()][-2:] == [4, 5]
+
+
+def test_a_mid_epoch_checkpoint_without_the_epoch_s_streams_is_a_clear_error(tmp_path: Path) -> None:
+    model, _optimizer, _scheduler, loader = build()
+    run = preemptible.Run(tmp_path / "ckpt", sources=(), model=model)
+    with run:
+        run._loop.update(epoch=0, done=2, rng=None)  # as a checkpoint written outside run.batches() holds it
+        with pytest.raises(PreemptibleError, match="expected the random streams of epoch 0"):
+            next(iter(run.batches(loader)))
