@@ -430,7 +430,7 @@ class Run:
         skip = int(loop["done"])
         stateful = any(loader is obj for obj in self.state.values())
         if stateful or skip == 0:
-            loop["rng"] = None if stateful else RNGState().state_dict()
+            loop["rng"] = None if stateful else {"global": RNGState().state_dict(), **_loader_streams(loader)}
             iterator = iter(loader)
         else:
             if loop["rng"] is None:
@@ -440,7 +440,8 @@ class Run:
                     "run.batches()). Resume with the loop that wrote it"
                 )
             resumed = RNGState().state_dict()
-            RNGState().load_state_dict(loop["rng"])
+            RNGState().load_state_dict(loop["rng"]["global"])
+            _put_back_loader_streams(loader, loop["rng"])
             iterator = iter(loader)
             for _ in range(skip):
                 if next(iterator, _END) is _END:
@@ -695,6 +696,53 @@ class Run:
 
 
 _END = object()
+
+_LOADER_PARTS = ("sampler", "batch_sampler", "base_dataloader", "dataset")
+_COUNTERS = ("iteration", "epoch")
+
+
+def _loader_parts(loader: Any) -> Iterator[tuple[str, Any]]:
+    """The loader and the objects it draws its order from (sampler, batch sampler, a wrapped loader: as Accelerate
+    nests them), by attribute path."""
+    seen: set[int] = set()
+    todo: list[tuple[str, Any, int]] = [("", loader, 0)]
+    while todo:
+        path, obj, depth = todo.pop(0)
+        if obj is None or id(obj) in seen or isinstance(obj, (int, float, str, torch.Tensor)):
+            continue
+        seen.add(id(obj))
+        yield path, obj
+        if depth < 4:
+            todo += [(f"{path}.{n}" if path else n, getattr(obj, n, None), depth + 1) for n in _LOADER_PARTS]
+
+
+def _loader_streams(loader: Any) -> dict[str, Any]:
+    """What decides a loader's order for the coming epoch besides the global streams: the state of every
+    ``torch.Generator`` its parts hold (a sampler's own generator, as Accelerate gives one under several processes)
+    and their epoch counters (a seedable sampler's ``epoch``, Accelerate's ``iteration``)."""
+    generators: dict[str, torch.Tensor] = {}
+    counters: dict[str, int] = {}
+    for path, obj in _loader_parts(loader):
+        gen = getattr(obj, "generator", None)
+        if isinstance(gen, torch.Generator):
+            generators[path] = gen.get_state()
+        for name in _COUNTERS:
+            value = getattr(obj, name, None)
+            if isinstance(value, int) and not isinstance(value, bool):
+                counters[f"{path}:{name}"] = value
+    return {"generators": generators, "counters": counters}
+
+
+def _put_back_loader_streams(loader: Any, saved: dict[str, Any]) -> None:
+    parts = dict(_loader_parts(loader))
+    for path, state in saved.get("generators", {}).items():
+        gen = getattr(parts.get(path), "generator", None)
+        if isinstance(gen, torch.Generator):
+            gen.set_state(state)
+    for key, value in saved.get("counters", {}).items():
+        path, name = key.rsplit(":", 1)
+        if path in parts:
+            setattr(parts[path], name, value)
 
 
 def _ignore_late_notices() -> None:
