@@ -1,0 +1,340 @@
+"""PyTorch Lightning, preemption-safe:
+
+    from preemptible.integrations.lightning import PreemptibleCallback
+    cb = PreemptibleCallback("s3://bucket/run1")
+    trainer = L.Trainer(..., callbacks=[cb])
+    trainer.fit(model, datamodule, ckpt_path=cb.resume_from)
+
+What it does:
+- **Notices.** Every source `preemptible.Run` has, with their real deadlines. While fitting, Lightning's own
+  SIGTERM handling (which raises ``SIGTERMException`` at the next batch and exits with no checkpoint) and its SLURM
+  handler (which saves and requeues inside the signal handler) are taken out; they come back after ``fit``.
+- **Stop.** At the first optimizer-step boundary after a notice (``on_train_batch_end`` once ``global_step`` has
+  moved), on every rank at the agreed step, it writes the checkpoint through preemptible's writer and commit
+  protocol and ends the process with the exit policy's code (``SystemExit``). With ``exit_on_notice=False``, ``fit``
+  returns instead (``trainer.should_stop``) and ``cb.preempted`` is True.
+- **Resume.** ``cb.resume_from`` names preemptible's newest checkpoint (None on a fresh start). Lightning hands it
+  to its ``CheckpointIO``, which the callback replaces (in ``setup``) by one that restores preemptible's newest
+  checkpoint that verifies (checksums; the probe when given; else the previous one) and gives Lightning the
+  dictionary its own resume reads: weights, optimizers, schedulers, precision plugin, callbacks (ModelCheckpoint's
+  best/top-k), loop progress. Nothing is unpickled. Other paths (your own ``.ckpt`` files) go to Lightning's own
+  ``CheckpointIO`` as before.
+- **Exact mid-epoch.** Each training ``DataLoader`` is wrapped so that Lightning sees it as resumable: a resume
+  remakes the interrupted epoch's iterator as it was (the random streams and the sampler's own generator and
+  epoch as at that epoch's start), skips the batches done, then puts the random streams back as they were at the
+  save. Lightning does not save the global random streams; preemptible does (per rank).
+- **Checkpoints.** ``ModelCheckpoint`` goes on beside it. ``save_every`` adds preemptible's periodic saves (in
+  optimizer steps).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from lightning.pytorch import Callback
+from lightning.pytorch.plugins.io import CheckpointIO
+
+from preemptible.errors import PreemptibleError
+from preemptible.run import Run, _loader_streams, _put_back_loader_streams
+from preemptible.state import RNGState
+
+log = logging.getLogger("preemptible")
+
+SCHEME = "preemptible:"
+"""``cb.resume_from`` is ``preemptible:<root>``: the callback's CheckpointIO reads it; Lightning never opens it."""
+
+_LEFT_OUT = ("state_dict", "hyper_parameters", "hparams_name", "hparams_type", "datamodule_hyper_parameters")
+"""Keys of Lightning's checkpoint dictionary not kept in the "lightning" entry: the weights (the "model" entry) and
+hyper-parameters (arbitrary objects; the script that builds the module gives them again)."""
+
+
+class _LightningParts:
+    """Lightning's own checkpoint dictionary (``dump_checkpoint``), less the weights and hyper-parameters."""
+
+    def __init__(self, trainer: Any) -> None:
+        self._trainer = trainer
+
+    def state_dict(self) -> dict[str, Any]:
+        full = self._trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+        return {k: v for k, v in full.items() if k not in _LEFT_OUT}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # never: restored into a dict, handed to Lightning
+        raise NotImplementedError
+
+
+class _Resumable:
+    """A training DataLoader as Lightning sees it: the same batches, plus ``state_dict``/``load_state_dict``, so a
+    resume can skip the batches its epoch had done, in their order (see the module docs)."""
+
+    def __init__(self, inner: Any, callback: PreemptibleCallback, index: int) -> None:
+        self.inner = inner
+        self._cb = callback
+        self._index = index
+        self.completed = 0
+        """Batches of this epoch trained on (set at each batch end: the fetcher runs one batch ahead)."""
+        self.streams: dict[str, Any] | None = None
+        """The random streams and the loader's own, as at this epoch's start."""
+        self._skip = 0
+        self._next: dict[str, Any] | None = None
+        """The loader's own streams as they were at the save, for the epoch after it (see load_state_dict)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"completed": self.completed}  # the streams are per rank: the callback keeps them ("lightning_rank")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        done = int(state.get("completed", 0))
+        self.streams = self._cb._epoch_streams.get(str(self._index))
+        self._skip = done
+        if done >= _length(self.inner):  # saved at the epoch's last batch: Lightning starts the next epoch itself
+            self._skip = 0
+            self._next = self._cb._loader_now.get(str(self._index))
+
+    def __iter__(self) -> Iterator[Any]:
+        skip, self._skip = self._skip, 0
+        if skip and self.streams is None:
+            raise PreemptibleError(
+                f"expected the random streams of the interrupted epoch's start in the checkpoint, to skip its {skip} "
+                "done batches in their order; found none. Resume with the callback that wrote it"
+            )
+        if skip:
+            assert self.streams is not None
+            RNGState().load_state_dict(self.streams["global"])
+            _put_back_loader_streams(self.inner, self.streams)
+            iterator = iter(self.inner)
+            for _ in range(skip):
+                next(iterator, None)
+        else:
+            if self._next is not None:  # the first epoch after a resume: its sampler continues where it was
+                _put_back_loader_streams(self.inner, self._next)
+                self._next = None
+            self._cb._restore_streams()  # ... and its shuffle draws from the streams as they were at the save
+            self.streams = {"global": RNGState().state_dict(), **_loader_streams(self.inner)}
+            iterator = iter(self.inner)
+        self.completed = skip
+        if skip:
+            self._cb._restore_streams()  # training resumes from the streams as they were at the save
+        yield from iterator
+
+
+def _length(loader: Any) -> float:
+    try:
+        return len(loader)
+    except TypeError:  # an iterable without a length: never "at its end" by count
+        return float("inf")
+
+
+class _PreemptibleIO(CheckpointIO):
+    """Lightning's CheckpointIO with one more path: ``preemptible:<root>`` loads from preemptible's checkpoint."""
+
+    def __init__(self, inner: Any, callback: PreemptibleCallback) -> None:
+        super().__init__()
+        self.inner = inner
+        self._cb = callback
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
+
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: Any = None) -> dict[str, Any]:
+        if isinstance(path, str) and path.startswith(SCHEME):
+            return self._cb._load()
+        return dict(self.inner.load_checkpoint(path, map_location=map_location, weights_only=weights_only))
+
+    def remove_checkpoint(self, path: Any) -> None:
+        self.inner.remove_checkpoint(path)
+
+    def teardown(self) -> None:
+        self.inner.teardown()
+
+
+class PreemptibleCallback(Callback):
+    """Preemption safety for a Lightning ``Trainer`` (see the module docs).
+
+    Args:
+        root: where checkpoints and the journal live: a local path or an s3://, gs://, az:// URL.
+        save_every: also save every this many optimizer steps. None: only on a notice and at the end.
+        exit_on_notice: True (default) ends the process after the emergency save; False makes ``fit`` return,
+            with `preempted` True.
+        **options: `preemptible.Run`'s options where they apply (as for the transformers integration).
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        save_every: int | None = None,
+        exit_on_notice: bool = True,
+        **options: Any,
+    ) -> None:
+        from preemptible.integrations.transformers import _OPTIONS
+
+        unsupported = sorted(set(options) - _OPTIONS)
+        if unsupported:
+            raise TypeError(
+                f"PreemptibleCallback got options {unsupported}; expected those of preemptible.Run that apply to a "
+                f"Trainer: {sorted(_OPTIONS)}"
+            )
+        self.root = os.fspath(root)
+        self.save_every = save_every
+        self.exit_on_notice = exit_on_notice
+        self.options = options
+        self.preempted = False
+        self.run: Run | None = None
+        self._trainer: Any = None
+        self._held: dict[str, Any] = {}
+        self._mine: dict[str, Any] = {}
+        self._epoch_streams: dict[str, Any] = {}
+        self._loader_now: dict[str, Any] = {}
+        self._resumed_streams: dict[str, Any] | None = None
+        self._loaders: list[_Resumable] = []
+        self._last_step = -1
+        self._loaded = False
+
+    @property
+    def resume_from(self) -> str | None:
+        """``preemptible:<root>`` when the root holds a committed checkpoint (verified, with fallback, when Lightning
+        loads it at the start of ``fit``), else None: pass it as ``trainer.fit(..., ckpt_path=cb.resume_from)``."""
+        from preemptible.checkpoint import Checkpointer
+
+        root = os.environ.get("PREEMPTIBLE_ROOT", "").strip() or self.root
+        found = Checkpointer(root, storage_options=self.options.get("storage_options")).latest()
+        return None if found is None else f"{SCHEME}{root}"
+
+    # Lightning's hooks ---------------------------------------------------------------------------------------
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage != "fit":
+            return
+        self._trainer = trainer
+        if not isinstance(trainer.strategy.checkpoint_io, _PreemptibleIO):
+            trainer.strategy.checkpoint_io = _PreemptibleIO(trainer.strategy.checkpoint_io, self)
+        fit_loop = trainer.fit_loop
+        original = fit_loop._load_combined_loader_states
+
+        def wrap_then_load() -> None:
+            combined = fit_loop._combined_loader
+            if combined is not None:
+                self._loaders = []
+                flattened = []
+                for i, loader in enumerate(combined.flattened):
+                    wrapped = loader if isinstance(loader, _Resumable) else _Resumable(loader, self, i)
+                    self._loaders.append(wrapped)
+                    flattened.append(wrapped)
+                combined.flattened = flattened
+            original()
+
+        fit_loop._load_combined_loader_states = wrap_then_load
+        if self.run is None:
+            self.run = Run(
+                self.root,
+                save_every=self.save_every,
+                exit_on_notice=self.exit_on_notice,
+                per_rank=["lightning_rank"],
+                model=pl_module,
+                lightning=self._held,
+                lightning_rank=self._mine,
+                **self.options,
+            )
+
+    def _load(self) -> dict[str, Any]:
+        """The checkpoint dictionary Lightning's resume reads, from preemptible's newest valid checkpoint."""
+        run = self.run
+        if run is None:
+            raise PreemptibleError(
+                "expected the Lightning Trainer to call PreemptibleCallback.setup() before loading "
+                f"{SCHEME}: register the callback with Trainer(callbacks=[cb])"
+            )
+        before = RNGState().state_dict()
+        start = run.start_step  # restores into the module and the holders, verified, with fallback
+        self._resumed_streams = RNGState().state_dict()
+        RNGState().load_state_dict(before)  # put back after the data loader has made its iterator (_Resumable)
+        self._loaded = True
+        if run.resumed_from is None or "loops" not in self._held:
+            raise PreemptibleError(
+                f"expected a checkpoint written by the Lightning PreemptibleCallback under {run.root}; found "
+                f"{'none' if run.resumed_from is None else f'step {start} without Lightning state'}"
+            )
+        self._epoch_streams = dict(self._mine.get("epoch_streams", {}))
+        self._loader_now = dict(self._mine.get("now", {}))
+        log.info("[rank=%d] Lightning resumes at global step %d from %s", run.rank, start, run.root)
+        module = self._trainer.lightning_module
+        return {**self._held, "state_dict": module.state_dict()}
+
+    def _restore_streams(self) -> None:
+        if self._resumed_streams is not None:
+            RNGState().load_state_dict(self._resumed_streams)
+            self._resumed_streams = None
+
+    def _take_signals(self, trainer: Any) -> None:
+        """Lightning's SIGTERM/SLURM handlers (registered after on_fit_start) out, the guard's back; a SIGTERM that
+        reached Lightning's handler meanwhile reached the guard's too (Lightning chains the handler it found)."""
+        connector = trainer._signal_connector
+        connector.teardown()
+        connector.received_sigterm = False
+
+    def on_sanity_check_start(self, trainer: Any, pl_module: Any) -> None:
+        self._take_signals(trainer)
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self._take_signals(trainer)
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        run = self.run
+        assert run is not None
+        if not self._loaded:
+            start = run.start_step
+            if run.resumed_from is not None:
+                run.close()
+                raise PreemptibleError(
+                    f"expected trainer.fit(..., ckpt_path=cb.resume_from): {run.root} holds a checkpoint of step "
+                    f"{start}, and fitting from step 0 would lose it. Pass cb.resume_from, or give a new root"
+                )
+        run.state["lightning"] = _LightningParts(trainer)
+        run.state["lightning_rank"] = _RankParts(self)
+        self._last_step = trainer.global_step
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        for loader in self._loaders:
+            loader.completed = batch_idx + 1
+        step = trainer.global_step
+        if step == self._last_step:
+            return  # accumulating gradients: no optimizer step yet, not a boundary
+        self._last_step = step
+        assert self.run is not None
+        if self.run.boundary(step):  # only with exit_on_notice=False: otherwise the process has ended
+            self.preempted = True
+            trainer.should_stop = True
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        run = self.run
+        if run is not None and not self.preempted:
+            run._finish(trainer.global_step)
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage == "fit" and self.run is not None:
+            self.run.close()
+
+
+class _RankParts:
+    """This rank's part of the data position: each loader's streams at its epoch's start (per rank: ranks may draw
+    differently)."""
+
+    def __init__(self, callback: PreemptibleCallback) -> None:
+        self._cb = callback
+
+    def state_dict(self) -> dict[str, Any]:
+        loaders = self._cb._loaders
+        return {
+            "epoch_streams": {str(i): x.streams for i, x in enumerate(loaders) if x.streams},
+            "now": {str(i): _loader_streams(x.inner) for i, x in enumerate(loaders)},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # never: restored into a dict
+        raise NotImplementedError
