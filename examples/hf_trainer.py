@@ -50,6 +50,7 @@ def main() -> None:
     parser.add_argument("--step-time", type=float, default=0.0)
     parser.add_argument("--save-every", type=int, default=None)
     parser.add_argument("--no-exit", action="store_true", help="exit_on_notice=False: train() returns on a notice")
+    parser.add_argument("--report-to", nargs="*", default=[], help="trackers: tensorboard, wandb")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -65,7 +66,7 @@ def main() -> None:
         warmup_steps=5,
         logging_steps=5,
         save_strategy="no",
-        report_to=[],
+        report_to=args.report_to,
         use_cpu=True,
         seed=0,
         disable_tqdm=True,

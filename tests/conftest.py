@@ -20,7 +20,7 @@ EXAMPLE = REPO / "examples" / "train.py"
 
 NO_DMI = "/nonexistent/preemptible-test-dmi"
 _PLATFORM_PREFIXES = (
-    *("SLURM_", "KUBERNETES_", "PREEMPTIBLE_", "TORCHELASTIC_"),  # schedulers, launchers, our own settings
+    *("SLURM_", "KUBERNETES_", "PREEMPTIBLE_", "TORCHELASTIC_", "WANDB_"),  # schedulers, launchers, ours, trackers
     *("AWS_", "GCE_", "AZURE_", "GOOGLE_", "FSSPEC_", "GCSFS_", "STORAGE_EMULATOR_HOST"),  # clouds and their clients
 )
 

@@ -38,6 +38,7 @@ class Event(str, Enum):
     INFLIGHT = "inflight"
     PRESTAGED_FLUSH = "prestaged_flush"
     REQUEUE = "requeue"
+    TRACKERS = "trackers"
     EXIT = "exit"
     DONE = "done"
     JOURNAL_LOST = "journal_lost"

@@ -42,6 +42,7 @@ from preemptible.relay import ReportFile
 from preemptible.sources import slurm
 from preemptible.state import RNGState, capture, check_state, flatten
 from preemptible.store.io import ephemeral_reason
+from preemptible.trackers import Trackers, continue_wandb
 from preemptible.validate import DEFAULT_RTOL, Probe
 
 log = logging.getLogger("preemptible")
@@ -96,6 +97,9 @@ class Run:
         storage_options: for a URL root (``s3://``, ``gs://``, ``az://``), arguments to its fsspec file system
             (credentials, ``client_kwargs={"endpoint_url": ...}``); the backend's own environment variables and
             credential chain apply as well.
+        trackers: TensorBoard ``SummaryWriter``s (anything with ``flush()``) to flush on a notice, after the
+            emergency save. The active W&B run is marked preempting without being named here, and a restart
+            continues it (see `preemptible.trackers`).
         exit_on_notice: True (default) ends the process after the emergency save; False ends ``steps()``
             instead and leaves ``run.notice`` set, for loops that must do more before exiting.
         guard: a ready `Guard` to use instead of building one from ``sources``/``grace``.
@@ -135,6 +139,7 @@ class Run:
         clock: Clock = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         per_rank: Iterable[str] = (),
+        trackers: Iterable[Any] = (),
         **state: Any,
     ) -> None:
         for name in state:
@@ -186,6 +191,8 @@ class Run:
         )
         self.allow_fresh_start = allow_fresh_start
         self.guard = guard if guard is not None else Guard(sources, grace=grace, clock=clock)
+        self.trackers = Trackers(trackers)
+        """What a notice flushes and marks (`preemptible.trackers`); integrations add the framework's writers."""
         self._meta: dict[str, Any] = {}
         self._loop: dict[str, Any] = {"epoch": 0, "done": 0, "rng": None}
         """Where `epochs`/`batches` are: the epoch, the batches done in it, the random streams at its start."""
@@ -237,6 +244,7 @@ class Run:
         if self._entered:
             return
         _ensure_log_handler()
+        continue_wandb(self.root)
         self.journal = Journal(self.checkpointer.storage, rank=self.rank, clock=self._clock)
         self.checkpointer.journal = self.journal
         if self.rank == 0:
@@ -674,6 +682,7 @@ class Run:
         if saved and self.options.requeue_wanted(self.guard.platform.scheduler):
             self.journal.event(Event.REQUEUE, completed, ok=slurm.requeue())
         self.preempted = True
+        self.journal.event(Event.TRACKERS, completed, **self.trackers.on_notice())
         repeats = len(self.guard.notices) - 1
         self.journal.event(
             Event.EXIT,

@@ -174,3 +174,39 @@ def test_training_without_resume_from_over_existing_checkpoints_is_a_clear_error
     )  # fmt: skip
     assert proc.returncode != 0
     assert "expected trainer.train(resume_from_checkpoint=cb.resume_from)" in proc.stderr, proc.stderr[-3000:]
+
+
+def test_trackers_tensorboard_flushed_and_wandb_marked_on_the_notice_and_continued_after(tmp_path: Path) -> None:
+    """W&B in offline mode and TensorBoard files, no network: the notice flushes the Trainer's SummaryWriter (the
+    losses logged before it are on disk) and marks the W&B run preempting; the restart continues the same W&B run id
+    and TensorBoard at the resumed step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
+    args = ("--out", str(tmp_path / "out"), "--epochs", "3", "--report-to", "tensorboard", "wandb")
+    root = tmp_path / "ckpt"
+    proc = subprocess.Popen(
+        [sys.executable, str(HF), "--root", str(root), *args, "--step-time", "0.05"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(**env), cwd=tmp_path,
+    )  # fmt: skip
+    wait_for_step(proc, 12)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    (tracked,) = [e for e in journal(root) if e["event"] == "trackers"]
+    assert tracked["flushed"] == 1 and tracked["wandb"]["marked_preempting"] is True, tracked
+    stop = tracked["step"]
+    done = subprocess.run(
+        [sys.executable, str(HF), "--root", str(root), *args], capture_output=True, text=True,
+        env=clean_env(**env), cwd=tmp_path, timeout=240, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0 and "finished at global step 48" in done.stdout, done.stderr[-3000:]
+    runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(r.name.endswith(f"-{tracked['wandb']['id']}") for r in runs), runs  # one W&B run
+    steps = []
+    for logdir in sorted((tmp_path / "out" / "runs").iterdir()):
+        events = EventAccumulator(str(logdir))
+        events.Reload()
+        steps.append([e.step for e in events.Scalars("train/loss")])
+    assert len(steps) == 2 and steps[0] and max(steps[0]) <= stop < min(steps[1])  # flushed before the exit
+    assert steps[0] + steps[1] == list(range(5, 49, 5))  # every log once, continued at the resumed step

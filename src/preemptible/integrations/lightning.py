@@ -40,6 +40,7 @@ from lightning.pytorch.plugins.io import CheckpointIO
 from preemptible.errors import PreemptibleError
 from preemptible.run import Run, _loader_streams, _put_back_loader_streams
 from preemptible.state import RNGState
+from preemptible.trackers import purge_from
 
 log = logging.getLogger("preemptible")
 
@@ -296,6 +297,12 @@ class PreemptibleCallback(Callback):
                     f"expected trainer.fit(..., ckpt_path=cb.resume_from): {run.root} holds a checkpoint of step "
                     f"{start}, and fitting from step 0 would lose it. Pass cb.resume_from, or give a new root"
                 )
+        for logger in trainer.loggers:  # TensorBoardLogger's writer: flushed on a notice, continued at the step
+            writer = getattr(logger, "experiment", None) if type(logger).__name__ == "TensorBoardLogger" else None
+            if writer is not None and callable(getattr(writer, "flush", None)):
+                run.trackers.add(writer)
+                if run.resumed_from is not None and hasattr(writer, "_get_file_writer"):
+                    purge_from(writer, run.resumed_from)
         run.state["lightning"] = _LightningParts(trainer)
         run.state["lightning_rank"] = _RankParts(self)
         self._last_step = trainer.global_step

@@ -44,6 +44,7 @@ from transformers import Trainer, TrainerCallback
 from preemptible.errors import PreemptibleError
 from preemptible.run import Run
 from preemptible.state import RNGState
+from preemptible.trackers import purge_from
 
 log = logging.getLogger("preemptible")
 
@@ -248,6 +249,12 @@ class PreemptibleCallback(TrainerCallback):
                 f"step {run.resumed_from}, and the Trainer started at step {state.global_step} instead. Pass "
                 "cb.resume_from, or give a new root to start over"
             )
+        for callback in self._trainer.callback_handler.callbacks:  # the Trainer's TensorBoard writer, once made
+            writer = getattr(callback, "tb_writer", None)
+            if writer is not None and callable(getattr(writer, "flush", None)):
+                run.trackers.add(writer)
+                if run.resumed_from is not None and hasattr(writer, "_get_file_writer"):
+                    purge_from(writer, run.resumed_from)
         run.state["trainer"] = _TrainerParts(self._trainer, "shared")
         run.state["trainer_rank"] = _TrainerParts(self._trainer, "rank")
         if self._resume_dir is not None:
@@ -275,7 +282,7 @@ class PreemptibleCallback(TrainerCallback):
             run.close()
 
 
-_LOGGING = ("_tr_loss", "_total_loss_scalar", "_globalstep_last_logged")
+_LOGGING = ("_tr_loss", "_globalstep_last_logged")
 """The Trainer's loss-logging accumulators (reset at the start of training, before ``on_train_begin``)."""
 
 _OPTIONS = frozenset(
