@@ -263,6 +263,8 @@ class PreemptibleCallback(TrainerCallback):
                 moved = saved.to(current.device) if hasattr(current, "device") and hasattr(saved, "to") else saved
                 setattr(self._trainer, name, moved)
         run._total = state.max_steps if state.max_steps and state.max_steps > 0 else None
+        for why in _inexact(args):
+            log.warning("[rank=%d] a resume will not be bit-identical: %s", run.rank, why)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         assert self.run is not None
@@ -280,6 +282,26 @@ class PreemptibleCallback(TrainerCallback):
                 run._finish(state.global_step)
         finally:
             run.close()
+
+
+def _inexact(args: Any) -> list[str]:
+    """The Trainer's settings under which its own resume (which this one goes through) cannot be exact."""
+    out = []
+    if getattr(args, "ignore_data_skip", False):
+        out.append("ignore_data_skip=True restarts the interrupted epoch's data; leave it False")
+    config = getattr(args, "accelerator_config", None)
+    if config is not None and getattr(config, "use_seedable_sampler", True) is False:
+        out.append(
+            "accelerator_config.use_seedable_sampler=False draws the data order from a generator no checkpoint "
+            "holds; leave it True"
+        )
+    if getattr(args, "dataloader_num_workers", 0) > 0:
+        out.append(
+            f"dataloader_num_workers={args.dataloader_num_workers}: the workers' seeds are drawn when the resumed "
+            "run makes its iterator, so random transforms inside workers differ; use 0 workers, or seed transforms "
+            "from the sample index"
+        )
+    return out
 
 
 _LOGGING = ("_tr_loss", "_globalstep_last_logged")
