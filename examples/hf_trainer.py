@@ -51,6 +51,7 @@ def main() -> None:
     parser.add_argument("--save-every", type=int, default=None)
     parser.add_argument("--no-exit", action="store_true", help="exit_on_notice=False: train() returns on a notice")
     parser.add_argument("--report-to", nargs="*", default=[], help="trackers: tensorboard, wandb")
+    parser.add_argument("--hf-jit", action="store_true", help="also enable_jit_checkpoint (the callback replaces it)")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -70,6 +71,7 @@ def main() -> None:
         use_cpu=True,
         seed=0,
         disable_tqdm=True,
+        enable_jit_checkpoint=args.hf_jit,
     )
     cb = PreemptibleCallback(args.root, save_every=args.save_every, exit_on_notice=not args.no_exit)  # preemptible
     trainer = Trainer(

@@ -54,6 +54,8 @@ def main() -> None:
     parser.add_argument("--step-time", type=float, default=0.0)
     parser.add_argument("--sigterm-at", type=int, default=None, help="rehearse: SIGTERM at this global step")
     parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--save-every", type=int, default=None, help="preemptible's periodic saves (steps)")
+    parser.add_argument("--no-exit", action="store_true", help="exit_on_notice=False: fit() returns on a notice")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -61,7 +63,7 @@ def main() -> None:
     g = torch.Generator().manual_seed(1)
     data = TensorDataset(torch.randn(160, 16, generator=g), torch.randn(160, 1, generator=g))
     loader = DataLoader(data, batch_size=8, shuffle=True)
-    cb = PreemptibleCallback(args.root)  # preemptible
+    cb = PreemptibleCallback(args.root, save_every=args.save_every, exit_on_notice=not args.no_exit)  # preemptible
     trainer = L.Trainer(
         max_epochs=args.epochs,
         accelerator="cpu",
@@ -74,6 +76,9 @@ def main() -> None:
         logger=False,
     )
     trainer.fit(Regressor(args.step_time, args.sigterm_at), loader, ckpt_path=cb.resume_from)  # preemptible
+    if cb.preempted:  # only with --no-exit: otherwise the process has ended with the exit policy's code
+        print(f"preempted at global step {trainer.global_step}", flush=True)
+        return
     print(f"finished at global step {trainer.global_step}", flush=True)
 
 

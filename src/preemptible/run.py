@@ -682,7 +682,9 @@ class Run:
         if saved and self.options.requeue_wanted(self.guard.platform.scheduler):
             self.journal.event(Event.REQUEUE, completed, ok=slurm.requeue())
         self.preempted = True
-        self.journal.event(Event.TRACKERS, completed, **self.trackers.on_notice())
+        tracked = self.trackers.on_notice()
+        if tracked["flushed"] or "wandb" in tracked:
+            self.journal.event(Event.TRACKERS, completed, **tracked)
         repeats = len(self.guard.notices) - 1
         self.journal.event(
             Event.EXIT,

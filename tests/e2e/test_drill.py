@@ -81,6 +81,29 @@ def test_the_final_state_comparison_sees_a_difference(tmp_path: Path) -> None:
     assert final(tmp_path / "c", 0) != final(tmp_path / "d", 1)
 
 
+def test_a_difference_is_explained_by_entry_with_the_likely_causes(tmp_path: Path) -> None:
+    import torch
+
+    from preemptible import Checkpointer
+    from preemptible.drill import explain_difference
+
+    def save(root: Path, bias: float, counter: int, log: list[float]) -> None:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 4)
+        with torch.no_grad():
+            model.bias[0] += bias
+        state = {"model": model, "meta": {"seen": counter, "log_history": log, "train_runtime": 1.0 + bias}}
+        Checkpointer(str(root)).save(state, 10).wait()
+
+    save(tmp_path / "ours", 0.5, 7, [1.0])
+    save(tmp_path / "theirs", 0.0, 8, [2.0])
+    text = explain_difference(str(tmp_path / "ours"), str(tmp_path / "theirs"), 10)
+    assert "1 of 2 tensors differ" in text and "model/bias: 1 of 4 values, max |difference| 0.5" in text
+    assert "meta/seen (7 vs 8)" in text  # a counter that is not where the uninterrupted run had it
+    assert "log_history" not in text and "runtime" not in text  # records and timings are not training state
+    assert "prefetched" in text and "run.batches" in text  # the likely causes, named
+
+
 def test_a_drill_fails_for_a_command_without_a_run(capsys: pytest.CaptureFixture[str]) -> None:
     code, doc, _ = drill("--start-timeout", "3", "--", sys.executable, "-c", "import time; time.sleep(30)", timeout=60)
     assert code == 1 and not doc["passed"]

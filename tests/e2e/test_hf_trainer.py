@@ -120,6 +120,20 @@ def test_a_truncated_newest_checkpoint_falls_back_to_the_previous_and_still_ends
     assert_same(final_tensors(root), reference)
 
 
+def test_the_callback_replaces_the_trainer_s_own_sigterm_handling_instead_of_racing_it(tmp_path: Path) -> None:
+    """enable_jit_checkpoint=True as well: one SIGTERM, one stop, ours: no 3 s wait while training on, no pickled
+    checkpoint-N from the Trainer's handler, the process ends with the exit policy's code."""
+    root = tmp_path / "ckpt"
+    proc = trainer(root, "--epochs", "2", "--hf-jit", "--out", str(tmp_path / "out"), "--step-time", "0.05")
+    wait_for_step(proc, 5)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "finished" not in out, err[-3000:]
+    exit_event = last(journal(root), "exit")
+    assert exit_event["saved"] and 5 <= exit_event["step"] <= 8  # the next boundary, not 3 s of steps later
+    assert not list((tmp_path / "out").glob("checkpoint-*"))
+
+
 def test_with_exit_on_notice_false_train_returns_and_says_preempted(tmp_path: Path) -> None:
     proc = trainer(tmp_path / "ckpt", "--epochs", "2", "--no-exit", "--step-time", "0.05")
     wait_for_step(proc, 5)
