@@ -38,6 +38,7 @@ from lightning.pytorch import Callback
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from preemptible.errors import PreemptibleError
+from preemptible.integrations._common import Settings
 from preemptible.run import Run, _loader_streams, _put_back_loader_streams
 from preemptible.state import RNGState
 from preemptible.trackers import purge_from
@@ -156,7 +157,7 @@ class _PreemptibleIO(CheckpointIO):
         self.inner.teardown()
 
 
-class PreemptibleCallback(Callback):
+class PreemptibleCallback(Callback, Settings):
     """Preemption safety for a Lightning ``Trainer`` (see the module docs).
 
     Args:
@@ -175,21 +176,7 @@ class PreemptibleCallback(Callback):
         exit_on_notice: bool = True,
         **options: Any,
     ) -> None:
-        from preemptible.integrations.transformers import _OPTIONS
-
-        unsupported = sorted(set(options) - _OPTIONS)
-        if unsupported:
-            raise TypeError(
-                f"PreemptibleCallback got options {unsupported}; expected those of preemptible.Run that apply to a "
-                f"Trainer: {sorted(_OPTIONS)}"
-            )
-        self.root = os.fspath(root)
-        self.save_every = save_every
-        self.exit_on_notice = exit_on_notice
-        self.options = options
-        self.preempted = False
-        self.run: Run | None = None
-        self._trainer: Any = None
+        Settings.__init__(self, root, save_every, exit_on_notice, options)
         self._held: dict[str, Any] = {}
         self._mine: dict[str, Any] = {}
         self._epoch_streams: dict[str, Any] = {}

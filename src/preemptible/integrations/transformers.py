@@ -42,6 +42,7 @@ from typing import Any
 from transformers import Trainer, TrainerCallback
 
 from preemptible.errors import PreemptibleError
+from preemptible.integrations._common import Settings
 from preemptible.run import Run
 from preemptible.state import RNGState
 from preemptible.trackers import purge_from
@@ -86,7 +87,7 @@ class _TrainerParts:
         raise NotImplementedError
 
 
-class PreemptibleCallback(TrainerCallback):
+class PreemptibleCallback(TrainerCallback, Settings):
     """Preemption safety for a Hugging Face ``Trainer`` (see the module docs).
 
     Args:
@@ -108,21 +109,7 @@ class PreemptibleCallback(TrainerCallback):
         exit_on_notice: bool = True,
         **options: Any,
     ) -> None:
-        unsupported = sorted(set(options) - _OPTIONS)
-        if unsupported:
-            raise TypeError(
-                f"PreemptibleCallback got options {unsupported}; expected those of preemptible.Run that apply to a "
-                f"Trainer: {sorted(_OPTIONS)}"
-            )
-        self.root = os.fspath(root)
-        self.save_every = save_every
-        self.exit_on_notice = exit_on_notice
-        self.options = options
-        self.preempted = False
-        """True once a notice stopped training (only seen with ``exit_on_notice=False``: otherwise the process ends)."""
-        self.run: Run | None = None
-        """The `preemptible.Run` underneath (journal, guard, checkpointer), once training or `resume_from` began."""
-        self._trainer: Any = None
+        Settings.__init__(self, root, save_every, exit_on_notice, options)
         self._resume_dir: str | None = None
         self._resolved = False
         self._held: dict[str, dict[str, Any]] = {}
@@ -306,27 +293,6 @@ def _inexact(args: Any) -> list[str]:
 
 _LOGGING = ("_tr_loss", "_globalstep_last_logged")
 """The Trainer's loss-logging accumulators (reset at the start of training, before ``on_train_begin``)."""
-
-_OPTIONS = frozenset(
-    {
-        "keep",
-        "sources",
-        "grace",
-        "exit_code",
-        "on_advisory",
-        "requeue",
-        "async_save",
-        "bf16_moments",
-        "probe",
-        "probe_rtol",
-        "verify_after_save",
-        "allow_fresh_start",
-        "storage_options",
-        "guard",
-        "clock",
-        "monotonic",
-    }
-)
 
 
 def _calling_trainer() -> Any:
