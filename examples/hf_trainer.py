@@ -52,6 +52,8 @@ def main() -> None:
     parser.add_argument("--no-exit", action="store_true", help="exit_on_notice=False: train() returns on a notice")
     parser.add_argument("--report-to", nargs="*", default=[], help="trackers: tensorboard, wandb")
     parser.add_argument("--hf-jit", action="store_true", help="also enable_jit_checkpoint (the callback replaces it)")
+    parser.add_argument("--save-steps", type=int, default=None, help="the Trainer's own checkpoints, beside ours")
+    parser.add_argument("--hf-resume", default=None, help="resume from one of the Trainer's own checkpoints instead")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -66,7 +68,8 @@ def main() -> None:
         lr_scheduler_type="cosine",
         warmup_steps=5,
         logging_steps=5,
-        save_strategy="no",
+        save_strategy="steps" if args.save_steps else "no",
+        save_steps=args.save_steps or 500,
         report_to=args.report_to,
         use_cpu=True,
         seed=0,
@@ -77,7 +80,7 @@ def main() -> None:
     trainer = Trainer(
         model=model, args=training, train_dataset=Tokens(args.samples, 16, 64), callbacks=[cb, Pace(args.step_time)]
     )
-    trainer.train(resume_from_checkpoint=cb.resume_from)  # preemptible
+    trainer.train(resume_from_checkpoint=args.hf_resume or cb.resume_from)  # preemptible
     if cb.preempted:  # only with --no-exit: otherwise the process has ended with the exit policy's code
         print(f"preempted at global step {trainer.state.global_step}", flush=True)
         return

@@ -56,6 +56,7 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--save-every", type=int, default=None, help="preemptible's periodic saves (steps)")
     parser.add_argument("--no-exit", action="store_true", help="exit_on_notice=False: fit() returns on a notice")
+    parser.add_argument("--tensorboard", action="store_true", help="log to TensorBoard (flushed on a notice)")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -73,7 +74,7 @@ def main() -> None:
         callbacks=[cb, L.pytorch.callbacks.ModelCheckpoint(every_n_train_steps=7, save_top_k=-1)],  # preemptible
         enable_progress_bar=False,
         enable_model_summary=False,
-        logger=False,
+        logger=L.pytorch.loggers.TensorBoardLogger(f"{args.root}-tb", version=0) if args.tensorboard else False,
     )
     trainer.fit(Regressor(args.step_time, args.sigterm_at), loader, ckpt_path=cb.resume_from)  # preemptible
     if cb.preempted:  # only with --no-exit: otherwise the process has ended with the exit policy's code

@@ -134,6 +134,25 @@ def test_the_callback_replaces_the_trainer_s_own_sigterm_handling_instead_of_rac
     assert not list((tmp_path / "out").glob("checkpoint-*"))
 
 
+def test_the_trainer_s_own_checkpoints_go_on_beside_it_and_still_resume(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = trainer(tmp_path / "ckpt", "--epochs", "1", "--save-steps", "5", "--out", str(out), "--step-time", "0.05")
+    wait_for_step(proc, 11)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-10", "checkpoint-5"]
+    assert (out / "checkpoint-10" / "optimizer.pt").exists()  # the Trainer's own format, untouched
+    # the Trainer's own resume, from its own checkpoint, with the callback registered (a new preemptible root)
+    done = subprocess.run(
+        [sys.executable, str(HF), "--root", str(tmp_path / "other"), "--epochs", "1", "--out", str(out),
+         "--hf-resume", str(out / "checkpoint-10")],
+        capture_output=True, text=True, env=clean_env(), timeout=240, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0 and "finished at global step 16" in done.stdout, done.stderr[-3000:]
+    assert "step 11 rank 0" in done.stdout and "step 10 rank 0" not in done.stdout  # resumed after step 10
+
+
 def test_with_exit_on_notice_false_train_returns_and_says_preempted(tmp_path: Path) -> None:
     proc = trainer(tmp_path / "ckpt", "--epochs", "2", "--no-exit", "--step-time", "0.05")
     wait_for_step(proc, 5)

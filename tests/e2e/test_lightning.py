@@ -90,6 +90,14 @@ def test_with_exit_on_notice_false_fit_returns_and_says_preempted(tmp_path: Path
     assert Checkpointer(tmp_path / "ckpt").latest() == 7
 
 
+def test_a_notice_flushes_lightning_s_tensorboard_logger(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    assert fit(root, 1, "--tensorboard", "--sigterm-at", "6").returncode == 0
+    (tracked,) = [e for e in journal(root) if e["event"] == "trackers"]
+    assert tracked["flushed"] == 1 and tracked["step"] == 7
+    assert list((tmp_path / "ckpt-tb" / "lightning_logs" / "version_0").glob("events.out.tfevents.*"))
+
+
 def test_lightning_s_own_checkpoints_go_on_beside_it(tmp_path: Path) -> None:
     done = fit(tmp_path / "ckpt", 1, "--epochs", "1")
     assert done.returncode == 0, done.stderr[-3000:]
