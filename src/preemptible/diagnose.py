@@ -20,6 +20,7 @@ import stat
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -62,12 +63,38 @@ def _oom(line: str) -> bool:
     return any(r.verdict == "oom" and r.pattern.search(line) for r in RULES)
 
 
-def scan_lines(lines: Iterable[str], where: str) -> list[Evidence]:
-    """Evidence from one log's lines."""
+_TIMESTAMP = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)")
+
+
+class TimeWindow:
+    """The earliest and latest timestamps (``2026-11-30T19:05:23``, ``2026-11-30 19:05:23``) in the logs read,
+    taken as UTC when they carry no zone: which attempt of a run the logs belong to."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+        self.last: float | None = None
+
+    def see(self, line: str) -> None:
+        match = _TIMESTAMP.search(line[:80])
+        if match is None:
+            return
+        try:
+            y, mo, d, h, mi, sec = (int(g) for g in match.groups())
+            t = datetime(y, mo, d, h, mi, sec, tzinfo=timezone.utc).timestamp()
+        except ValueError:
+            return
+        self.first = t if self.first is None else min(self.first, t)
+        self.last = t if self.last is None else max(self.last, t)
+
+
+def scan_lines(lines: Iterable[str], where: str, window: TimeWindow | None = None) -> list[Evidence]:
+    """Evidence from one log's lines (and their time range into ``window``)."""
     found: list[Evidence] = []
     in_traceback = False
     block = ""  # "" | "root" | "failures": where we are in torchrun's error summary
     for number, raw in enumerate(lines, start=1):
+        if window is not None:
+            window.see(raw)
         line = _strip_prefix(raw)
         text = raw.strip()[:400]
         if _TRACEBACK_START.search(line):
@@ -149,7 +176,7 @@ def _exit_evidence(code: int, what: str, where: str, line: int | None, text: str
 # the journal -------------------------------------------------------------------------------------------------
 @dataclass
 class JournalFacts:
-    """What the newest process start of a run wrote in its journal (rank 0)."""
+    """What one process start (an attempt) of a run wrote in its journal (rank 0)."""
 
     file: str | None = None
     notice: dict[str, Any] | None = None
@@ -159,9 +186,73 @@ class JournalFacts:
     committed_after_notice: int | None = None
     last_committed: int | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
+    attempt: int | None = None
+    attempts: int = 0
+    chosen_by: str = ""
 
 
-def journal_facts(root: str) -> JournalFacts:
+def _attempts(records: list[dict[str, Any]]) -> list[tuple[int, str, list[dict[str, Any]]]]:
+    """Rank 0's journal files in start order, each one attempt: (number, file, events). The number is the one the
+    start event recorded; journals older than attempt numbers count by file order."""
+    files = sorted({str(r["file"]) for r in records})
+    out = []
+    for i, name in enumerate(files, start=1):
+        events = [r for r in records if r["file"] == name]
+        start = next((e for e in events if e.get("event") == "start"), {})
+        number = start.get("attempt")
+        out.append((number if isinstance(number, int) and not isinstance(number, bool) else i, name, events))
+    return out
+
+
+def _span(events: list[dict[str, Any]]) -> tuple[float, float] | None:
+    times = []
+    for e in events:
+        try:
+            times.append(datetime.fromisoformat(str(e["t"]).replace("Z", "+00:00")).timestamp())
+        except (KeyError, ValueError):
+            continue
+    return (min(times), max(times)) if times else None
+
+
+def _choose(
+    attempts: list[tuple[int, str, list[dict[str, Any]]]], attempt: int | str | None, window: TimeWindow | None
+) -> tuple[int, str]:
+    """Which attempt to judge (its index in ``attempts``) and why."""
+    if isinstance(attempt, int):
+        for i, (number, _, _) in enumerate(attempts):
+            if number == attempt:
+                return i, f"--attempt {attempt}"
+        raise ValueError(
+            f"expected --attempt between 1 and {len(attempts)} (the run's process starts in its journal); "
+            f"found {attempt}"
+        )
+    last = len(attempts) - 1
+    if attempt == "last" or window is None or window.first is None or window.last is None:
+        return last, "--attempt last" if attempt == "last" else "the last (the logs carry no timestamps)"
+    spans = [_span(events) for _, _, events in attempts]
+    best, overlap = None, -1.0
+    for i, span in enumerate(spans):
+        if span is None:
+            continue
+        # an attempt lasts from its first event until a minute after its last (a killed process journals no end),
+        # but not into the next attempt; log timestamps have whole seconds
+        following = next((x[0] for x in spans[i + 1 :] if x is not None), None)
+        end = span[1] + 60.0 if following is None else min(span[1] + 60.0, following)
+        lo, hi = max(span[0], window.first), min(end, window.last + 1.0)
+        if hi > lo and hi - lo >= overlap:
+            best, overlap = i, hi - lo
+    if best is None:
+        return last, "the last (the logs' times match no attempt)"
+    return best, "the logs' time range"
+
+
+def journal_facts(root: str, *, attempt: int | str | None = None, window: TimeWindow | None = None) -> JournalFacts:
+    """The facts of one attempt of the run under ``root``: ``attempt`` (a number, or "last"), else the one whose
+    time range the logs' timestamps fall in, else the last.
+
+    Raises:
+        ValueError: ``attempt`` names no attempt in the journal.
+    """
     from preemptible import journal as journal_mod
     from preemptible.checkpoint import Checkpointer
     from preemptible.store.io import storage_for
@@ -173,14 +264,21 @@ def journal_facts(root: str) -> JournalFacts:
     committed = [c.step for c in ck.checkpoints()]
     facts.last_committed = max(committed) if committed else None
     if not records:
+        if isinstance(attempt, int):
+            raise ValueError(f"expected --attempt {attempt} in the journal under {root}; found no journal")
         return facts
-    newest = max(str(r["file"]) for r in records)
-    events = [r for r in records if r["file"] == newest]
-    facts.file, facts.events = newest, events
+    attempts = _attempts(records)
+    index, facts.chosen_by = _choose(attempts, attempt, window)
+    facts.attempt, facts.file, events = attempts[index]
+    facts.attempts = len(attempts)
+    facts.events = events
     steps = [int(e["step"]) for e in events if isinstance(e.get("step"), int)]
     facts.last_step = max(steps) if steps else None
+    mine: list[int] = []
     for e in events:
         kind = e.get("event")
+        if kind in ("resume", "save_committed") and isinstance(e.get("step"), int):
+            mine.append(int(e["step"]))
         if kind == "notice" and facts.notice is None:
             facts.notice = e
         elif kind == "save_committed" and facts.notice is not None:
@@ -189,6 +287,8 @@ def journal_facts(root: str) -> JournalFacts:
             facts.exit = e
         elif kind == "done":
             facts.done = True
+    if index != len(attempts) - 1:  # an earlier attempt: what it had saved by its end, not what later ones did
+        facts.last_committed = max(mine) if mine else None
     return facts
 
 
@@ -323,6 +423,8 @@ class Diagnosis:
                 "is this the run's checkpoint root?"
             )
         else:
+            if ck.get("attempts"):
+                lines.append(f"  attempt {ck['attempt']} of {ck['attempts']} (chosen by {ck['attempt_chosen_by']})")
             lines.append(f"  newest committed step: {ck.get('last_committed')}")
             if ck.get("notice_step") is not None:
                 after = ck.get("committed_after_notice")
@@ -348,19 +450,27 @@ def diagnose(
     *,
     exit_code: int | None = None,
     root: str | None = None,
+    attempt: int | str | None = None,
 ) -> Diagnosis:
-    """The verdict for ``logs`` (pairs of a name and its lines), an exit code and a checkpoint root."""
+    """The verdict for ``logs`` (pairs of a name and its lines), an exit code and a checkpoint root. ``attempt``:
+    which process start of the run to judge (a number, or "last"); default: the one the logs' timestamps fall in,
+    else the last.
+
+    Raises:
+        ValueError: ``attempt`` names no attempt in the journal.
+    """
     evidence: list[Evidence] = []
     notes: list[str] = []
+    window = TimeWindow()
     for log_input in logs:
         if isinstance(log_input, LogInput):
-            evidence += scan_lines(log_input, log_input.name)
+            evidence += scan_lines(log_input, log_input.name, window)
             if log_input.note is not None:
                 notes.append(log_input.note)
         else:
             name, lines = log_input
-            evidence += scan_lines(lines, name)
-    facts = journal_facts(root) if root is not None else None
+            evidence += scan_lines(lines, name, window)
+    facts = journal_facts(root, attempt=attempt, window=window) if root is not None else None
     if facts is not None:
         evidence += _journal_evidence(facts)
     if exit_code is not None:
@@ -383,6 +493,9 @@ def diagnose(
             "committed_after_notice": facts.committed_after_notice,
             "last_step": facts.last_step,
             "exit": facts.exit,
+            "attempt": facts.attempt,
+            "attempts": facts.attempts,
+            "attempt_chosen_by": facts.chosen_by,
         }
         if facts.last_step is not None:
             base = facts.last_committed or 0

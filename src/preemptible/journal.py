@@ -56,6 +56,16 @@ class Journal:
         self.report: Any = None
         """A `preemptible.relay.ReportFile` that mirrors the milestones (set by `Run` under ``drill``)."""
 
+    def earlier_starts(self) -> int:
+        """How many process starts of rank 0 wrote a journal under this root before this one (their files), for the
+        attempt number; 0 when the directory cannot be listed (a first start, or storage that does not answer)."""
+        own = self.path.rsplit("/", 1)[-1]
+        try:
+            names = self._storage.listdir(self._directory)
+        except OSError:
+            return 0
+        return sum(1 for n in names if n.endswith("-r0.jsonl") and n != own and n < own)
+
     def event(self, event: str, step: int | None, **fields: Any) -> dict[str, Any]:
         record: dict[str, Any] = {"t": layout.now_iso(self._clock()), "event": event, "step": step, "rank": self.rank}
         record.update(_clean(fields))

@@ -200,6 +200,8 @@ class Run:
         flatten(capture(self.state))  # every leaf storable now: a clear error here, not at the first save
         self.step: int = 0
         """Completed steps so far (the step a checkpoint taken now would carry)."""
+        self.attempt: int | None = None
+        """This process start's attempt number (1-based, the same on every rank of one launch), once begun."""
         self.resumed_from: int | None = None
         """The step restored at start, or None for a fresh start."""
         self.preempted = False
@@ -305,9 +307,11 @@ class Run:
         self._auto_close = not self._entered
         self._open()
         assert self.journal is not None
+        self.attempt = self._attempt(self.journal)
         self.journal.event(
             Event.START,
             None,
+            attempt=self.attempt,
             total=total,
             pid=os.getpid(),
             host=socket.gethostname(),
@@ -322,6 +326,16 @@ class Run:
         self._last_save_time = self._monotonic()
         self._boundary_at = self._monotonic()
         return start
+
+    def _attempt(self, journal: Journal) -> int:
+        """This process start's attempt number (1-based): rank 0 counts the earlier starts in the journal, and every
+        rank of the launch takes rank 0's number through the store (one round)."""
+        mine = journal.earlier_starts() + 1 if self.rank == 0 else 0
+        coord = self.checkpointer.coordinator
+        if coord is None:
+            return mine
+        with dist.session(coord) as store:
+            return int(coord.reduce(store, coord.round("attempt"), str(mine), lambda values: values[0]))
 
     def steps(self, total: int) -> Iterator[int]:
         """Yield the step numbers still to run, ``0 .. total-1``, after restoring the newest valid checkpoint.

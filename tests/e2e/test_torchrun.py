@@ -194,6 +194,8 @@ def test_bug_per_rank_dict_replaced_by_rank0_after_resume(tmp_path: Path) -> Non
     assert set(finals) == {0, 1}, (out[-3000:], err[-3000:], journals(root))
     assert finals[0].split()[4] == "40" and finals[1].split()[4] == "1040", finals
     assert f"resumed_from={stop}" in finals[1]
+    starts = {r: [e["attempt"] for e in ev if e["event"] == "start"] for r, ev in journals(root).items()}
+    assert starts == {0: [1, 2], 1: [1, 2]}, starts  # one number per launch, the same on every rank
 
 
 def test_periodic_save_of_divergent_state_is_a_clear_error(tmp_path: Path) -> None:

@@ -35,7 +35,20 @@ def add_parser(sub: Any) -> None:
         metavar="N",
         help="the command's exit code (shell or -signal)",
     )
+    p.add_argument(
+        "--attempt",
+        type=_attempt,
+        default=None,
+        metavar="N|last",
+        help="which process start of the run to judge (default: the one the logs' timestamps fall in, else the last)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON (verdict, summary, evidence, checkpoint, ...)")
+
+
+def _attempt(text: str) -> int | str:
+    if text == "last":
+        return text
+    return integer(low=1, high=1_000_000)(text)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,7 +64,11 @@ def run(args: argparse.Namespace) -> int:
     if not logs and args.root is None and args.exit_code is None:
         print("preemptible diagnose: expected at least one of LOG, --root or --exit-code; found none", file=sys.stderr)
         return 2
-    result = diagnose(logs, exit_code=args.exit_code, root=args.root)
+    try:
+        result = diagnose(logs, exit_code=args.exit_code, root=args.root, attempt=args.attempt)
+    except ValueError as e:
+        print(f"preemptible diagnose: error: {e}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:
