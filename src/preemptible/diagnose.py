@@ -26,7 +26,9 @@ from typing import Any, BinaryIO
 
 from preemptible.logrules import RULES
 
-VERDICTS = ("preempted", "time-limit", "oom", "crashed", "terminated", "killed", "completed", "unknown")
+VERDICTS = (
+    "preempted", "time-limit", "oom", "collective-timeout", "crashed", "terminated", "killed", "completed", "unknown"
+)  # fmt: skip
 """In order of precedence: the first with evidence wins."""
 
 
@@ -63,6 +65,7 @@ def _oom(line: str) -> bool:
     return any(r.verdict == "oom" and r.pattern.search(line) for r in RULES)
 
 
+_COLLECTIVE_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|collective operation timeout", re.I)
 _TIMESTAMP = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)")
 
 
@@ -111,6 +114,10 @@ def scan_lines(lines: Iterable[str], where: str, window: TimeWindow | None = Non
                 continue
             if name in _NOT_A_CRASH and name != "SignalException":
                 continue  # torchrun's wrapper error: its summary below names the cause
+            if _COLLECTIVE_TIMEOUT.search(line):
+                why = f"unhandled {name}: a collective timed out (a rank stopped answering)"
+                found.append(Evidence("collective-timeout", "strong", why, where, number, text, "torchrun"))
+                continue
             if name != "SignalException" and not _oom(line):
                 found.append(Evidence("crashed", "strong", f"unhandled {name}", where, number, text))
                 continue  # nothing in a crash's message counts as other evidence ("... preemption ...")
@@ -364,6 +371,12 @@ CONFIRM: dict[str, list[str]] = {
         "Kubernetes: kubectl describe pod $POD (Last State: Terminated, Reason: OOMKilled) vs resources.limits.memory",
         "GPU: the traceback's 'Tried to allocate' figure against torch.cuda.max_memory_allocated()",
     ],
+    "collective-timeout": [
+        "which rank stopped answering: the watchdog lines name the collective's SeqNum on every rank; the rank whose "
+        "last completed SeqNum is lowest (or that logged nothing) is the one to look at",
+        "that rank's own log, before the timeout: a hang (py-spy dump --pid), a crash, or a node that went away",
+        "rerun with TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 (flight recorder), NCCL_DEBUG=INFO",
+    ],
     "crashed": [
         "read the first traceback (the root cause; later ones are usually consequences)",
         "torchrun: the 'Root Cause (first observed failure)' block names the rank and its error file",
@@ -511,8 +524,23 @@ def _decide(evidence: Sequence[Evidence]) -> str:
         present = {e.verdict for e in evidence if e.strength == strength}
         for verdict in VERDICTS:
             if verdict in present:
+                if verdict == "collective-timeout" and _crash_came_first(evidence):
+                    return "crashed"  # a rank crashed and its peers then waited for it: the crash is the cause
                 return verdict
     return "unknown"
+
+
+def _crash_came_first(evidence: Sequence[Evidence]) -> bool:
+    """In one log, a crash's line before the first collective timeout's (not a signal's exit code: an aborting
+    watchdog ends the process with SIGABRT after the timeout)."""
+    for e in evidence:
+        if e.strength != "strong" or e.line is None:
+            continue
+        if e.verdict == "collective-timeout":
+            return False
+        if e.verdict == "crashed" and not e.why.startswith(("exit", "torchrun root cause", "container exit")):
+            return True
+    return False
 
 
 def _confirm(verdict: str, platforms: set[str]) -> list[str]:

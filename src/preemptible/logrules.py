@@ -143,13 +143,21 @@ RULES: tuple[Rule, ...] = (
     _r("oom", "strong", r"Detected \d+ oom[-_]kill event|\bOUT_OF_MEMORY\b", "SLURM: the step was OOM-killed", "slurm"),
     _r("oom", "strong", r"\bOOMKilled\b", "container OOM-killed", "k8s"),
     _r("oom", "strong", r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory", "GPU out of memory", None),
+    # a collective that never completed: a rank stopped answering (hung, or gone without its peers being told)
+    _r(
+        "collective-timeout",
+        "strong",
+        r"Watchdog caught collective operation timeout|\bNCCL timeout\b|Timed out waiting \d+ ?ms for "
+        r"(recv|send) operation|\bcollective operation timeout\b|\bNCCL watchdog thread terminated\b",
+        "a collective timed out: a rank stopped answering (NCCL/Gloo watchdog)",
+        "torchrun",
+    ),
     # crashes
     _r(
         "crashed",
         "strong",
-        r"Watchdog caught collective operation timeout|\bNCCL (error|timeout)\b"
-        r"|nccl(Internal|UnhandledCuda|System)Error",
-        "NCCL collective failed or timed out",
+        r"\bNCCL error\b|nccl(Internal|UnhandledCuda|System|Invalid)(Error|Usage)",
+        "an NCCL collective failed",
         "torchrun",
     ),
     _r(

@@ -122,3 +122,29 @@ def test_a_root_without_a_run_says_so(tmp_path: Path) -> None:
     result = diagnose(root=str(tmp_path / "not-a-run"))
     assert result.verdict == "unknown" and result.steps_lost is None
     assert f"nothing under {tmp_path / 'not-a-run'}" in result.render()
+
+
+def test_a_collective_timeout_is_its_own_verdict_unless_a_crash_came_first() -> None:
+    """Lines from public threads (sgl-project/sglang#1693; XPixelGroup/BasicSR#737): the watchdog's abort is a
+    collective timeout, not a crash; a rank's traceback before its peers' timeouts is the cause (crashed)."""
+    abort = [
+        "terminate called after throwing an instance of 'c10::DistBackendError'",
+        "  what():  [PG 3 Rank 5] Process group watchdog thread terminated with exception: [Rank 5] Watchdog caught "
+        "collective operation timeout: WorkNCCL(SeqNum=9141, OpType=_ALLGATHER_BASE, NumelIn=19008, NumelOut=152064, "
+        "Timeout(ms)=600000) ran for 600020 milliseconds before timing out.",
+    ]
+    result = diagnose([("abort.log", abort)], exit_code=-6)
+    assert result.verdict == "collective-timeout" and result.confirm, result.render()
+    timeout = (
+        "[rank0]:[E626 06:24:44.159932949 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation "
+        "timeout: WorkNCCL(SeqNum=808, OpType=ALLREDUCE, NumelIn=9801523, NumelOut=9801523, Timeout(ms)=600000) ran "
+        "for 600030 milliseconds before timing out."
+    )
+    crash_first = [
+        "[rank1]: Traceback (most recent call last):",
+        '[rank1]:   File "train.py", line 10, in <module>',
+        "[rank1]: ValueError: bad batch",
+        timeout,
+    ]
+    assert diagnose([("crash.log", crash_first)]).verdict == "crashed"
+    assert diagnose([("timeout.log", [timeout])]).verdict == "collective-timeout"
