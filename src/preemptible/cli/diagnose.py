@@ -17,8 +17,9 @@ def add_parser(sub: Any) -> None:
         description=(
             "Read logs (SLURM, torchrun, kubectl describe/events, docker inspect, dmesg, the training script's own "
             "output; '-' reads stdin), an exit code and the run's journal (--root), and give a verdict: preempted, "
-            "time-limit, oom, collective-timeout, crashed, terminated, killed, completed or unknown, with the evidence lines, whether a "
-            "checkpoint committed after the notice, how many steps were lost, and how to confirm. "
+            "time-limit, oom, collective-timeout, crashed, terminated, killed, completed or unknown, with the "
+            "evidence lines, whether a checkpoint committed after the notice, how many steps were lost, and how to "
+            "confirm. With --root, one attempt (process start) of the run is judged: see --attempt. "
             "Exit code: 0 when a verdict was reached, 3 for unknown, 2 for bad arguments."
         ),
     )
