@@ -76,14 +76,14 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tenso
     return final_tensors(root)
 
 
-def test_sigterm_mid_epoch_commits_exits_and_resumes_bit_identical(tmp_path: Path) -> None:
+def test_sigterm_mid_epoch_commits_exits_inside_the_window_and_resumes(tmp_path: Path) -> None:
+    """The drill's own checks (bit-identity to a run never stopped is shown by the fallback and DDP tests)."""
     code, doc, err = drill(
-        "--reference", "--at", "0.5", "--", sys.executable, str(HF), "--root", str(tmp_path / "ckpt"),
-        "--epochs", "2", "--step-time", "0.05",
+        "--at", "0.5", "--", sys.executable, str(HF), "--root", str(tmp_path / "ckpt"),
+        "--epochs", "3", "--step-time", "0.05",
     )  # fmt: skip
     assert code == 0 and doc["passed"], json.dumps(doc, indent=1) + err[-3000:]
-    assert 0 < doc["checkpoint_step"] < 32 and doc["checkpoint_step"] % 16 != 0  # mid-epoch (16 steps per epoch)
-    assert "final state bit-identical to the uninterrupted run" in [c["name"] for c in doc["checks"]]
+    assert doc["checkpoint_step"] == doc["resumed_step"] > 0 and doc["notice_to_exit_s"] < doc["window_s"]
 
 
 def test_an_aws_notice_from_the_emulator_stops_the_trainer_inside_its_window(tmp_path: Path) -> None:
@@ -120,48 +120,24 @@ def test_a_truncated_newest_checkpoint_falls_back_to_the_previous_and_still_ends
     assert_same(final_tensors(root), reference)
 
 
-def test_the_callback_replaces_the_trainer_s_own_sigterm_handling_instead_of_racing_it(tmp_path: Path) -> None:
+def test_the_callback_replaces_the_trainer_s_own_sigterm_handling_and_exit_on_notice_false_returns(
+    tmp_path: Path,
+) -> None:
     """enable_jit_checkpoint=True as well: one SIGTERM, one stop, ours: no 3 s wait while training on, no pickled
-    checkpoint-N from the Trainer's handler, the process ends with the exit policy's code."""
+    checkpoint-N from the Trainer's handler. With exit_on_notice=False, train() returns and cb.preempted says so."""
     root = tmp_path / "ckpt"
-    proc = trainer(root, "--epochs", "2", "--hf-jit", "--out", str(tmp_path / "out"), "--step-time", "0.05")
-    wait_for_step(proc, 5)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0 and "finished" not in out, err[-3000:]
-    exit_event = last(journal(root), "exit")
-    assert exit_event["saved"] and 5 <= exit_event["step"] <= 8  # the next boundary, not 3 s of steps later
-    assert not list((tmp_path / "out").glob("checkpoint-*"))
-
-
-def test_the_trainer_s_own_checkpoints_go_on_beside_it_and_still_resume(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    proc = trainer(tmp_path / "ckpt", "--epochs", "1", "--save-steps", "5", "--out", str(out), "--step-time", "0.05")
-    wait_for_step(proc, 11)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err[-3000:]
-    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-10", "checkpoint-5"]
-    assert (out / "checkpoint-10" / "optimizer.pt").exists()  # the Trainer's own format, untouched
-    # the Trainer's own resume, from its own checkpoint, with the callback registered (a new preemptible root)
-    done = subprocess.run(
-        [sys.executable, str(HF), "--root", str(tmp_path / "other"), "--epochs", "1", "--out", str(out),
-         "--hf-resume", str(out / "checkpoint-10")],
-        capture_output=True, text=True, env=clean_env(), timeout=240, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0 and "finished at global step 16" in done.stdout, done.stderr[-3000:]
-    assert "step 11 rank 0" in done.stdout and "step 10 rank 0" not in done.stdout  # resumed after step 10
-
-
-def test_with_exit_on_notice_false_train_returns_and_says_preempted(tmp_path: Path) -> None:
-    proc = trainer(tmp_path / "ckpt", "--epochs", "2", "--no-exit", "--step-time", "0.05")
+    args = ("--epochs", "2", "--hf-jit", "--no-exit", "--out", str(tmp_path / "out"), "--step-time", "0.05")
+    proc = trainer(root, *args)
     wait_for_step(proc, 5)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-3000:]
     assert "preempted at global step" in out and "finished" not in out
     stopped = int(out.split("preempted at global step")[1].split()[0])
-    assert Checkpointer(tmp_path / "ckpt").latest() == stopped
+    exit_event = last(journal(root), "exit")
+    assert exit_event["saved"] and exit_event["step"] == stopped and 5 <= stopped <= 8  # the next boundary
+    assert Checkpointer(root).latest() == stopped
+    assert not list((tmp_path / "out").glob("checkpoint-*"))
 
 
 def test_two_ranks_under_torchrun_stop_together_on_one_worker_s_sigterm_and_resume_identical(

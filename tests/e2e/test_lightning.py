@@ -62,6 +62,8 @@ def test_a_sigterm_commits_and_the_resume_ends_bit_identical(
     assert "SIGTERMException" not in first.stderr and "finished" not in first.stdout
     stop = last(journal(root), "exit")["step"]
     assert stop == signal_at + 1 and Checkpointer(root).latest() == stop  # the next boundary, committed
+    own = sorted(int(p.stem.split("step=")[1]) for p in (tmp_path / "ckpt-lightning" / "checkpoints").glob("ep*.ckpt"))
+    assert own == list(range(7, stop, 7))  # ModelCheckpoint(every_n_train_steps=7) goes on beside it
     second = fit(root)
     assert second.returncode == 0 and "finished at global step 60" in second.stdout, second.stderr[-3000:]
     assert last(journal(root), "resume")["step"] == stop
@@ -96,13 +98,6 @@ def test_a_notice_flushes_lightning_s_tensorboard_logger(tmp_path: Path) -> None
     (tracked,) = [e for e in journal(root) if e["event"] == "trackers"]
     assert tracked["flushed"] == 1 and tracked["step"] == 7
     assert list((tmp_path / "ckpt-tb" / "lightning_logs" / "version_0").glob("events.out.tfevents.*"))
-
-
-def test_lightning_s_own_checkpoints_go_on_beside_it(tmp_path: Path) -> None:
-    done = fit(tmp_path / "ckpt", 1, "--epochs", "1")
-    assert done.returncode == 0, done.stderr[-3000:]
-    saved = sorted(p.name for p in (tmp_path / "ckpt-lightning" / "checkpoints").glob("*.ckpt"))
-    assert saved == ["epoch=0-step=14.ckpt", "epoch=0-step=7.ckpt"]  # every_n_train_steps=7, as without us
 
 
 def test_fitting_without_ckpt_path_over_existing_checkpoints_is_a_clear_error(tmp_path: Path) -> None:
