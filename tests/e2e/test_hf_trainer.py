@@ -135,7 +135,7 @@ def test_the_callback_replaces_the_trainer_s_own_sigterm_handling_and_exit_on_no
     assert "preempted at global step" in out and "finished" not in out
     stopped = int(out.split("preempted at global step")[1].split()[0])
     exit_event = last(journal(root), "exit")
-    assert exit_event["saved"] and exit_event["step"] == stopped and 5 <= stopped <= 8  # the next boundary
+    assert exit_event["saved"] and exit_event["step"] == stopped >= 5  # ours: no 3 s of training on, no checkpoint-N
     assert Checkpointer(root).latest() == stopped
     assert not list((tmp_path / "out").glob("checkpoint-*"))
 
