@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from preemptible.logrules import RULES
+from preemptible.logrules import EXIT_RULES, RULES
 
 VERDICTS = (
     "preempted", "time-limit", "oom", "collective-timeout", "crashed", "terminated", "killed", "completed", "unknown"
@@ -65,7 +65,10 @@ def _oom(line: str) -> bool:
     return any(r.verdict == "oom" and r.pattern.search(line) for r in RULES)
 
 
-_COLLECTIVE_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|collective operation timeout", re.I)
+def _collective_timeout(line: str) -> bool:
+    return any(r.verdict == "collective-timeout" and r.pattern.search(line) for r in RULES)
+
+
 _TIMESTAMP = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)")
 
 
@@ -90,31 +93,66 @@ class TimeWindow:
         self.last = t if self.last is None else max(self.last, t)
 
 
+_SIGNAL_NAMES = {"Killed": "SIGKILL", "Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS", "Aborted": "SIGABRT"}
+_OOM_KILLED_REASON = re.compile(r"\bReason:\s*OOMKilled\b")
+
+
+def _exit_rule(line: str, where: str, number: int, text: str) -> Evidence | None:
+    """Evidence from a line that reports how a process ended (`logrules.EXIT_RULES`)."""
+    for rule in EXIT_RULES:
+        m = rule.pattern.search(line)
+        if m is None:
+            continue
+        groups = {k: v for k, v in m.groupdict().items() if v is not None}
+        if "code" in groups:
+            code = int(groups["code"])
+        elif "signum" in groups:
+            code = -int(groups["signum"])
+        else:
+            name = groups.get("signame") or groups.get("signame2") or ""
+            name = _SIGNAL_NAMES.get(name.strip(), name.strip())
+            try:
+                code = -int(signal.Signals[name])
+            except KeyError:
+                continue
+        return _exit_evidence(code, rule.what, where, number, text, strong=rule.strong)
+    return None
+
+
 def scan_lines(lines: Iterable[str], where: str, window: TimeWindow | None = None) -> list[Evidence]:
     """Evidence from one log's lines (and their time range into ``window``)."""
     found: list[Evidence] = []
     in_traceback = False
+    prev_indented = False  # the previous line was a traceback frame or source line (an excerpt may start mid-traceback)
+    oom_reason_at: int | None = None  # index in ``found`` of a "Reason: OOMKilled" in a container status block
     block = ""  # "" | "root" | "failures": where we are in torchrun's error summary
     for number, raw in enumerate(lines, start=1):
         if window is not None:
             window.see(raw)
         line = _strip_prefix(raw)
         text = raw.strip()[:400]
-        if _TRACEBACK_START.search(line):
-            in_traceback = True
+        was_indented, prev_indented = prev_indented, line[:1] in (" ", "\t") and bool(line.strip())
+        if _TRACEBACK_START.search(line) and line.rstrip().endswith("last):"):
+            in_traceback = True  # (a traceback flattened into one line, "...last):\n  File ...", is read as text)
             continue
+        if not in_traceback and was_indented and _EXCEPTION_LINE.match(line):
+            in_traceback = True  # the exception line of a traceback whose start was cut off
         if in_traceback:
             match = _EXCEPTION_LINE.match(line) if line[:1] not in (" ", "\t") else None
             if match is None:
                 continue  # frames, source lines, carets, "During handling of ..." between chained tracebacks
             in_traceback = False
+            ended = _exit_rule(line, where, number, text)
+            if ended is not None:
+                found.append(ended)  # a worker's death reported as an exception: the signal or code is the cause
+                continue
             name = match.group(2).rsplit(".", 1)[-1]
             if name == "KeyboardInterrupt":
                 found.append(Evidence("terminated", "weak", "interrupted (SIGINT / Ctrl-C)", where, number, text))
                 continue
             if name in _NOT_A_CRASH and name != "SignalException":
                 continue  # torchrun's wrapper error: its summary below names the cause
-            if _COLLECTIVE_TIMEOUT.search(line):
+            if _collective_timeout(line):
                 why = f"unhandled {name}: a collective timed out (a rank stopped answering)"
                 found.append(Evidence("collective-timeout", "strong", why, where, number, text, "torchrun"))
                 continue
@@ -130,8 +168,22 @@ def scan_lines(lines: Iterable[str], where: str, window: TimeWindow | None = Non
         status = _STATUS_LINE.search(line)
         if status:
             code = int(next(g for g in status.groups() if g is not None))
-            found.append(_exit_evidence(code, "container exit code", where, number, text))
+            if code == 0 and oom_reason_at is not None:
+                # a container that exited 0 with reason OOMKilled: a process inside its cgroup was OOM-killed, but the
+                # main process finished; the exit code is what happened to the run
+                found[oom_reason_at] = Evidence(
+                    "oom", "weak", "OOMKilled reason, but the main process exited 0", where, found[oom_reason_at].line,
+                    found[oom_reason_at].text, "k8s",
+                )  # fmt: skip
+                found.append(_exit_evidence(0, "container exit code", where, number, text))
+                found[-1] = Evidence("completed", "strong", "container exit code 0: the main process finished",
+                                     where, number, text, "k8s")  # fmt: skip
+            else:
+                found.append(_exit_evidence(code, "container exit code", where, number, text))
+            oom_reason_at = None
             continue
+        if _OOM_KILLED_REASON.search(line):
+            oom_reason_at = len(found)  # the rule below records it; an "Exit Code: 0" after it downgrades it
         if re.fullmatch(r"\s*={10,}\s*", line):
             block = ""  # the summary's frame
             continue
@@ -141,6 +193,10 @@ def scan_lines(lines: Iterable[str], where: str, window: TimeWindow | None = Non
         if code_match and block == "root":
             code = int(code_match.group(1))
             found.append(_exit_evidence(code, "torchrun root cause: exitcode", where, number, text, strong=True))
+            continue
+        ended = _exit_rule(line, where, number, text)
+        if ended is not None:
+            found.append(ended)
             continue
         for rule in RULES:
             if rule.pattern.search(line):

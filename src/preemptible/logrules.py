@@ -30,6 +30,14 @@ def _r(verdict: str, strength: str, pattern: str, why: str, platform: str | None
 # Formats from the providers' and tools' documentation (see shared/reference/cloud-notices.md).
 
 RULES: tuple[Rule, ...] = (
+    # a scheduler's "preempted" that is really a node failure (PBS/Moab)
+    _r(
+        "killed",
+        "strong",
+        r"\bpreempted \(node failure\)",
+        "the node failed (the scheduler calls it preempted): everything on it died at once",
+        None,
+    ),
     # preemption: the platform says so
     _r(
         "preempted",
@@ -109,6 +117,49 @@ RULES: tuple[Rule, ...] = (
         "the job manager reports a preemption",
         None,
     ),
+    _r(
+        "preempted",
+        "strong",
+        r"\b(the )?cluster is preempted\b",
+        "SkyPilot's managed-job controller found the cluster preempted and is recovering it",
+        "skypilot",
+    ),
+    _r(
+        "preempted",
+        "strong",
+        r"\bnode (was|has been) preempted\b|\bnode's node was preempted\b|the actor's node was preempted",
+        "the node running the work was preempted (Ray, a cluster manager)",
+        None,
+    ),
+    _r(
+        "preempted",
+        "strong",
+        r"\bPreemptionError\b|\bgot pre-?empted\b|\bpre-?emption warning signal\b",
+        "Azure ML: the job's low-priority nodes were preempted",
+        "azure",
+    ),
+    _r(
+        "preempted",
+        "strong",
+        r"\b(preemption|termination) is imminent\b|\bspot (instance )?interruption\b|"
+        r"\\?\"action\\?\"\s*:\s*\\?\"(terminate|stop|hibernate)\\?\"",
+        "an agent read the cloud's reclaim notice from the metadata service",
+        None,
+    ),
+    _r(
+        "preempted",
+        "strong",
+        r"\bpreempt(ed|ing) to accommodate a\b|Preempted in order to admit critical pod|\bReason:\s*Preempting\b",
+        "Kubernetes (scheduler, kubelet or Kueue) preempted the pod or workload for a higher-priority one",
+        "k8s",
+    ),
+    _r(
+        "preempted",
+        "weak",
+        r"Host EC2 \(instance \S+\) terminated",
+        "AWS Batch: the host instance went away under the job (on Spot capacity, a reclaim)",
+        "aws",
+    ),
     # time limits
     _r(
         "time-limit",
@@ -141,14 +192,31 @@ RULES: tuple[Rule, ...] = (
         "kernel",
     ),
     _r("oom", "strong", r"Detected \d+ oom[-_]kill event|\bOUT_OF_MEMORY\b", "SLURM: the step was OOM-killed", "slurm"),
-    _r("oom", "strong", r"\bOOMKilled\b", "container OOM-killed", "k8s"),
+    _r("oom", "strong", r"\bOOM[ -]?Killed\b(?![\"']?\s*[:=]\s*false)", "container OOM-killed", "k8s"),
+    _r("oom", "strong", r"Out of memory: Kill process", "the kernel's OOM killer", "kernel"),
+    _r(
+        "oom",
+        "strong",
+        r"killed due to memory pressure \(OOM\)|\bNODE_OUT_OF_MEMORY\b|node running low on memory",
+        "Ray's memory monitor killed workers: the node ran out of memory",
+        "ray",
+    ),
     _r("oom", "strong", r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory", "GPU out of memory", None),
+    _r(
+        "oom",
+        "strong",
+        r"Resource exhausted: OOM when allocating|No executable batch size found|can't allocate memory|"
+        r"Cannot allocate memory",
+        "out of memory (an allocation failed)",
+        None,
+    ),
     # a collective that never completed: a rank stopped answering (hung, or gone without its peers being told)
     _r(
         "collective-timeout",
         "strong",
         r"Watchdog caught collective operation timeout|\bNCCL timeout\b|Timed out waiting \d+ ?ms for "
-        r"(recv|send) operation|\bcollective operation timeout\b|\bNCCL watchdog thread terminated\b",
+        r"(recv|send) operation|\bcollective operation timeout\b|\bNCCL watchdog thread terminated\b|"
+        r"WorkNCCL\(SeqNum=\d+.*Timeout\(ms\)=\d+\) ran for|store based barrier",
         "a collective timed out: a rank stopped answering (NCCL/Gloo watchdog)",
         "torchrun",
     ),
@@ -156,7 +224,7 @@ RULES: tuple[Rule, ...] = (
     _r(
         "crashed",
         "strong",
-        r"\bNCCL error\b|nccl(Internal|UnhandledCuda|System|Invalid)(Error|Usage)",
+        r"\bNCCL error\b|nccl(Internal|UnhandledCuda|System|Invalid)(Error|Usage)|\bunhandled cuda error\b",
         "an NCCL collective failed",
         "torchrun",
     ),
@@ -165,6 +233,28 @@ RULES: tuple[Rule, ...] = (
         "strong",
         r"Segmentation fault|Fatal Python error|illegal memory access|\bBus error\b|core dumped",
         "the process crashed",
+        None,
+    ),
+    _r(
+        "crashed",
+        "strong",
+        r"fallen off the bus|\bNVRM: Xid\b|^Check failed: ",
+        "the GPU or a native library failed (an Xid error, a GPU off the bus, a failed CHECK)",
+        None,
+    ),
+    _r(
+        "crashed",
+        "strong",
+        r"DUE TO TASK FAILURE|\bExecuteUserScriptError\b",
+        "a task of the job failed (the scheduler then cancelled the rest)",
+        None,
+    ),
+    _r(
+        "crashed",
+        "weak",
+        r"exited with a non-zero status of \d+\. Termination reason: Error|\bFailed - Training job failed\b|"
+        r"Job status: JobStatus\.FAILED\b",
+        "the platform reports the job's program failed",
         None,
     ),
     _r(
@@ -207,16 +297,32 @@ RULES: tuple[Rule, ...] = (
     _r(
         "terminated",
         "strong",
-        r"\bThe node was low on resource\b|\bReason:\s*Evicted\b",
+        r"\bThe node was low on resource\b|\bReason:\s*Evicted\b|Eviction manager: pod is evicted|"
+        r"eviction manager: must evict",
         "Kubernetes evicted the pod (node pressure)",
         "k8s",
     ),
     _r(
         "terminated",
+        "strong",
+        r"\"EventType\"\s*:\s*\"Terminate\"",
+        "Azure Scheduled Events: Terminate (the VM is being deleted by its owner or scale set, not a Spot eviction)",
+        "azure",
+    ),
+    _r(
+        "terminated",
         "weak",
-        r"\b\d+ Terminated\b|^Terminated$|: task \d+: Terminated",
+        r"closing signal SIG(HUP|INT|QUIT)\b",
+        "torchrun passed a terminal hang-up or interrupt on to its workers (it forwards only signals it received)",
+        "torchrun",
+    ),
+    _r(
+        "terminated",
+        "weak",
+        r"\bline \d+: +\d+ Terminated\b|^\[\d+\][+-]? +Terminated\b|^Terminated$|: tasks? [\d,-]+: Terminated",
         "the shell or srun reports the command died of SIGTERM",
         None,
+        flags=0,
     ),
     _r("terminated", "weak", r"^\s*KeyboardInterrupt\s*$", "interrupted (SIGINT / Ctrl-C)", None),
     # kills
@@ -228,11 +334,66 @@ RULES: tuple[Rule, ...] = (
         "torchrun",
     ),
     _r("killed", "weak", r"Signal 9 \(SIGKILL\) received|got signal: 9\b", "SIGKILL (cannot be caught)", "torchrun"),
-    _r("killed", "weak", r"\b\d+ Killed\b|^Killed$", "the shell reports the command died of SIGKILL", None),
+    _r(
+        "killed",
+        "weak",
+        r"\bline \d+: +\d+ Killed\b|^\[\d+\][+-]? +Killed\b|^Killed$|: tasks? [\d,-]+: Killed",
+        "the shell reports the command died of SIGKILL",
+        None,
+        flags=0,
+    ),
     # completion
     _r("completed", "weak", r"^\s*\d+(\.\w+)?\s.*\bCOMPLETED\b", "sacct: job state COMPLETED", "slurm", flags=0),
     _r("completed", "weak", r"\bReason:\s*Completed\b", "Kubernetes: container completed", "k8s"),
+    _r(
+        "completed",
+        "strong",
+        r"`Trainer\.fit` stopped: `max_(epochs|steps|time)=",
+        "Lightning: the fit reached its configured end (max_epochs / max_steps)",
+        "lightning",
+    ),
+    _r(
+        "completed",
+        "strong",
+        r"Completed - Training job completed|Job status: JobStatus\.SUCCEEDED\b|^Job succeeded\.$|"
+        r"\bphase:\s*Succeeded\b",
+        "the platform reports the job finished successfully (SageMaker, SkyPilot, Kubernetes)",
+        None,
+    ),
 )
+
+
+@dataclass(frozen=True)
+class ExitRule:
+    """A line that reports how a process ended: its exit code (group ``code``), signal number (``signum``) or
+    signal name (``signame``: ``SIGKILL``, or strsignal's ``Killed``, ``Segmentation fault``, ``Bus error``)."""
+
+    pattern: re.Pattern[str]
+    what: str
+    strong: bool = False
+
+
+EXIT_RULES: tuple[ExitRule, ...] = (
+    ExitRule(
+        re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank"),
+        "torchrun: the first worker failed, exitcode",
+        True,
+    ),
+    ExitRule(re.compile(r"exits with return code = (?P<code>-?\d+)"), "DeepSpeed launcher: a worker exited with", True),
+    ExitRule(re.compile(r"terminated with exit code \(?(?P<code>\d+)\)?"), "a worker terminated with exit code"),
+    ExitRule(re.compile(r"\bExited with exit code (?P<code>\d+)"), "srun: a task exited with code"),
+    ExitRule(re.compile(r"Process finished with exit code (?P<code>\d+)"), "the process finished with exit code"),
+    ExitRule(re.compile(r"returned non-zero exit status (?P<code>\d+)"), "a command returned exit status"),
+    ExitRule(re.compile(r"\"ExitCode\"\s*:\s*(?P<code>\d+)"), "container state ExitCode"),
+    ExitRule(re.compile(r"exited on signal (?P<signum>\d+)"), "mpirun: a rank exited on signal"),
+    ExitRule(re.compile(r"WTERMSIG (?P<signum>\d+)"), "slurmctld: the job ended by signal"),
+    ExitRule(
+        re.compile(r"terminated with signal (?P<signame>SIG[A-Z0-9]+)|died with <Signals\.(?P<signame2>SIG[A-Z0-9]+)"),
+        "a worker process died of",
+    ),
+    ExitRule(re.compile(r"is killed by signal: (?P<signame>[A-Za-z ]+)\."), "a DataLoader worker died of"),
+)
+"""Lines that say how a process ended; ``diagnose`` reads them as exit codes (a SIGKILL, a SIGSEGV, a code 1)."""
 
 
 def _tagged_rules() -> tuple[Rule, ...]:
