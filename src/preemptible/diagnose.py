@@ -45,6 +45,7 @@ class Evidence:
 
 _EXIT_SIGNALS = {int(s): s.name for s in signal.Signals}
 _TRACEBACK_START = re.compile(r"Traceback \(most recent call last\):")
+_CHAINED = re.compile(r"(During handling of the above exception|The above exception was the direct cause)")
 _EXCEPTION_LINE = re.compile(
     r"^(\[[^\]]*\]:?\s*)?([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failure|Warning)\b|[A-Za-z_][\w.]*Error)(:.*)?$"
 )
@@ -137,11 +138,13 @@ def scan_lines(lines: Iterable[str], where: str, window: TimeWindow | None = Non
             continue
         if not in_traceback and was_indented and _EXCEPTION_LINE.match(line):
             in_traceback = True  # the exception line of a traceback whose start was cut off
+        match = None
         if in_traceback:
-            match = _EXCEPTION_LINE.match(line) if line[:1] not in (" ", "\t") else None
-            if match is None:
+            if line[:1] in (" ", "\t") or not line.strip() or _CHAINED.match(line):
                 continue  # frames, source lines, carets, "During handling of ..." between chained tracebacks
             in_traceback = False
+            match = _EXCEPTION_LINE.match(line)  # else: neither a frame nor the exception; read it as any other line
+        if match is not None:
             ended = _exit_rule(line, where, number, text)
             if ended is not None:
                 found.append(ended)  # a worker's death reported as an exception: the signal or code is the cause

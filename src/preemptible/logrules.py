@@ -42,11 +42,18 @@ RULES: tuple[Rule, ...] = (
     _r(
         "preempted",
         "strong",
-        r"\*\*\* (JOB|STEP) \S+ ON \S+ CANCELLED AT \S+ DUE TO PREEMPTION",
+        r"\*\*\* (JOB|STEP) \S+ (ON \S+ )?CANCELLED AT \S+ DUE TO PREEMPTION",
         "SLURM cancelled the job to preempt it",
         "slurm",
     ),
-    _r("preempted", "strong", r"^\s*\d+(\.\w+)?\s.*\bPREEMPTED\b", "sacct: job state PREEMPTED", "slurm", flags=0),
+    _r(
+        "preempted",
+        "strong",
+        r"^\s*\d+(_\d+|_\[[\d,-]+\])?(\.\w+|\+)?\s.*\bPREEMPTED\b",
+        "sacct: job state PREEMPTED",
+        "slurm",
+        flags=0,
+    ),
     _r(
         "preempted",
         "strong",
@@ -127,7 +134,7 @@ RULES: tuple[Rule, ...] = (
     _r(
         "preempted",
         "strong",
-        r"\bnode (was|has been) preempted\b|\bnode's node was preempted\b|the actor's node was preempted",
+        r"\bnode (was|has been) preempted\b|\b(has|have|had) been (manually )?preempted\b",
         "the node running the work was preempted (Ray, a cluster manager)",
         None,
     ),
@@ -164,11 +171,18 @@ RULES: tuple[Rule, ...] = (
     _r(
         "time-limit",
         "strong",
-        r"\*\*\* (JOB|STEP) \S+ ON \S+ CANCELLED AT \S+ DUE TO TIME LIMIT",
+        r"\*\*\* (JOB|STEP) \S+ (ON \S+ )?CANCELLED AT \S+ DUE TO TIME LIMIT",
         "SLURM time limit reached",
         "slurm",
     ),
-    _r("time-limit", "strong", r"^\s*\d+(\.\w+)?\s.*\bTIMEOUT\b", "sacct: job state TIMEOUT", "slurm", flags=0),
+    _r(
+        "time-limit",
+        "strong",
+        r"^\s*\d+(_\d+|_\[[\d,-]+\])?(\.\w+|\+)?\s.*\bTIMEOUT\b",
+        "sacct: job state TIMEOUT",
+        "slurm",
+        flags=0,
+    ),
     _r(
         "time-limit",
         "strong",
@@ -205,8 +219,8 @@ RULES: tuple[Rule, ...] = (
     _r(
         "oom",
         "strong",
-        r"Resource exhausted: OOM when allocating|No executable batch size found|can't allocate memory|"
-        r"Cannot allocate memory",
+        r"Resource exhausted: OOM when allocating|No executable batch size found|\bOOM detected\b|"
+        r"can't allocate memory|Cannot allocate memory",
         "out of memory (an allocation failed)",
         None,
     ),
@@ -282,7 +296,7 @@ RULES: tuple[Rule, ...] = (
     _r(
         "terminated",
         "strong",
-        r"\*\*\* (JOB|STEP) \S+ ON \S+ CANCELLED AT \S+( \*\*\*|$)",
+        r"\*\*\* (JOB|STEP) \S+ (ON \S+ )?CANCELLED AT \S+( \*\*\*|$)",
         "SLURM job cancelled (scancel by a user or admin)",
         "slurm",
     ),
@@ -329,6 +343,13 @@ RULES: tuple[Rule, ...] = (
     _r(
         "killed",
         "strong",
+        r"failed to exit within \d+ seconds of (signal|kill)\b.*SIGKILL",
+        "dockerd SIGKILLed a container that outlived its stop timeout",
+        "docker",
+    ),
+    _r(
+        "killed",
+        "strong",
         r"forcefully exiting via Signals\.SIGKILL",
         "torchrun SIGKILLed workers that outlived the shutdown grace period",
         "torchrun",
@@ -343,8 +364,39 @@ RULES: tuple[Rule, ...] = (
         flags=0,
     ),
     # completion
-    _r("completed", "weak", r"^\s*\d+(\.\w+)?\s.*\bCOMPLETED\b", "sacct: job state COMPLETED", "slurm", flags=0),
+    _r(
+        "completed",
+        "weak",
+        r"^\s*\d+(_\d+|_\[[\d,-]+\])?(\.\w+|\+)?\s.*\bCOMPLETED\b",
+        "sacct: job state COMPLETED",
+        "slurm",
+        flags=0,
+    ),
     _r("completed", "weak", r"\bReason:\s*Completed\b", "Kubernetes: container completed", "k8s"),
+    _r(
+        "crashed",
+        "weak",
+        r"^\s*\d+(_\d+|_\[[\d,-]+\])?(\.\w+|\+)?\s.*\bFAILED\s+[1-9]\d*:\d+",
+        "sacct: job state FAILED (a non-zero exit)",
+        "slurm",
+        flags=0,
+    ),
+    _r(
+        "terminated",
+        "weak",
+        r"^\s*\d+(_\d+|_\[[\d,-]+\])?(\.\w+|\+)?\s.*\bCANCELLED\b",
+        "sacct: job state CANCELLED (scancel, or an admin)",
+        "slurm",
+        flags=0,
+    ),
+    _r(
+        "completed",
+        "weak",
+        r"^\S+\s+\d+/\d+\s+Completed\s+\d+|^\s*\S+\s+Succeeded\s+\d{4}-\d\d-\d\d",
+        "Kubernetes: the pod or training job finished (kubectl get pods: Completed; a job's state: Succeeded)",
+        "k8s",
+        flags=0,
+    ),
     _r(
         "completed",
         "strong",
@@ -380,6 +432,9 @@ EXIT_RULES: tuple[ExitRule, ...] = (
         True,
     ),
     ExitRule(re.compile(r"exits with return code = (?P<code>-?\d+)"), "DeepSpeed launcher: a worker exited with", True),
+    ExitRule(
+        re.compile(r"Signal (?P<signum>\d+) \(SIG\w+\) received by PID"), "torchrun: a worker died of signal", True
+    ),
     ExitRule(re.compile(r"terminated with exit code \(?(?P<code>\d+)\)?"), "a worker terminated with exit code"),
     ExitRule(re.compile(r"\bExited with exit code (?P<code>\d+)"), "srun: a task exited with code"),
     ExitRule(re.compile(r"Process finished with exit code (?P<code>\d+)"), "the process finished with exit code"),
