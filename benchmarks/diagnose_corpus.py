@@ -4,7 +4,7 @@ Reads the sourced corpus (tests/corpus/diagnose/real/{dev,test}.json: real excer
 thread's verdict) and prints the accuracy of each part, per verdict, with the misses. The rules are tuned on the
 dev part only; the test part is reported as it comes.
 
-    python benchmarks/diagnose_corpus.py [--part dev|test|all] [--json]
+    python benchmarks/diagnose_corpus.py [--part dev|test|holdout|all] [--json]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ REAL = Path(__file__).resolve().parent.parent / "tests" / "corpus" / "diagnose" 
 
 
 def load(part: str) -> list[dict[str, Any]]:
-    parts = ("dev", "test") if part == "all" else (part,)
+    parts = ("dev", "test", "holdout") if part == "all" else (part,)
     cases: list[dict[str, Any]] = []
     for name in parts:
         cases += json.loads((REAL / f"{name}.json").read_text())["cases"]
@@ -55,10 +55,10 @@ def score(cases: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--part", choices=("dev", "test", "all"), default="all")
+    p.add_argument("--part", choices=("dev", "test", "holdout", "all"), default="all")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    parts = ("dev", "test") if args.part == "all" else (args.part,)
+    parts = ("dev", "test", "holdout") if args.part == "all" else (args.part,)
     report = {name: score(load(name)) for name in parts}
     if args.json:
         print(json.dumps(report, indent=2))
