@@ -35,7 +35,7 @@ VERDICTS = (
 @dataclass(frozen=True)
 class Evidence:
     verdict: str
-    strength: str  # "strong" names the cause; "weak" is a symptom
+    strength: str  # "strong" names the cause; "weak" is a symptom; "hint" counts only when nothing else does
     why: str  # what the line means, in words
     where: str  # file name, "exit code" or "journal"
     line: int | None  # 1-based line number in ``where`` (None for the exit code)
@@ -45,6 +45,7 @@ class Evidence:
 
 _EXIT_SIGNALS = {int(s): s.name for s in signal.Signals}
 _TRACEBACK_START = re.compile(r"Traceback \(most recent call last\):")
+_BARE_EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*\.)?([A-Z]\w*)?(Error|Exception): \S")
 _CHAINED = re.compile(r"(During handling of the above exception|The above exception was the direct cause)")
 _EXCEPTION_LINE = re.compile(
     r"^(\[[^\]]*\]:?\s*)?([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failure|Warning)\b|[A-Za-z_][\w.]*Error)(:.*)?$"
@@ -127,6 +128,7 @@ def scan_lines(lines: Iterable[str], where: str, window: TimeWindow | None = Non
     prev_indented = False  # the previous line was a traceback frame or source line (an excerpt may start mid-traceback)
     oom_reason_at: int | None = None  # index in ``found`` of a "Reason: OOMKilled" in a container status block
     block = ""  # "" | "root" | "failures": where we are in torchrun's error summary
+    traceback_at: tuple[int, str] | None = None  # where the traceback being read started
     for number, raw in enumerate(lines, start=1):
         if window is not None:
             window.see(raw)
@@ -134,7 +136,10 @@ def scan_lines(lines: Iterable[str], where: str, window: TimeWindow | None = Non
         text = raw.strip()[:400]
         was_indented, prev_indented = prev_indented, line[:1] in (" ", "\t") and bool(line.strip())
         if _TRACEBACK_START.search(line) and line.rstrip().endswith("last):"):
-            in_traceback = True  # (a traceback flattened into one line, "...last):\n  File ...", is read as text)
+            in_traceback, traceback_at = (
+                True,
+                (number, text),
+            )  # (a traceback flattened into one line, "...last):\n  File ...", is read as text)
             continue
         if not in_traceback and was_indented and _EXCEPTION_LINE.match(line):
             in_traceback = True  # the exception line of a traceback whose start was cut off
@@ -144,6 +149,8 @@ def scan_lines(lines: Iterable[str], where: str, window: TimeWindow | None = Non
                 continue  # frames, source lines, carets, "During handling of ..." between chained tracebacks
             in_traceback = False
             match = _EXCEPTION_LINE.match(line)  # else: neither a frame nor the exception; read it as any other line
+            if match is None:
+                found.append(_cut_traceback(traceback_at, where))
         if match is not None:
             ended = _exit_rule(line, where, number, text)
             if ended is not None:
@@ -205,7 +212,19 @@ def scan_lines(lines: Iterable[str], where: str, window: TimeWindow | None = Non
             if rule.pattern.search(line):
                 found.append(Evidence(rule.verdict, rule.strength, rule.why, where, number, text, rule.platform))
                 break
+        else:
+            if _BARE_EXCEPTION.match(line):
+                why = "an exception reported at the top level (its traceback is not in the log)"
+                found.append(Evidence("crashed", "weak", why, where, number, text))
+    if in_traceback:
+        found.append(_cut_traceback(traceback_at, where))
     return found
+
+
+def _cut_traceback(at: tuple[int, str] | None, where: str) -> Evidence:
+    number, text = at if at is not None else (None, "")
+    why = "a traceback the log cuts off before its exception (the process may have crashed)"
+    return Evidence("crashed", "hint", why, where, number, text)
 
 
 def _exit_evidence(code: int, what: str, where: str, line: int | None, text: str, *, strong: bool = False) -> Evidence:
@@ -579,7 +598,7 @@ def diagnose(
 
 
 def _decide(evidence: Sequence[Evidence]) -> str:
-    for strength in ("strong", "weak"):
+    for strength in ("strong", "weak", "hint"):
         present = {e.verdict for e in evidence if e.strength == strength}
         for verdict in VERDICTS:
             if verdict in present:

@@ -39,6 +39,7 @@ RULES: tuple[Rule, ...] = (
         None,
     ),
     # preemption: the platform says so
+    _r("preempted", "strong", r"\bJobState=PREEMPTED\b", "scontrol: job state PREEMPTED", "slurm"),
     _r(
         "preempted",
         "strong",
@@ -148,7 +149,7 @@ RULES: tuple[Rule, ...] = (
     _r(
         "preempted",
         "strong",
-        r"\b(preemption|termination) is imminent\b|\bspot (instance )?interruption\b|"
+        r"\b(preemption|termination) is imminent\b|\bspot (instance )?interruption\b|\bSpotInterruption(Kind)?\b|"
         r"\\?\"action\\?\"\s*:\s*\\?\"(terminate|stop|hibernate)\\?\"",
         "an agent read the cloud's reclaim notice from the metadata service",
         None,
@@ -168,6 +169,7 @@ RULES: tuple[Rule, ...] = (
         "aws",
     ),
     # time limits
+    _r("time-limit", "strong", r"\bJobState=(TIMEOUT|DEADLINE)\b", "scontrol: job state TIMEOUT", "slurm"),
     _r(
         "time-limit",
         "strong",
@@ -198,6 +200,7 @@ RULES: tuple[Rule, ...] = (
         "slurm",
     ),
     # out of memory
+    _r("oom", "strong", r"\bJobState=OUT_OF_MEMORY\b", "scontrol: job state OUT_OF_MEMORY", "slurm"),
     _r(
         "oom",
         "strong",
@@ -230,7 +233,8 @@ RULES: tuple[Rule, ...] = (
         "strong",
         r"Watchdog caught collective operation timeout|\bNCCL timeout\b|Timed out waiting \d+ ?ms for "
         r"(recv|send) operation|\bcollective operation timeout\b|\bNCCL watchdog thread terminated\b|"
-        r"WorkNCCL\(SeqNum=\d+.*Timeout\(ms\)=\d+\) ran for|store based barrier",
+        r"WorkNCCL\(SeqNum=\d+.*Timeout\(ms\)=\d+\) ran for|store based barrier|watchdog got stuck for \d+ "
+        r"seconds|Terminating the process after attempting to dump debug info",
         "a collective timed out: a rank stopped answering (NCCL/Gloo watchdog)",
         "torchrun",
     ),
@@ -396,6 +400,24 @@ RULES: tuple[Rule, ...] = (
         "Kubernetes: the pod or training job finished (kubectl get pods: Completed; a job's state: Succeeded)",
         "k8s",
         flags=0,
+    ),
+    _r("crashed", "weak", r"\bJobState=(FAILED|BOOT_FAIL)\b", "scontrol: job state FAILED", "slurm"),
+    _r("terminated", "weak", r"\bJobState=CANCELLED\b", "scontrol: job state CANCELLED", "slurm"),
+    _r("completed", "weak", r"\bJobState=COMPLETED\b", "scontrol: job state COMPLETED", "slurm"),
+    _r(
+        "completed",
+        "strong",
+        r"\*{5} train metrics \*{5}|Training completed\. Do not forget to share your model",
+        "Hugging Face Trainer: training finished (its end-of-training metrics)",
+        "transformers",
+    ),
+    _r(
+        "completed",
+        "weak",
+        r"\breached (max_steps|max_epochs|the maximum number of (steps|epochs))\b|^[\[\w\] :.-]*"
+        r"\b(training|train) (finished|completed?|done)\b|'train_runtime':",
+        "the training loop reports it reached its end",
+        None,
     ),
     _r(
         "completed",
