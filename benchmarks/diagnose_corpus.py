@@ -1,8 +1,9 @@
 """How often ``preemptible diagnose`` reaches the verdict a real log's own thread establishes.
 
-Reads the sourced corpus (tests/corpus/diagnose/real/{dev,test}.json: real excerpts, each with its source and the
-thread's verdict) and prints the accuracy of each part, per verdict, with the misses. The rules are tuned on the
-dev part only; the test part is reported as it comes.
+Reads the sourced corpus (tests/corpus/diagnose/real/{dev,test,holdout}.json: real excerpts, each with its source
+and the thread's verdict) and prints the accuracy of each part, per verdict, with the misses. Each part's ``about``
+says what it was used for: the rules were tuned on dev; holdout was gathered after tuning and scored once, fresh.
+tests/unit/test_diagnose_real.py keeps every part at or above its recorded score.
 
     python benchmarks/diagnose_corpus.py [--part dev|test|holdout|all] [--json]
 """
