@@ -19,12 +19,14 @@ import signal
 import stat
 import sys
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from preemptible.logrules import EXIT_RULES, RULES
+from preemptible.incident import Event, actor, initiating, when
+from preemptible.logrules import COLLATERAL_RULES, EXIT_RULES, PEER_LOST, RULES, needles
+from preemptible.remedy import for_platforms, remedy
 
 VERDICTS = (
     "preempted", "time-limit", "oom", "collective-timeout", "crashed", "terminated", "killed", "completed", "unknown"
@@ -41,6 +43,8 @@ class Evidence:
     line: int | None  # 1-based line number in ``where`` (None for the exit code)
     text: str  # the line itself (trimmed)
     platform: str | None = None  # slurm, k8s, aws, gcp, azure, torchrun, docker, kernel, preemptible
+    actor: str | None = None  # who wrote the line: "rank 3", "node gpu-q-13" (see `incident.actor`)
+    time: str | None = None  # the line's timestamp, else the last one before it in the same log (`incident.when`)
 
 
 _EXIT_SIGNALS = {int(s): s.name for s in signal.Signals}
@@ -55,20 +59,49 @@ _ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\)")
 _FAILURES = re.compile(r"^\s*Failures:")
 _EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
 # kubectl describe pod ("Exit Code:    137"), docker ps / compose ("Exited (137) 2 minutes ago", "exited with code 137")
+# mpirun: "The first process to do so was:" / "Process name: [[50371,1],0]" / "Exit code:    1"
+_MPI_FIRST = re.compile(r"^\s*Process name:\s*\[\[\d+,\d+\],(\d+)\]")
+_MPI_EXIT = re.compile(r"^\s*Exit code:\s*(-?\d+)\s*$")
 _STATUS_LINE = re.compile(r"^\s*Exit Code:\s*(\d+)\s*$|\bExited \((\d+)\)|\bexited with code (\d+)\b")
 
 
 def _strip_prefix(line: str) -> str:
-    """``[rank0]: ...`` / ``[default0]:...`` (torchrun) and ``0: ...`` (srun --label) prefixes."""
-    return re.sub(r"^(\[[^\]]*\]:\s?|\d+: )", "", line).rstrip()
+    """``[rank0]: ...`` / ``[default0]:...`` (torchrun), ``[1,0]<stderr>:`` (mpirun) and ``0: ...`` (srun --label)
+    prefixes."""
+    return re.sub(r"^(\[[^\]]*\](<std(out|err)>)?:\s?|\d+: )", "", line).rstrip()
+
+
+_RULES = [(rule, rule.needles) for rule in RULES]
+_EXITS = [(rule, needles(rule.pattern)) for rule in EXIT_RULES]
+_COLLATERAL = [(rule, rule.needles) for rule in COLLATERAL_RULES]
+
+
+_NEEDLES = sorted({n for _, found_in in _RULES + _EXITS + _COLLATERAL if found_in for n in found_in})
+
+
+def _present(line: str) -> frozenset[str]:
+    """The rules' needles (`logrules.needles`) that are in ``line``, lowercased: one pass for all the rules."""
+    low = line.lower()
+    return frozenset(n for n in _NEEDLES if n in low)
+
+
+def _hit(
+    pattern: re.Pattern[str], found_in: tuple[str, ...] | None, line: str, present: frozenset[str]
+) -> re.Match[str] | None:
+    """``pattern.search(line)``, skipped when none of its needles is ``present`` in the line."""
+    if found_in is not None and present.isdisjoint(found_in):
+        return None
+    return pattern.search(line)
 
 
 def _oom(line: str) -> bool:
-    return any(r.verdict == "oom" and r.pattern.search(line) for r in RULES)
+    present = _present(line)
+    return any(r.verdict == "oom" and _hit(r.pattern, n, line, present) for r, n in _RULES)
 
 
 def _collective_timeout(line: str) -> bool:
-    return any(r.verdict == "collective-timeout" and r.pattern.search(line) for r in RULES)
+    present = _present(line)
+    return any(r.verdict == "collective-timeout" and _hit(r.pattern, n, line, present) for r, n in _RULES)
 
 
 _TIMESTAMP = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)")
@@ -99,10 +132,11 @@ _SIGNAL_NAMES = {"Killed": "SIGKILL", "Segmentation fault": "SIGSEGV", "Bus erro
 _OOM_KILLED_REASON = re.compile(r"\bReason:\s*OOMKilled\b")
 
 
-def _exit_rule(line: str, where: str, number: int, text: str) -> Evidence | None:
+def _exit_rule(line: str, where: str, number: int, text: str, present: frozenset[str] | None = None) -> Evidence | None:
     """Evidence from a line that reports how a process ended (`logrules.EXIT_RULES`)."""
-    for rule in EXIT_RULES:
-        m = rule.pattern.search(line)
+    present = _present(line) if present is None else present
+    for rule, found_in in _EXITS:
+        m = _hit(rule.pattern, found_in, line, present)
         if m is None:
             continue
         groups = {k: v for k, v in m.groupdict().items() if v is not None}
@@ -129,7 +163,24 @@ def scan_lines(lines: Iterable[str], where: str, window: TimeWindow | None = Non
     oom_reason_at: int | None = None  # index in ``found`` of a "Reason: OOMKilled" in a container status block
     block = ""  # "" | "root" | "failures": where we are in torchrun's error summary
     traceback_at: tuple[int, str] | None = None  # where the traceback being read started
-    for number, raw in enumerate(lines, start=1):
+    who: str | None = None
+    stamp: str | None = None
+    mpi_first: int | None = None  # mpirun named the first process to fail: its exit code follows
+    mark = 0  # found[mark:] came from the previous line: tag them with its writer and time
+    numbered = lines.numbered() if isinstance(lines, LogInput) else enumerate(lines, start=1)
+    last = 0
+    kept = _Kept()
+    for number, raw in numbered:
+        kept.tag(found, mark, who, stamp)
+        mark = len(found)
+        if oom_reason_at is not None and oom_reason_at >= mark:
+            oom_reason_at = None  # (its evidence was past the cap)
+        if number <= last:
+            continue  # a chunk's first line given again as the line before a keyword's
+        if number != last + 1:
+            prev_indented = False  # lines were skipped (no rule could act on them): none of them is known
+        last = number
+        who, stamp = actor(raw), when(raw) or stamp
         if window is not None:
             window.see(raw)
         line = _strip_prefix(raw)
@@ -167,13 +218,28 @@ def scan_lines(lines: Iterable[str], where: str, window: TimeWindow | None = Non
                 found.append(Evidence("collective-timeout", "strong", why, where, number, text, "torchrun"))
                 continue
             if name != "SignalException" and not _oom(line):
-                found.append(Evidence("crashed", "strong", f"unhandled {name}", where, number, text))
+                if any(r.why == PEER_LOST and _hit(r.pattern, n, line, _present(line)) for r, n in _COLLATERAL):
+                    why = f"unhandled {name}: {PEER_LOST}"  # a crash, but one that another rank's end caused
+                    found.append(Evidence("crashed", "weak", why, where, number, text, "torchrun"))
+                else:
+                    found.append(Evidence("crashed", "strong", f"unhandled {name}", where, number, text))
                 continue  # nothing in a crash's message counts as other evidence ("... preemption ...")
         if _ROOT_CAUSE.search(line):
             block = "root"
             continue
         if _FAILURES.search(line):
             block = "failures"
+            continue
+        mpi = _MPI_FIRST.search(line)
+        if mpi:
+            mpi_first = int(mpi.group(1))
+            continue
+        mpi_exit = _MPI_EXIT.match(line) if mpi_first is not None else None
+        if mpi_exit:
+            ended = _exit_evidence(int(mpi_exit.group(1)), "mpirun: the first process to fail, exit code", where,
+                                   number, text, strong=True)  # fmt: skip
+            found.append(replace(ended, actor=f"rank {mpi_first}"))
+            mpi_first = None
             continue
         status = _STATUS_LINE.search(line)
         if status:
@@ -204,21 +270,60 @@ def scan_lines(lines: Iterable[str], where: str, window: TimeWindow | None = Non
             code = int(code_match.group(1))
             found.append(_exit_evidence(code, "torchrun root cause: exitcode", where, number, text, strong=True))
             continue
-        ended = _exit_rule(line, where, number, text)
+        present = _present(line)
+        ended = _exit_rule(line, where, number, text, present) if present else None
         if ended is not None:
             found.append(ended)
             continue
-        for rule in RULES:
-            if rule.pattern.search(line):
+        for rule, found_in in _RULES if present else ():
+            if _hit(rule.pattern, found_in, line, present):
                 found.append(Evidence(rule.verdict, rule.strength, rule.why, where, number, text, rule.platform))
                 break
         else:
-            if _BARE_EXCEPTION.match(line):
+            collateral = next((r for r, n in _COLLATERAL if _hit(r.pattern, n, line, present)), None)
+            if collateral is not None:
+                found.append(Evidence(collateral.verdict, "collateral", collateral.why, where, number, text,
+                                      collateral.platform))  # fmt: skip
+            elif _BARE_EXCEPTION.match(line):
                 why = "an exception reported at the top level (its traceback is not in the log)"
                 found.append(Evidence("crashed", "weak", why, where, number, text))
     if in_traceback:
         found.append(_cut_traceback(traceback_at, where))
+    kept.tag(found, mark, who, stamp)
+    found += kept.beyond.values()
+    if window is not None and isinstance(lines, LogInput):
+        for edge in lines.edges:
+            window.see(edge)
+    first_stamp = next((e.time for e in found if e.time is not None), None)
+    if first_stamp is not None:  # lines before the log's first timestamp happened at or before it
+        found = [replace(e, time=first_stamp) if e.time is None else e for e in found]
     return found
+
+
+MAX_EVIDENCE_PER_KIND = 50
+"""Evidence kept per (verdict, strength, meaning) from one log: the first 50 and the last; a log that repeats a
+line a million times is still read in bounded memory."""
+
+
+class _Kept:
+    """The evidence of one log, each kind capped at `MAX_EVIDENCE_PER_KIND` (and its last)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, str, str], int] = {}
+        self.beyond: dict[tuple[str, str, str], Evidence] = {}  # the last of each kind past the cap
+
+    def tag(self, found: list[Evidence], start: int, who: str | None, stamp: str | None) -> None:
+        """Tag ``found[start:]`` (the evidence of one line) with its writer and time, and cap each kind."""
+        new = found[start:]
+        del found[start:]
+        for item in new:
+            e = replace(item, actor=who, time=stamp) if item.actor is None and item.time is None else item
+            kind = (e.verdict, e.strength, e.why)
+            self.counts[kind] = self.counts.get(kind, 0) + 1
+            if self.counts[kind] <= MAX_EVIDENCE_PER_KIND:
+                found.append(e)
+            else:
+                self.beyond[kind] = e
 
 
 def _cut_traceback(at: tuple[int, str] | None, where: str) -> Evidence:
@@ -490,6 +595,14 @@ class Diagnosis:
     confirm: list[str]
     notes: list[str] = field(default_factory=list)
     """What was left out of the inputs (a log over `MAX_LOG_BYTES`)."""
+    initiating: Event | None = None
+    """With logs of several ranks or nodes: which failed first, and how (see `incident.initiating`)."""
+    collateral: list[Event] = field(default_factory=list)
+    """What the other ranks or nodes then logged because of it, in time order where timestamps allow."""
+    fix: list[str] = field(default_factory=list)
+    """What to change for this verdict (see `remedy`)."""
+    verify: list[str] = field(default_factory=list)
+    """The commands that show the fix worked."""
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -530,10 +643,26 @@ class Diagnosis:
             if self.steps_lost is not None:
                 qual = "" if self.steps_lost_exact else "at least "
                 lines.append(f"  steps lost: {qual}{self.steps_lost} (last step reached {ck.get('last_step')})")
+        if self.initiating is not None:
+            lines += ["", "initiating:", "  " + _event_line(self.initiating)]
+            if self.collateral:
+                lines += ["", f"collateral ({len(self.collateral)}):"] + [
+                    "  " + _event_line(c) for c in self.collateral
+                ]
         lines += ["", "how to confirm:"] + [f"  - {c}" for c in self.confirm]
+        lines += ["", "fix:"] + [f"  - {c}" for c in self.fix]
+        if self.verify:
+            lines += ["", "verify with:"] + [f"  $ {c}" for c in self.verify]
         if self.notes:
             lines += ["", "not read:"] + [f"  - {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+def _event_line(e: Event) -> str:
+    at = f" at {e.time}" if e.time else ""
+    where = f" ({e.log}:{e.line})" if e.line is not None else ""
+    text = f"\n      {e.evidence[:200]}" if e.evidence else ""
+    return f"{e.who}{at}: {e.verdict}: {e.why}{where}{text}"
 
 
 def diagnose(
@@ -567,9 +696,14 @@ def diagnose(
     if exit_code is not None:
         evidence.append(_exit_evidence(exit_code, "exit code", "exit code", None, str(exit_code)))
     verdict = _decide(evidence)
-    deciding = [e for e in evidence if e.verdict == verdict]
+    first, collateral = initiating(evidence, VERDICTS, prefer=verdict if verdict in _EXPLAINS else None)
+    if first is not None and first.verdict != "collective-timeout" and verdict not in _EXPLAINS:
+        verdict = first.verdict  # several ranks or nodes: what happened first, not what ranks highest
+    deciding = [e for e in evidence if e.verdict == verdict and e.strength != "collateral"]
     strongest = next((e for e in deciding if e.strength == "strong"), deciding[0] if deciding else None)
     summary = strongest.why if strongest is not None else "no recognised evidence"
+    if first is not None:
+        summary += f"; first: {first.who}" + (f", then {len(collateral)} collateral" if collateral else "")
     if verdict == "terminated" and any(e.verdict == "killed" for e in evidence):
         summary += "; then killed after the grace period"
     checkpoint: dict[str, Any] = {}
@@ -593,8 +727,17 @@ def diagnose(
             lost = max(0, facts.last_step - base)
             exact = facts.exit is not None or facts.done  # a hard kill may have gone further than the journal saw
     platforms = {e.platform for e in evidence if e.platform}
-    confirm = _confirm(verdict, platforms)
-    return Diagnosis(verdict, summary, evidence, exit_code, checkpoint, lost, exact, confirm, notes)
+    confirm = for_platforms(CONFIRM[verdict], platforms)
+    todo = remedy(verdict, platforms, root, saved_at=facts.committed_after_notice if facts is not None else None)
+    return Diagnosis(
+        verdict, summary, evidence, exit_code, checkpoint, lost, exact, confirm, notes,
+        initiating=first, collateral=collateral, fix=todo["fix"], verify=todo["verify"],
+    )  # fmt: skip
+
+
+_EXPLAINS = ("preempted", "time-limit", "oom")
+"""Verdicts that explain what other ranks then logged (a SIGTERM, a SIGKILL, a timeout): with several logs, one of
+these anywhere is the verdict, and the initiating event is chosen among its evidence."""
 
 
 def _decide(evidence: Sequence[Evidence]) -> str:
@@ -621,27 +764,40 @@ def _crash_came_first(evidence: Sequence[Evidence]) -> bool:
     return False
 
 
-def _confirm(verdict: str, platforms: set[str]) -> list[str]:
-    items = CONFIRM[verdict]
-    tags = {"slurm": "SLURM", "k8s": "Kubernetes", "aws": "AWS", "gcp": "GCP", "azure": "Azure"}
-    named = {tags[p] for p in platforms if p in tags}
-    if not named:
-        return items
-    platform_items = [i for i in items if i.split(":", 1)[0] in named]
-    generic = [i for i in items if i.split(":", 1)[0] not in tags.values()]
-    return platform_items + generic or items
-
-
-MAX_LOG_BYTES = 64 << 20
-"""What one input may contribute: of a longer file, its last 64 MiB (how a run ended is at its end); of a stream,
-its first 64 MiB."""
+MAX_LOG_BYTES = 4 << 30
+"""What one input may contribute: of a longer file, its last 4 GiB (how a run ended is at its end); of a stream,
+its first 4 GiB."""
 MAX_LINE_CHARS = 4096
 """A longer line is scanned by its first 4096 characters; the rest is skipped without being kept."""
+SCAN_CHUNK = 4 << 20
+"""Bytes read at a time. Memory stays a few chunks, whatever the log's length."""
+EDGE_LINES = 256
+"""Lines at each end of a log whose timestamps bound its time range (`TimeWindow`), whatever rules they match."""
+
+
+def scan_keywords() -> tuple[bytes, ...] | None:
+    """Lowercase strings one of which is in every line a rule or the scanner's own structure (tracebacks,
+    torchrun's summary, mpirun's report, container status) can act on; None if some rule has no needle."""
+    words = {"traceback", "error", "exception", "interrupt", "exit", "failure", "root cause", "==========",
+             "process name", "oomkilled", "local_rank"}  # fmt: skip
+    for _, found_in in _RULES + _EXITS + _COLLATERAL:
+        if found_in is None:
+            return None
+        words.update(found_in)
+    kept: list[str] = []
+    for word in sorted(words, key=len):
+        if not any(k in word for k in kept):  # finding the shorter one finds this one's lines too
+            kept.append(word)
+    return tuple(k.encode() for k in kept)
 
 
 class LogInput:
-    """The lines of one log, read as a stream with bounded memory (a line at a time, each cut at
-    `MAX_LINE_CHARS`) and bounded length (`MAX_LOG_BYTES`). ``note`` says what was left out, once it is read."""
+    """The lines of one log, read as a stream with bounded memory (`SCAN_CHUNK` bytes at a time, each line cut at
+    `MAX_LINE_CHARS`) and bounded length (`MAX_LOG_BYTES`). ``note`` says what was left out, once it is read.
+
+    Iterating gives every line. `numbered` gives only the lines a rule could act on (one of `scan_keywords` in
+    them, found in each chunk at C speed) with the line before each, and keeps the first and last `EDGE_LINES`
+    lines in ``edges`` for their timestamps: how a long log is read in seconds per gigabyte."""
 
     def __init__(self, name: str, stream: BinaryIO, *, limit: int = MAX_LOG_BYTES, owned: bool = True) -> None:
         self.name = name
@@ -649,39 +805,129 @@ class LogInput:
         self._limit = limit
         self._owned = owned
         self.note: str | None = None
+        self.edges: list[str] = []
 
     def __iter__(self) -> Iterator[str]:
+        for _, line in self._read(keywords=None):
+            yield line
+
+    def numbered(self) -> Iterator[tuple[int, str]]:
+        """(1-based line number, line) of the lines any rule could match, and of the line before each."""
+        return self._read(keywords=scan_keywords())
+
+    def _read(self, keywords: tuple[bytes, ...] | None) -> Iterator[tuple[int, str]]:
         try:
-            yield from self._lines()
+            yield from self._chunks(keywords)
         finally:
             if self._owned:
                 self._stream.close()
 
-    def _lines(self) -> Iterator[str]:
+    def _start(self) -> int:
+        """Seek to the last `limit` bytes of a longer regular file; the byte budget to read."""
         stream, limit = self._stream, self._limit
-        budget = limit
         try:
-            size = os.fstat(stream.fileno()).st_size if stat.S_ISREG(os.fstat(stream.fileno()).st_mode) else None
+            mode = os.fstat(stream.fileno()).st_mode
+            size = os.fstat(stream.fileno()).st_size if stat.S_ISREG(mode) else None
         except (OSError, ValueError, io.UnsupportedOperation):
             size = None
-        if size is not None and size > limit:
-            stream.seek(size - limit)
-            budget -= len(stream.readline(limit))  # the first line is cut: start at the next whole one
-            self.note = f"{self.name}: {size / 2**20:.0f} MiB; only its last {limit >> 20} MiB were read"
-        while budget > 0:
-            line = stream.readline(min(MAX_LINE_CHARS + 1, budget))
-            if not line:
-                return
-            budget -= len(line)
-            if len(line) > MAX_LINE_CHARS and not line.endswith(b"\n"):
-                while budget > 0:  # skip the rest of an over-long line, a piece at a time
-                    rest = stream.readline(min(1 << 16, budget))
-                    budget -= len(rest)
-                    if not rest or rest.endswith(b"\n"):
-                        break
-            yield line[:MAX_LINE_CHARS].decode("utf-8", errors="replace").rstrip("\r\n")
-        if self.note is None:
-            self.note = f"{self.name}: stopped after its first {limit >> 20} MiB (the rest was not read)"
+        if size is None or size <= limit:
+            return limit
+        stream.seek(size - limit)
+        self.note = f"{self.name}: {size / 2**20:.0f} MiB; only its last {limit >> 20} MiB were read"
+        return limit - len(stream.readline(limit))  # the first line is cut: start at the next whole one
+
+    def _chunks(self, keywords: tuple[bytes, ...] | None) -> Iterator[tuple[int, str]]:
+        budget = self._start()
+        number = 0  # lines before ``buf``
+        carry = b""  # the unfinished last line of the previous chunk (at most MAX_LINE_CHARS of it)
+        skipping = False  # inside an over-long line: its rest is dropped up to the newline
+        tail: list[bytes] = []
+        while True:
+            data = self._stream.read(min(SCAN_CHUNK, budget)) if budget > 0 else b""
+            budget -= len(data)
+            if skipping:
+                nl = data.find(b"\n")
+                if nl < 0 and data:
+                    continue
+                data, skipping = data[nl:] if nl >= 0 else b"", False
+            buf = carry + data
+            end = len(buf) if not data else buf.rfind(b"\n")  # at the end of input, the rest is a line
+            if end < 0:  # no newline yet: the line goes on in the next chunk
+                carry = buf
+                if len(buf) > MAX_LINE_CHARS:
+                    carry, skipping = buf[:MAX_LINE_CHARS], True
+                continue
+            carry = buf[end + 1 :]
+            if len(carry) > MAX_LINE_CHARS:
+                carry, skipping = carry[:MAX_LINE_CHARS], True
+            if end > 0 or data:
+                if not self.edges and number == 0:
+                    self.edges = [_decode(b) for b in _first_lines(buf, end, EDGE_LINES)]
+                before = tail[-1] if tail else None  # the last line of the previous chunk
+                tail = (tail + _last_lines(buf, end, EDGE_LINES))[-EDGE_LINES:]
+                yield from _pick(buf, end, number, keywords, before)
+                number += buf.count(b"\n", 0, end) + 1
+            if not data:
+                break
+        self.edges += [_decode(b) for b in tail]
+        if budget <= 0 and self.note is None and self._stream.read(1):
+            self.note = f"{self.name}: stopped after its first {self._limit >> 20} MiB (the rest was not read)"
+
+
+def _decode(line: bytes) -> str:
+    return line[:MAX_LINE_CHARS].decode("utf-8", errors="replace").rstrip("\r\n")
+
+
+def _first_lines(buf: bytes, end: int, n: int) -> list[bytes]:
+    lines: list[bytes] = []
+    start = 0
+    while start <= end and len(lines) < n:
+        stop = buf.find(b"\n", start, end)
+        stop = end if stop < 0 else stop
+        lines.append(buf[start:stop])
+        start = stop + 1
+    return lines
+
+
+def _last_lines(buf: bytes, end: int, n: int) -> list[bytes]:
+    lines: list[bytes] = []
+    stop = end
+    while stop >= 0 and len(lines) < n:
+        start = buf.rfind(b"\n", 0, stop) + 1
+        lines.append(buf[start:stop])
+        stop = start - 1
+    return lines[::-1]
+
+
+def _pick(
+    buf: bytes, end: int, number: int, keywords: tuple[bytes, ...] | None, before: bytes | None
+) -> Iterator[tuple[int, str]]:
+    """The lines of ``buf[:end]`` (numbered from ``number`` + 1) that hold a keyword, with the line before each
+    (``before``: the line before ``buf``); every line when ``keywords`` is None."""
+    if keywords is None:
+        for i, line in enumerate(buf[:end].split(b"\n"), start=number + 1):
+            yield i, _decode(line)
+        return
+    low = buf[:end].lower()
+    starts: set[int] = set()
+    for word in keywords:
+        at = low.find(word)
+        while at >= 0:
+            start = low.rfind(b"\n", 0, at) + 1
+            starts.add(start)
+            if start > 0:
+                starts.add(low.rfind(b"\n", 0, start - 1) + 1)  # the line before: is it a traceback's frame?
+            stop = low.find(b"\n", at)
+            at = low.find(word, stop + 1) if stop >= 0 else -1
+    del low
+    if 0 in starts and before is not None:
+        yield number, _decode(before)
+    counted, lines = 0, number
+    for start in sorted(starts):
+        lines += buf.count(b"\n", counted, start)
+        counted = start
+        stop = buf.find(b"\n", start, end)
+        yield lines + 1, _decode(buf[start : stop if stop >= 0 else end])
 
 
 def read_log(path: str, *, limit: int = MAX_LOG_BYTES) -> LogInput:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from preemptible.events import LOG_VERDICTS, tag
 
@@ -22,9 +23,65 @@ class Rule:
     why: str
     platform: str | None = None
 
+    @property
+    def needles(self) -> tuple[str, ...] | None:
+        return needles(self.pattern)
+
 
 def _r(verdict: str, strength: str, pattern: str, why: str, platform: str | None = None, *, flags: int = re.I) -> Rule:
     return Rule(verdict, strength, re.compile(pattern, flags), why, platform)
+
+
+_NEEDLES: dict[re.Pattern[str], tuple[str, ...] | None] = {}
+_MIN_NEEDLE = 3
+
+
+def needles(pattern: re.Pattern[str]) -> tuple[str, ...] | None:
+    """Lowercase strings one of which every line ``pattern`` matches contains (lowercased), or None when the
+    pattern has no such literal. A cheap test that skips a rule on most lines: `str.__contains__` on a few needles
+    instead of a regex search. Read from the pattern's parse tree: the longest literal run of a sequence, else the
+    needles of a group or alternation the sequence cannot skip."""
+    if pattern not in _NEEDLES:
+        try:
+            from re import _parser  # type: ignore[attr-defined]
+
+            _NEEDLES[pattern] = _seq_needles(_parser.parse(pattern.pattern, pattern.flags))
+        except Exception:  # another Python's parser: no prefilter, the rule is tried on every line
+            _NEEDLES[pattern] = None
+    return _NEEDLES[pattern]
+
+
+def _seq_needles(seq: Any) -> tuple[str, ...] | None:
+    from re import _constants as c  # type: ignore[attr-defined]
+
+    choices: list[tuple[str, ...]] = []  # each a necessary condition; the most selective is kept
+    run = ""
+    for op, arg in [*seq, (None, None)]:
+        if op is c.LITERAL:
+            run += chr(arg)
+            continue
+        if len(run) >= _MIN_NEEDLE:
+            choices.append((run.lower(),))
+        run = ""
+        found: tuple[str, ...] | None = None
+        if op is c.SUBPATTERN:
+            found = _seq_needles(arg[-1])
+        elif op is c.BRANCH:
+            parts = [_seq_needles(b) for b in arg[1]]
+            found = None if any(p is None for p in parts) else tuple(n for p in parts if p for n in p)
+        elif op in (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT) and arg[0] >= 1:
+            found = _seq_needles(arg[2])
+        if found:
+            choices.append(found)
+    return max(choices, key=_selective) if choices else None
+
+
+_COMMON = frozenset({"train", "training", "nccl", "error", "system", "invalid", "internal", "failed", "step", "epoch"})
+"""Words on most lines of a training log: a needle set holding one is kept only when there is no other."""
+
+
+def _selective(found_in: tuple[str, ...]) -> int:
+    return 0 if any(n.strip() in _COMMON for n in found_in) else min(map(len, found_in))
 
 
 # Formats from the providers' and tools' documentation (see shared/reference/cloud-notices.md).
@@ -209,6 +266,7 @@ RULES: tuple[Rule, ...] = (
         "kernel",
     ),
     _r("oom", "strong", r"Detected \d+ oom[-_]kill event|\bOUT_OF_MEMORY\b", "SLURM: the step was OOM-killed", "slurm"),
+    _r("oom", "strong", r"srun: error: \S+: tasks? [\d,-]+: Out Of Memory$", "srun: a task was OOM-killed", "slurm"),
     _r("oom", "strong", r"\bOOM[ -]?Killed\b(?![\"']?\s*[:=]\s*false)", "container OOM-killed", "k8s"),
     _r("oom", "strong", r"Out of memory: Kill process", "the kernel's OOM killer", "kernel"),
     _r(
@@ -242,7 +300,8 @@ RULES: tuple[Rule, ...] = (
     _r(
         "crashed",
         "strong",
-        r"\bNCCL error\b|nccl(Internal|UnhandledCuda|System|Invalid)(Error|Usage)|\bunhandled cuda error\b",
+        r"\bNCCL error\b|\bnccl(InternalError|UnhandledCudaError|SystemError|InvalidUsage|InvalidArgument|"
+        r"RemoteError)\b|\bunhandled cuda error\b",
         "an NCCL collective failed",
         "torchrun",
     ),
@@ -433,6 +492,31 @@ RULES: tuple[Rule, ...] = (
         r"\bphase:\s*Succeeded\b",
         "the platform reports the job finished successfully (SageMaker, SkyPilot, Kubernetes)",
         None,
+    ),
+)
+
+PEER_LOST = "a peer stopped answering (a connection reset, refused or closed; an aborted communicator)"
+
+# Collateral: what the other ranks of a job log once one of them is gone. Never a cause (they do not decide the
+# verdict); `incident.initiating` lists them after the event that caused them.
+COLLATERAL_RULES: tuple[Rule, ...] = (
+    _r(
+        "terminated",
+        "collateral",
+        r"Sending process \d+ closing signal SIGTERM|Closing process \d+ via signal SIGTERM|"
+        r"\bForce Terminated (StepId|job step)",
+        "the launcher stopped the other workers after one failed (torchrun's or srun's teardown)",
+        "torchrun",
+    ),
+    _r(
+        "collective-timeout",
+        "collateral",
+        r"Connection reset by peer|Connection closed by (remote )?peer|remote process exited or there was a network "
+        r"error|NCCL communicator was aborted|RendezvousClosedError|failed to send a keep-alive heartbeat|"
+        r"\bConnection refused\b|\bBroken pipe\b|Some NCCL operations have failed or timed out|"
+        r"\bSocket Timeout\b|\bDistNetworkError\b|Horovod has been shut down",
+        PEER_LOST,
+        "torchrun",
     ),
 )
 

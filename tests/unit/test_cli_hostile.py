@@ -130,7 +130,9 @@ def test_item_12_diagnose_reads_dev_zero_within_a_memory_cap_and_says_what_it_le
     out = cli(["diagnose", "/dev/zero", "--json"], tmp_path, preexec_fn=_limit_memory)
     assert out.returncode == 3, out.stderr  # no verdict in zeros
     doc = json.loads(out.stdout)
-    assert doc["notes"] == ["zero: stopped after its first 64 MiB (the rest was not read)"]
+    from preemptible.diagnose import MAX_LOG_BYTES
+
+    assert doc["notes"] == [f"zero: stopped after its first {MAX_LOG_BYTES >> 20} MiB (the rest was not read)"]
 
 
 def test_item_12_diagnose_reads_the_end_of_a_log_longer_than_the_cap(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import Trainer, clean_env
 from preemptible.cli import main
-from preemptible.diagnose import diagnose, read_log, scan_lines
+from preemptible.diagnose import VERDICTS, diagnose, read_log, scan_lines
 
 CORPUS = Path(__file__).parent.parent / "corpus" / "diagnose"
 CASES: dict[str, dict[str, Any]] = {
@@ -63,7 +63,8 @@ def test_exit_codes_alone() -> None:
 def test_torchrun_teardown_of_other_ranks_is_not_the_cause() -> None:
     lines = (CORPUS / "torchrun_crash.log").read_text().splitlines()
     evidence = scan_lines(lines, "x")
-    assert not [e for e in evidence if e.verdict == "terminated"]  # the -15 of rank 0 was torchrun's own doing
+    # the -15 of rank 0 was torchrun's own doing: collateral, never a cause
+    assert not [e for e in evidence if e.verdict == "terminated" and e.strength != "collateral"]
 
 
 def test_cli_text_and_json(capsys: pytest.CaptureFixture[str]) -> None:
@@ -148,3 +149,55 @@ def test_a_collective_timeout_is_its_own_verdict_unless_a_crash_came_first() -> 
     ]
     assert diagnose([("crash.log", crash_first)]).verdict == "crashed"
     assert diagnose([("timeout.log", [timeout])]).verdict == "collective-timeout"
+
+
+def test_every_verdict_says_what_to_fix_and_how_to_verify() -> None:
+    from preemptible.remedy import FIX, remedy
+
+    assert set(FIX) == set(VERDICTS)
+    for verdict in VERDICTS:
+        todo = remedy(verdict, set())
+        assert todo["fix"], verdict
+        assert verdict == "unknown" or todo["verify"], verdict
+
+
+def test_the_fix_names_the_platform_the_evidence_names() -> None:
+    slurm = diagnose(
+        [("slurm.out", ["slurmstepd: error: *** JOB 7 ON n1 CANCELLED AT 2026-01-01T00:00:00 DUE TO PREEMPTION ***"])]
+    )
+    assert slurm.verdict == "preempted"
+    assert any("--requeue" in f for f in slurm.fix) and not any(f.startswith("Kubernetes:") for f in slurm.fix)
+    assert slurm.verify[0] == "preemptible drill --source slurm --reference -- python train.py"
+    k8s = diagnose([("pod", ["  Warning  Evicted  2m  kubelet  The node was low on resource: memory."])], exit_code=143)
+    assert k8s.verdict == "terminated"
+    assert any("terminationGracePeriodSeconds" in f for f in k8s.fix)
+    assert any(v.startswith("preemptible drill --source signal") for v in k8s.verify)
+    doc = k8s.to_json()
+    assert doc["fix"] == k8s.fix and doc["verify"] == k8s.verify
+    assert doc["initiating"] is None and doc["collateral"] == []
+
+
+def test_the_verify_command_is_a_real_drill_invocation() -> None:
+    """The printed drill lines parse with the real CLI's parser (options that exist, values it accepts)."""
+    import argparse
+
+    from preemptible.cli import drill as drill_cli
+    from preemptible.remedy import verify
+
+    parser = argparse.ArgumentParser()
+    drill_cli.add_parser(parser.add_subparsers(dest="subcommand"))
+    for verdict in VERDICTS:
+        for platform in ("slurm", "aws", "gcp", "azure", "k8s"):
+            for line in verify(verdict, {platform}, "/ckpt"):
+                if line.startswith("preemptible drill"):
+                    words = line.replace(" S ", " 30 ").split()[1:]
+                    args = parser.parse_args(words)
+                    assert args.subcommand == "drill" and "train.py" in args.cmd[-1], line
+
+
+def test_a_run_that_saved_after_the_notice_needs_no_fix_in_the_save_path() -> None:
+    from preemptible.remedy import remedy
+
+    fix = remedy("preempted", {"aws"}, "/ckpt", saved_at=288)["fix"]
+    assert fix[0].startswith("nothing to fix in the save: the run committed step 288")
+    assert not any(f.startswith("train with preemptible.Run") for f in fix)

@@ -18,12 +18,17 @@ def add_parser(sub: Any) -> None:
             "Read logs (SLURM, torchrun, kubectl describe/events, docker inspect, dmesg, the training script's own "
             "output; '-' reads stdin), an exit code and the run's journal (--root), and give a verdict: preempted, "
             "time-limit, oom, collective-timeout, crashed, terminated, killed, completed or unknown, with the "
-            "evidence lines, whether a checkpoint committed after the notice, how many steps were lost, and how to "
-            "confirm. With --root, one attempt (process start) of the run is judged: see --attempt. "
+            "evidence lines, whether a checkpoint committed after the notice, how many steps were lost, how to "
+            "confirm, what to fix and the command that verifies the fix. Given the logs of several ranks or nodes "
+            "(files, or one log with rank prefixes), it names the initiating event (which rank or node failed first, "
+            "and how) and the collateral failures that followed. Logs are streamed: a 1 GiB log takes about half a "
+            "minute in bounded memory. With --root, one attempt (process start) of the run is judged: see --attempt. "
             "Exit code: 0 when a verdict was reached, 3 for unknown, 2 for bad arguments."
         ),
     )
-    p.add_argument("logs", nargs="*", metavar="LOG", help="log files to read ('-' for stdin)")
+    p.add_argument(
+        "logs", nargs="*", metavar="LOG", help="log files to read ('-' for stdin); several: one per rank or node"
+    )
     p.add_argument(
         "--root",
         type=existing_directory,
@@ -43,7 +48,11 @@ def add_parser(sub: Any) -> None:
         metavar="N|last",
         help="which process start of the run to judge (default: the one the logs' timestamps fall in, else the last)",
     )
-    p.add_argument("--json", action="store_true", help="print JSON (verdict, summary, evidence, checkpoint, ...)")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print JSON (verdict, summary, evidence, checkpoint, initiating, collateral, fix, verify, ...)",
+    )
 
 
 def _attempt(text: str) -> int | str:

@@ -1,0 +1,119 @@
+"""What to change after a diagnosis, and the command that shows the change worked.
+
+For each verdict: the concrete fix for this run (which `Run` option, which scheduler or container setting) and
+the command that verifies it, most often a `preemptible drill` line that rehearses the same notice. Items tagged
+with a platform ("SLURM: ...") are shown only when the evidence names that platform (or when none is named).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TAGS = {"slurm": "SLURM", "k8s": "Kubernetes", "aws": "AWS", "gcp": "GCP", "azure": "Azure", "docker": "Docker"}
+_DRILL_SOURCE = {"aws": "aws", "gcp": "gcp", "azure": "azure", "slurm": "slurm"}
+_TRAIN = "python train.py"  # stands for the user's own command in the printed lines
+
+FIX: dict[str, list[str]] = {
+    "preempted": [
+        "train with preemptible.Run(root, ...): the notice then only sets a flag, and the loop commits a checkpoint at "
+        "the next step boundary and exits cleanly",
+        "AWS: the 2-minute notice comes only from the instance metadata service: leave Run's sources to "
+        "auto-detection (sources=None polls it on EC2) or name it (sources='signal,aws')",
+        "GCP: the notice is a SIGTERM about 30 s before the stop: check the save fits with preemptible plan ROOT "
+        "--params N --platform gcp, else bf16_moments=True or prestage_every=K",
+        "Azure: the notice is a Scheduled Events 'Preempt' document (30 s): keep Run's default sources",
+        "Kubernetes: terminationGracePeriodSeconds above the predicted emergency save (preemptible plan ROOT --params "
+        'N --platform k8s), and the trainer must receive SIGTERM: exec form (CMD ["python", ...] or exec python ...)',
+        "SLURM: #SBATCH --requeue, and Run(requeue=True) (or PREEMPTIBLE_SLURM_REQUEUE=1) so the job comes back",
+        "resubmit or requeue the job: Run resumes from the newest checkpoint that verifies",
+    ],
+    "time-limit": [
+        "SLURM: sbatch --signal=USR1@120 (B:USR1@120 when a batch script wraps srun) so Run saves before the limit, "
+        "and --requeue with Run(requeue=True) to continue in a new job",
+        "Kubernetes: activeDeadlineSeconds ended the Job: raise it, or let Run save on the SIGTERM that follows",
+        "or stop on time yourself: Run saves on SIGTERM at the limit if the save fits in the grace period (preemptible "
+        "plan ROOT --params N --window S)",
+    ],
+    "oom": [
+        "GPU: a smaller micro-batch with more gradient accumulation, activation checkpointing, or a sharded optimizer",
+        "host memory: fewer DataLoader workers or a smaller prefetch_factor; if the saves push memory over, "
+        "Run(async_save=False) and no pre-staging (prestage_every=None) stage no second copy of the state",
+        "SLURM: a larger --mem (sacct MaxRSS shows what the step used)",
+        "Kubernetes: resources.limits.memory above the peak (kubectl top pod during a save)",
+    ],
+    "collective-timeout": [
+        "fix the rank that stopped answering (see 'initiating'): its crash, hang or lost node is the cause; a longer "
+        "timeout only waits longer",
+        "with preemptible.Run a notice on one rank stops every rank at the same step, so a preempted node does not "
+        "leave its peers waiting in a collective",
+        "if one rank is legitimately slow (data loading, a save), raise init_process_group(timeout=...) above it",
+    ],
+    "crashed": [
+        "fix the first traceback (later ones are its consequences), then restart: Run resumes from the newest "
+        "checkpoint that verifies and falls back to the previous one if it does not",
+    ],
+    "terminated": [
+        "a SIGTERM with no notice before it: Run saves on SIGTERM by default (the signal source), so the run loses "
+        "only the current step if the signal reaches the trainer",
+        'Docker: exec form (CMD ["python", ...]) so PID 1 is the trainer, and docker stop -t above the predicted save',
+        "Kubernetes: exec form (the shell form's sh does not forward SIGTERM) and terminationGracePeriodSeconds above "
+        "the predicted save",
+        "SLURM: scancel sends SIGTERM then SIGKILL after KillWait: scancel --signal=USR1 --full first to save",
+    ],
+    "killed": [
+        "SIGKILL ends a process without a save: if it followed a SIGTERM, the grace period was shorter than the save; "
+        "raise it above preemptible plan's prediction, or shrink the save (bf16_moments=True, prestage_every=K)",
+        "Kubernetes: terminationGracePeriodSeconds; Docker: docker stop -t; SLURM: GraceTime / KillWait",
+        "if nothing sent SIGTERM first, look for the OOM killer (dmesg) before anything else",
+    ],
+    "completed": ["nothing to fix: the run finished"],
+    "unknown": ["give diagnose more to read: the scheduler's log, --exit-code, and the run's checkpoint --root"],
+}
+
+
+def verify(verdict: str, platforms: set[str], root: str | None) -> list[str]:
+    """The commands that show the fix worked."""
+    where = root or "ROOT"
+    source = next((_DRILL_SOURCE[p] for p in sorted(platforms) if p in _DRILL_SOURCE), "signal")
+    drill = f"preemptible drill --source {source} --reference -- {_TRAIN}"
+    plan = f"preemptible plan {where} --params N" + (f" --platform {source}" if source != "signal" else " --window S")
+    return {
+        "preempted": [drill, plan],
+        "time-limit": [f"preemptible drill --source slurm --reference -- {_TRAIN}", plan],
+        "oom": [
+            f"{_TRAIN} for a few steps, watching torch.cuda.max_memory_allocated() (GPU) or sacct -o MaxRSS (host)"
+        ],
+        "collective-timeout": [
+            "preemptible drill --source signal -- torchrun --nproc-per-node 2 train.py",
+            "TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 torchrun ... (the flight recorder names "
+            "the stuck collective and rank)",
+        ],
+        "crashed": [f"preemptible verify {where}", f"{_TRAIN} (it resumes; the journal records the restore)"],
+        "terminated": [f"preemptible drill --source signal --reference -- {_TRAIN}", plan],
+        "killed": [plan, f"preemptible drill --source signal --window S --reference -- {_TRAIN}"],
+        "completed": [f"preemptible verify {where}"],
+        "unknown": [],
+    }[verdict]
+
+
+def remedy(
+    verdict: str, platforms: set[str], root: str | None = None, *, saved_at: int | None = None
+) -> dict[str, Any]:
+    """``{"fix": [...], "verify": [...]}`` for ``verdict``, the platform-tagged items only for ``platforms``.
+    ``saved_at``: the step the journal shows committed after the notice (the save path needs no fix then)."""
+    fix = for_platforms(FIX[verdict], platforms)
+    if saved_at is not None and verdict in ("preempted", "time-limit", "terminated"):
+        saved = (
+            f"nothing to fix in the save: the run committed step {saved_at} after the notice; make sure the job "
+            "comes back (requeue or resubmit) and it resumes there"
+        )
+        fix = [saved, *fix[1:]]
+    return {"fix": fix, "verify": verify(verdict, platforms, root)}
+
+
+def for_platforms(items: list[str], platforms: set[str]) -> list[str]:
+    """Items tagged "SLURM: ..." etc. only for the named platforms (all of them when none is named)."""
+    named = {TAGS[p] for p in platforms if p in TAGS}
+    if not named:
+        return items
+    return [i for i in items if i.split(":", 1)[0] not in TAGS.values() or i.split(":", 1)[0] in named]

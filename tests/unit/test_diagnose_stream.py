@@ -1,0 +1,94 @@
+"""diagnose reads long logs as a stream: bounded memory, only the lines a rule could act on, and the same evidence
+as reading every line."""
+
+from __future__ import annotations
+
+import io
+import json
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+import preemptible.diagnose as diag
+from preemptible.diagnose import LogInput, diagnose, read_log, scan_lines
+from preemptible.logrules import COLLATERAL_RULES, EXIT_RULES, RULES, needles
+
+REAL = Path(__file__).resolve().parent.parent / "corpus" / "diagnose" / "real"
+CASES = [c for part in ("dev", "test", "holdout") for c in json.loads((REAL / f"{part}.json").read_text())["cases"]]
+
+
+def _key(evidence: list[diag.Evidence]) -> list[tuple[object, ...]]:
+    return [(e.verdict, e.strength, e.line, e.text, e.actor) for e in evidence]
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, diag.SCAN_CHUNK])
+def test_streamed_scan_finds_what_reading_every_line_finds(chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every real case, read through `LogInput` in chunks of ``chunk`` bytes (lines split across chunks, a chunk
+    inside one line), gives the evidence of scanning the full list of lines."""
+    monkeypatch.setattr(diag, "SCAN_CHUNK", chunk)
+    for case in CASES:
+        whole = scan_lines(case["log"], "x")
+        streamed = scan_lines(LogInput("x", io.BytesIO("\n".join(case["log"]).encode())), "x")
+        assert _key(streamed) == _key(whole), case["id"]
+
+
+def test_no_rule_matches_a_line_without_one_of_its_needles() -> None:
+    """The prefilter (`logrules.needles`) is a necessary condition: on every line of the corpus, a rule that
+    matches has one of its needles in the lowercased line."""
+    patterns = [r.pattern for r in (*RULES, *COLLATERAL_RULES)] + [r.pattern for r in EXIT_RULES]
+    assert all(needles(p) for p in patterns), [p.pattern for p in patterns if not needles(p)]
+    lines = [line for case in CASES for line in case["log"]]
+    for pattern in patterns:
+        found_in = needles(pattern)
+        assert found_in is not None
+        for line in lines:
+            if pattern.search(line):
+                assert any(n in line.lower() for n in found_in), (pattern.pattern, line)
+
+
+def test_a_log_larger_than_the_memory_bound_is_read_within_it(tmp_path: Path) -> None:
+    """32 MiB of log, read end to end (an early crash and a preemption at the end are both found) while Python's
+    allocations peak below 24 MiB: chunks, never the whole file."""
+    log = tmp_path / "train.log"
+    steps = "".join(
+        f"[2026-11-30 19:05:{i % 60:02d},123] step {i} loss=0.123 lr=3e-4 tokens/s=12345\n" for i in range(1000)
+    )
+    with log.open("w") as f:
+        f.write('Traceback (most recent call last):\n  File "train.py", line 1, in <module>\nRuntimeError: early\n')
+        while f.tell() < 32 << 20:
+            f.write(steps)
+        f.write("slurmstepd: error: *** JOB 1 ON n1 CANCELLED AT 2026-11-30T19:06:00 DUE TO PREEMPTION ***\n")
+    tracemalloc.start()
+    try:
+        result = diagnose([read_log(str(log))])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert result.verdict == "preempted"
+    assert [e.line for e in result.evidence if e.verdict == "crashed"] == [3]
+    assert peak < 24 << 20 < log.stat().st_size
+    assert result.notes == []
+
+
+def test_a_line_repeated_100000_times_keeps_bounded_evidence() -> None:
+    lines = ["srun: error: node1: task 0: Killed"] * 100_000
+    evidence = scan_lines(LogInput("x", io.BytesIO(("\n".join(lines)).encode())), "x")
+    assert len(evidence) == diag.MAX_EVIDENCE_PER_KIND + 1
+    assert evidence[-1].line == 100_000  # the last one is kept
+
+
+def test_binary_and_non_utf8_input_is_read_not_refused() -> None:
+    blob = (
+        bytes(range(256)) * 64
+        + b"\xff\xfe slurmstepd: error: *** JOB 9 ON n2 CANCELLED AT 2026-11-30T00:00:00 DUE TO PREEMPTION ***\n"
+    )
+    result = diagnose([LogInput("core", io.BytesIO(blob + b"\x00" * 10_000))])
+    assert result.verdict == "preempted"
+
+
+def test_a_line_longer_than_a_chunk_is_cut_and_the_next_line_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(diag, "SCAN_CHUNK", 1024)
+    blob = b"x" * 100_000 + b" Killed\n" + b"Segmentation fault (core dumped)\n"
+    evidence = scan_lines(LogInput("x", io.BytesIO(blob)), "x")
+    assert [(e.line, e.verdict) for e in evidence] == [(2, "crashed")]
