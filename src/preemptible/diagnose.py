@@ -702,7 +702,9 @@ def diagnose(
     deciding = [e for e in evidence if e.verdict == verdict and e.strength != "collateral"]
     strongest = next((e for e in deciding if e.strength == "strong"), deciding[0] if deciding else None)
     summary = strongest.why if strongest is not None else "no recognised evidence"
-    if first is not None:
+    if first is not None and first.who == "unknown":
+        summary += "; every rank in these logs was waiting: the one that stopped answering is not among them"
+    elif first is not None:
         summary += f"; first: {first.who}" + (f", then {len(collateral)} collateral" if collateral else "")
     if verdict == "terminated" and any(e.verdict == "killed" for e in evidence):
         summary += "; then killed after the grace period"
@@ -741,6 +743,16 @@ these anywhere is the verdict, and the initiating event is chosen among its evid
 
 
 def _decide(evidence: Sequence[Evidence]) -> str:
+    """The verdict: the first of `VERDICTS` among the strong evidence, else the weak, else the hints. A crash that
+    only says a peer went away (`logrules.PEER_LOST`) counts only when nothing else does: the peer's end is the
+    cause, and another line may name it."""
+    causal = [e for e in evidence if not e.why.endswith(PEER_LOST)]
+    if causal and _decide_among(causal) != "unknown":
+        return _decide_among(causal)
+    return _decide_among(evidence)
+
+
+def _decide_among(evidence: Sequence[Evidence]) -> str:
     for strength in ("strong", "weak", "hint"):
         present = {e.verdict for e in evidence if e.strength == strength}
         for verdict in VERDICTS:

@@ -86,6 +86,8 @@ def _selective(found_in: tuple[str, ...]) -> int:
 
 # Formats from the providers' and tools' documentation (see shared/reference/cloud-notices.md).
 
+PEER_LOST = "a peer stopped answering (a connection reset, refused or closed; an aborted communicator)"
+
 RULES: tuple[Rule, ...] = (
     # a scheduler's "preempted" that is really a node failure (PBS/Moab)
     _r(
@@ -296,6 +298,30 @@ RULES: tuple[Rule, ...] = (
         "a collective timed out: a rank stopped answering (NCCL/Gloo watchdog)",
         "torchrun",
     ),
+    # symptoms of another rank's end, on a rank that was waiting for it
+    _r(
+        "collective-timeout",
+        "weak",
+        r"Some NCCL operations have failed or timed out|we are taking the entire process down|"
+        r"timed out after waiting for \d+ ?ms flight recorder dumps",
+        "the NCCL watchdog found a failed or timed-out collective and is taking the process down",
+        "torchrun",
+    ),
+    _r(
+        "killed",
+        "weak",
+        r"A worker died or was killed while executing a task by an unexpected system error|"
+        r"Worker exit type: SYSTEM_ERROR",
+        "a Ray worker died unexpectedly (Ray names SIGKILL by the OOM killer, ray stop --force or a crash as causes)",
+        "ray",
+    ),
+    _r(
+        "crashed",
+        "weak",
+        r"remote process exited or there was a network error",
+        PEER_LOST,
+        "torchrun",
+    ),
     # crashes
     _r(
         "crashed",
@@ -495,7 +521,6 @@ RULES: tuple[Rule, ...] = (
     ),
 )
 
-PEER_LOST = "a peer stopped answering (a connection reset, refused or closed; an aborted communicator)"
 
 # Collateral: what the other ranks of a job log once one of them is gone. Never a cause (they do not decide the
 # verdict); `incident.initiating` lists them after the event that caused them.
@@ -513,7 +538,7 @@ COLLATERAL_RULES: tuple[Rule, ...] = (
         "collateral",
         r"Connection reset by peer|Connection closed by (remote )?peer|remote process exited or there was a network "
         r"error|NCCL communicator was aborted|RendezvousClosedError|failed to send a keep-alive heartbeat|"
-        r"\bConnection refused\b|\bBroken pipe\b|Some NCCL operations have failed or timed out|"
+        r"\bConnection refused\b|\bBroken pipe\b|"
         r"\bSocket Timeout\b|\bDistNetworkError\b|Horovod has been shut down",
         PEER_LOST,
         "torchrun",

@@ -146,3 +146,26 @@ def test_item_12_diagnose_reads_the_end_of_a_log_longer_than_the_cap(tmp_path: P
     result = diagnose([read_log(str(log), limit=1 << 20)])
     assert result.verdict == "preempted"
     assert result.notes == ["big.log: 3 MiB; only its last 1 MiB were read"]
+
+
+def test_diagnose_piped_into_head_ends_without_a_traceback(tmp_path: Path) -> None:
+    """`preemptible diagnose LOG | head -1`: the reader closes the pipe long before the report ends."""
+    log = tmp_path / "job.out"
+    with log.open("w") as f:
+        for i in range(50):
+            f.write(f"srun: error: node{i:03d}: task {i}: Killed {'.' * 300}\n")
+            f.write(f"srun: error: node{i:03d}: task {i}: Segmentation fault {'.' * 300}\n")
+            f.write(f"srun: error: node{i:03d}: task {i}: Terminated {'.' * 300}\n")
+    reader = subprocess.Popen(
+        [sys.executable, "-m", "preemptible", "diagnose", str(log)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=clean_env(),
+    )
+    assert reader.stdout is not None and reader.stderr is not None
+    first = reader.stdout.readline()
+    reader.stdout.close()  # what head does after its line
+    err = reader.stderr.read().decode()
+    code = reader.wait(timeout=120)
+    assert first.startswith(b"verdict: crashed")
+    assert "Traceback" not in err and code in (0, 141), err

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import sys
 from collections.abc import Sequence
 
 from preemptible._version import __version__
@@ -37,5 +39,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     module = importlib.import_module(f"preemptible.cli.{args.command}")
-    code: int = module.run(args)
+    try:
+        code: int = module.run(args)
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader went away (`| head`): nothing more to say, and no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # what a shell reports for a process ended by SIGPIPE
     return code
