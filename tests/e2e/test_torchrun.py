@@ -114,11 +114,15 @@ def test_a_rank_killed_during_the_save_means_no_commit(tmp_path: Path) -> None:
     started = wait_for_event(
         root, lambda e: e["event"] == "save_started" and e["step"] == 40 and e["rank"] == 1, timeout=90
     )
-    worker = next(e["pid"] for e in journals(root)[1] if e["event"] == "start")
-    os.kill(worker, signal.SIGKILL)
+    pids = {rank: next(e["pid"] for e in events if e["event"] == "start") for rank, events in journals(root).items()}
+    os.kill(pids[1], signal.SIGKILL)
+    failed = wait_for_event(root, lambda e: e["event"] == "save_failed" and e["rank"] == 0, timeout=90)
+    # rank 0 gave up on the save; it is now blocked in DDP's allreduce with a dead peer, and torchrun would wait 30 s
+    # before SIGKILLing it: end it now
+    os.kill(pids[0], signal.SIGKILL)
     code, _, _ = t.finish(timeout=120)
     assert code != 0
-    assert started["step"] == 40
+    assert started["step"] == 40 and failed["step"] == 40
     assert not (root / "step-000000000040" / "COMMIT.json").exists()
     from preemptible import Checkpointer
 
