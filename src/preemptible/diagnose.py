@@ -45,6 +45,7 @@ class Evidence:
     platform: str | None = None  # slurm, k8s, aws, gcp, azure, torchrun, docker, kernel, preemptible
     actor: str | None = None  # who wrote the line: "rank 3", "node gpu-q-13" (see `incident.actor`)
     time: str | None = None  # the line's timestamp, else the last one before it in the same log (`incident.when`)
+    reported: bool = False  # an exit code or signal as a launcher, shell or scheduler reports it, not the process
 
 
 _EXIT_SIGNALS = {int(s): s.name for s in signal.Signals}
@@ -68,7 +69,7 @@ _STATUS_LINE = re.compile(r"^\s*Exit Code:\s*(\d+)\s*$|\bExited \((\d+)\)|\bexit
 def _strip_prefix(line: str) -> str:
     """``[rank0]: ...`` / ``[default0]:...`` (torchrun), ``[1,0]<stderr>:`` (mpirun) and ``0: ...`` (srun --label)
     prefixes."""
-    return re.sub(r"^(\[[^\]]*\](<std(out|err)>)?:\s?|\d+: )", "", line).rstrip()
+    return re.sub(r"^((\[[^\]]*\](<std(out|err)>)?:)+\s?|\d+: )", "", line).rstrip()
 
 
 _RULES = [(rule, rule.needles) for rule in RULES]
@@ -253,7 +254,7 @@ def scan_lines(lines: Iterable[str], where: str, window: TimeWindow | None = Non
                 )  # fmt: skip
                 found.append(_exit_evidence(0, "container exit code", where, number, text))
                 found[-1] = Evidence("completed", "strong", "container exit code 0: the main process finished",
-                                     where, number, text, "k8s")  # fmt: skip
+                                     where, number, text, "k8s", reported=True)  # fmt: skip
             else:
                 found.append(_exit_evidence(code, "container exit code", where, number, text))
             oom_reason_at = None
@@ -333,6 +334,11 @@ def _cut_traceback(at: tuple[int, str] | None, where: str) -> Evidence:
 
 
 def _exit_evidence(code: int, what: str, where: str, line: int | None, text: str, *, strong: bool = False) -> Evidence:
+    """Evidence from how a process ended (``code``: an exit code, or minus a signal number), as reported."""
+    return replace(_ended(code, what, where, line, text, strong=strong), reported=True)
+
+
+def _ended(code: int, what: str, where: str, line: int | None, text: str, *, strong: bool = False) -> Evidence:
     signum = -code if code < 0 else code - 128 if code > 128 else None
     name = _EXIT_SIGNALS.get(signum) if signum is not None else None
     strength = "strong" if strong else "weak"
@@ -771,7 +777,7 @@ def _crash_came_first(evidence: Sequence[Evidence]) -> bool:
             continue
         if e.verdict == "collective-timeout":
             return False
-        if e.verdict == "crashed" and not e.why.startswith(("exit", "torchrun root cause", "container exit")):
+        if e.verdict == "crashed" and not e.reported:
             return True
     return False
 

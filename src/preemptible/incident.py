@@ -106,7 +106,6 @@ class Event:
     line: int | None
 
 
-_EXIT_REPORTS = ("exit", "torchrun root cause", "container exit")
 _STRENGTH = {"strong": 0, "weak": 1, "hint": 2, "collateral": 3}
 _SEQ = re.compile(r"WorkNCCL\(SeqNum=(\d+)")
 _LAST_DONE = re.compile(r"last completed NCCL work: (\d+)")
@@ -163,8 +162,9 @@ def initiating(
         e for e in items
         if e.strength != "collateral" and e.verdict != "collective-timeout" and not after_own_timeout(e)
         and not e.why.endswith(PEER_LOST)
-        and not (e.why.startswith(_EXIT_REPORTS) and e.time is None and timeouts)
     ]  # fmt: skip
+    if any(not e.reported for e in causes + timeouts):
+        causes = [e for e in causes if not e.reported]  # a process's own words before a launcher's summary of it
     if prefer is not None and any(e.verdict == prefer for e in causes):
         causes = [e for e in causes if e.verdict == prefer]
     first: Event | None = None

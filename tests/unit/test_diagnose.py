@@ -201,3 +201,16 @@ def test_a_run_that_saved_after_the_notice_needs_no_fix_in_the_save_path() -> No
     fix = remedy("preempted", {"aws"}, "/ckpt", saved_at=288)["fix"]
     assert fix[0].startswith("nothing to fix in the save: the run committed step 288")
     assert not any(f.startswith("train with preemptible.Run") for f in fix)
+
+
+def test_a_traceback_under_two_prefixes_is_one_crash() -> None:
+    """torchrun --tee with rank prefixes: ``[default0]:[rank0]:`` before every line of the traceback."""
+    lines = [
+        "[default0]:[rank0]: Traceback (most recent call last):",
+        '[default0]:[rank0]:   File "train.py", line 10, in <module>',
+        "[default0]:[rank0]:     dist.all_reduce(t)",
+        "[default0]:[rank0]: RuntimeError: boom",
+    ]
+    assert [(e.verdict, e.strength, e.line, e.actor) for e in scan_lines(lines, "x")] == [
+        ("crashed", "strong", 4, "rank 0")
+    ]
