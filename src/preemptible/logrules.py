@@ -422,7 +422,8 @@ RULES: tuple[Rule, ...] = (
     _r(
         "terminated",
         "weak",
-        r"\bline \d+: +\d+ Terminated\b|^\[\d+\][+-]? +Terminated\b|^Terminated$|: tasks? [\d,-]+: Terminated",
+        r"\bline \d+: +\d+ Terminated\b|^\[\d+\][+-]? +Terminated\b|^Terminated$|: tasks? [\d,-]+: Terminated|"
+        r"\]Terminated\s*$",
         "the shell or srun reports the command died of SIGTERM",
         None,
         flags=0,
@@ -447,7 +448,7 @@ RULES: tuple[Rule, ...] = (
     _r(
         "killed",
         "weak",
-        r"\bline \d+: +\d+ Killed\b|^\[\d+\][+-]? +Killed\b|^Killed$|: tasks? [\d,-]+: Killed",
+        r"\bline \d+: +\d+ Killed\b|^\[\d+\][+-]? +Killed\b|^Killed$|: tasks? [\d,-]+: Killed|\]Killed\s*$",
         "the shell reports the command died of SIGKILL",
         None,
         flags=0,
@@ -578,6 +579,10 @@ EXIT_RULES: tuple[ExitRule, ...] = (
         "a worker process died of",
     ),
     ExitRule(re.compile(r"is killed by signal: (?P<signame>[A-Za-z ]+)\."), "a DataLoader worker died of"),
+    # Vertex AI / AI Platform ("The replica workerpool0-0 exited with a non-zero status of 137. Termination reason:
+    # ..."), SageMaker ("AlgorithmError: Exit Code: 139"): the container's exit code
+    ExitRule(re.compile(r"exited with a non-zero status of (?P<code>\d+)"), "the platform: a replica exited with"),
+    ExitRule(re.compile(r"AlgorithmError: Exit Code: (?P<code>\d+)"), "SageMaker: the training container exited with"),
 )
 """Lines that say how a process ended; ``diagnose`` reads them as exit codes (a SIGKILL, a SIGSEGV, a code 1)."""
 

@@ -2,7 +2,7 @@
 above the accuracy recorded for it. A rule change that loses real cases fails here, whatever it gains elsewhere.
 
 The floors are what each part scored when the rules last changed (see the parts' ``about``): the test part 58/61
-(its first look, before the test-informed round, was 49/61), the dev part 109/112, the second held-out part 19/21
+(its first look, before the test-informed round, was 49/61), the dev part 116/119, the second held-out part 19/21
 when fresh (never tuned on). The issue's bar for the test part is 85%.
 """
 
@@ -17,7 +17,7 @@ import pytest
 from preemptible.diagnose import VERDICTS, diagnose
 
 REAL = Path(__file__).resolve().parent.parent / "corpus" / "diagnose" / "real"
-FLOORS = {"dev": 109, "test": 58, "holdout": 19}
+FLOORS = {"dev": 116, "test": 58, "holdout": 19}
 TEST_PART_BAR = 0.85
 
 
