@@ -118,6 +118,12 @@ def final_digest(stdout: str) -> str:
     raise AssertionError(f"no final line in output:\n{stdout[-2000:]}")
 
 
+def committed_steps(root: Path) -> list[int]:
+    """The steps committed under ``root``: ``step-<12 digits>/COMMIT.json``. A save in progress is written in
+    ``step-N.part-<token>/`` and renamed when committed, so its directory, COMMIT.json and all, does not count."""
+    return sorted(int(p.parent.name[5:]) for p in root.glob("step-*/COMMIT.json") if p.parent.name[5:].isdigit())
+
+
 def journal(root: Path) -> list[dict[str, Any]]:
     events = []
     for path in sorted((root / "journal").glob("*.jsonl")):

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import E2E_ARGS, Trainer, final_digest, journal, wait_for_event
+from conftest import E2E_ARGS, Trainer, committed_steps, final_digest, journal, wait_for_event
 
 SLOW = ("--step-time", "0.01")  # same results, slower steps: the signal lands mid-training
 
 
 def committed(root: Path) -> list[int]:
-    return sorted(int(p.parent.name[5:]) for p in root.glob("step-*/COMMIT.json"))
+    return committed_steps(root)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1])

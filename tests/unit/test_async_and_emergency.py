@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from conftest import journal, make_model, train_some
+from conftest import committed_steps, journal, make_model, train_some
 from faults import Boom, FaultyStorage
 from preemptible import Checkpointer, Run, SaveError
 from preemptible.emergency import deadline_choice
@@ -38,7 +38,7 @@ def values(state: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 
 def committed(root: Path) -> list[int]:
-    return sorted(int(p.parent.name[5:]) for p in root.glob("step-*/COMMIT.json"))
+    return committed_steps(root)
 
 
 def test_async_save_is_a_snapshot_of_the_moment_it_returns(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from conftest import journal, make_model, train_some
+from conftest import committed_steps, journal, make_model, train_some
 from preemptible import Guard, PreemptibleError, Run, UnsupportedStateError
 from preemptible.run import EXIT_SAVE_FAILED
 
@@ -19,7 +19,7 @@ def parts(seed: int = 0) -> dict[str, Any]:
 
 
 def committed(root: Path) -> list[int]:
-    return sorted(int(p.parent.name[5:]) for p in root.glob("step-*/COMMIT.json"))
+    return committed_steps(root)
 
 
 def test_fresh_run_saves_periodically_and_finishes(tmp_path: Path) -> None:
