@@ -12,6 +12,7 @@ ranks' ``exitcode: -15`` there is torchrun tearing them down after the first fai
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import re
@@ -95,13 +96,11 @@ def _hit(
     return pattern.search(line)
 
 
-def _oom(line: str) -> bool:
-    present = _present(line)
+def _oom(line: str, present: frozenset[str]) -> bool:
     return any(r.verdict == "oom" and _hit(r.pattern, n, line, present) for r, n in _RULES)
 
 
-def _collective_timeout(line: str) -> bool:
-    present = _present(line)
+def _collective_timeout(line: str, present: frozenset[str]) -> bool:
     return any(r.verdict == "collective-timeout" and _hit(r.pattern, n, line, present) for r, n in _RULES)
 
 
@@ -133,9 +132,8 @@ _SIGNAL_NAMES = {"Killed": "SIGKILL", "Segmentation fault": "SIGSEGV", "Bus erro
 _OOM_KILLED_REASON = re.compile(r"\bReason:\s*OOMKilled\b")
 
 
-def _exit_rule(line: str, where: str, number: int, text: str, present: frozenset[str] | None = None) -> Evidence | None:
-    """Evidence from a line that reports how a process ended (`logrules.EXIT_RULES`)."""
-    present = _present(line) if present is None else present
+def _exit_rule(line: str, where: str, number: int, text: str, present: frozenset[str]) -> Evidence | None:
+    """Evidence from a line that reports how a process ended (`logrules.EXIT_RULES`); ``present``: its needles."""
     for rule, found_in in _EXITS:
         m = _hit(rule.pattern, found_in, line, present)
         if m is None:
@@ -204,7 +202,8 @@ def scan_lines(lines: Iterable[str], where: str, window: TimeWindow | None = Non
             if match is None:
                 found.append(_cut_traceback(traceback_at, where))
         if match is not None:
-            ended = _exit_rule(line, where, number, text)
+            present = _present(line)
+            ended = _exit_rule(line, where, number, text, present)
             if ended is not None:
                 found.append(ended)  # a worker's death reported as an exception: the signal or code is the cause
                 continue
@@ -214,12 +213,12 @@ def scan_lines(lines: Iterable[str], where: str, window: TimeWindow | None = Non
                 continue
             if name in _NOT_A_CRASH and name != "SignalException":
                 continue  # torchrun's wrapper error: its summary below names the cause
-            if _collective_timeout(line):
+            if _collective_timeout(line, present):
                 why = f"unhandled {name}: a collective timed out (a rank stopped answering)"
                 found.append(Evidence("collective-timeout", "strong", why, where, number, text, "torchrun"))
                 continue
-            if name != "SignalException" and not _oom(line):
-                if any(r.why == PEER_LOST and _hit(r.pattern, n, line, _present(line)) for r, n in _COLLATERAL):
+            if name != "SignalException" and not _oom(line, present):
+                if any(r.why == PEER_LOST and _hit(r.pattern, n, line, present) for r, n in _COLLATERAL):
                     why = f"unhandled {name}: {PEER_LOST}"  # a crash, but one that another rank's end caused
                     found.append(Evidence("crashed", "weak", why, where, number, text, "torchrun"))
                 else:
@@ -248,13 +247,11 @@ def scan_lines(lines: Iterable[str], where: str, window: TimeWindow | None = Non
             if code == 0 and oom_reason_at is not None:
                 # a container that exited 0 with reason OOMKilled: a process inside its cgroup was OOM-killed, but the
                 # main process finished; the exit code is what happened to the run
-                found[oom_reason_at] = Evidence(
-                    "oom", "weak", "OOMKilled reason, but the main process exited 0", where, found[oom_reason_at].line,
-                    found[oom_reason_at].text, "k8s",
-                )  # fmt: skip
-                found.append(_exit_evidence(0, "container exit code", where, number, text))
-                found[-1] = Evidence("completed", "strong", "container exit code 0: the main process finished",
-                                     where, number, text, "k8s", reported=True)  # fmt: skip
+                found[oom_reason_at] = replace(
+                    found[oom_reason_at], strength="weak", why="OOMKilled reason, but the main process exited 0"
+                )
+                found.append(Evidence("completed", "strong", "container exit code 0: the main process finished",
+                                      where, number, text, "k8s", reported=True))  # fmt: skip
             else:
                 found.append(_exit_evidence(code, "container exit code", where, number, text))
             oom_reason_at = None
@@ -753,9 +750,8 @@ def _decide(evidence: Sequence[Evidence]) -> str:
     only says a peer went away (`logrules.PEER_LOST`) counts only when nothing else does: the peer's end is the
     cause, and another line may name it."""
     causal = [e for e in evidence if not e.why.endswith(PEER_LOST)]
-    if causal and _decide_among(causal) != "unknown":
-        return _decide_among(causal)
-    return _decide_among(evidence)
+    verdict = _decide_among(causal) if causal else "unknown"
+    return verdict if verdict != "unknown" else _decide_among(evidence)
 
 
 def _decide_among(evidence: Sequence[Evidence]) -> str:
@@ -793,6 +789,7 @@ EDGE_LINES = 256
 """Lines at each end of a log whose timestamps bound its time range (`TimeWindow`), whatever rules they match."""
 
 
+@functools.cache
 def scan_keywords() -> tuple[bytes, ...] | None:
     """Lowercase strings one of which is in every line a rule or the scanner's own structure (tracebacks,
     torchrun's summary, mpirun's report, container status) can act on; None if some rule has no needle."""
