@@ -1,7 +1,8 @@
 """Sharded training (FSDP2 ``fully_shard`` on a CPU mesh with gloo) under torchrun, preemption-safe.
 
 Each rank writes its own shards (no pickled metadata, the project's own format); a restart with the same number
-of ranks resumes bit-identically; a different number of ranks is refused with a clear error.
+of ranks resumes bit-identically; a restart with another number of ranks reshards: each rank reads only the byte
+ranges of the slices it now holds.
 
     torchrun --nproc-per-node 2 --master-addr 127.0.0.1 --master-port 29500 examples/train_fsdp.py --root /tmp/ckpt
 """

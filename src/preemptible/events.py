@@ -20,6 +20,7 @@ class Event(str, Enum):
     FRESH_AFTER_CORRUPTION = "fresh_after_corruption"
     RESUME = "resume"
     RESTORED = "restored"
+    WORLD_CHANGED = "world_changed"  # restored at another world size or layout (elastic resume)
     CHECKPOINT_INVALID = "checkpoint_invalid"
     CHECKPOINT_UNVERIFIED = "checkpoint_unverified"
     EPHEMERAL_ROOT = "ephemeral_root"

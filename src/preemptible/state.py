@@ -48,6 +48,21 @@ class RNGState:
             out["cuda"] = torch.cuda.get_rng_state_all()
         return out
 
+    def derive(self, salt: int) -> None:
+        """Reseed every stream from its own current state and ``salt``, deterministically: a rank that a
+        checkpoint holds no streams of (a job that grew) gets streams of its own, distinct from the rank it was
+        restored from and the same on every restart."""
+        import xxhash
+
+        def seed(stream: str, state: Any) -> int:
+            return int(xxhash.xxh3_64_intdigest(f"{stream}:{salt}:{state!r}".encode())) & ((1 << 63) - 1)
+
+        random.seed(seed("python", random.getstate()))
+        torch.manual_seed(seed("torch", torch.get_rng_state().tolist()))  # also reseeds every CUDA device
+        np = _numpy_if_installed()
+        if np is not None:
+            np.random.seed(seed("numpy", np.random.get_state()[1].tolist()) % (1 << 32))
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         version, internal, gauss = state["python"]
         random.setstate((version, tuple(internal), gauss))
@@ -209,12 +224,49 @@ def is_dtensor(t: Any) -> bool:
 
 
 def dtensor_meta(t: Any) -> dict[str, Any]:
+    """How a DTensor's local shard fits the whole: global shape and stride, placements, mesh shape, and the global
+    offset of this rank's shard (None where the layout is not one `shard_rows` describes)."""
     return {
         "shape": list(t.shape),
         "stride": list(t.stride()),
         "placements": [repr(p) for p in t.placements],
         "mesh": list(t.device_mesh.shape),
+        "offset": local_offset(t),
     }
+
+
+def shard_rows(rows: int, world: int, rank: int) -> tuple[int, int]:
+    """The rows ``[begin, end)`` that rank ``rank`` of ``world`` holds of a dimension of ``rows`` split by
+    ``Shard``: ``torch.chunk``'s rule (ceil(rows / world) each, the last ones shorter or empty), as DTensor and
+    FSDP2 split it."""
+    size = -(-rows // world)
+    begin = min(rank * size, rows)
+    return begin, min(begin + size, rows)
+
+
+def local_offset(t: Any) -> list[int] | None:
+    """The global index of the first element of this rank's shard of a DTensor on a 1-D mesh with one ``Shard``
+    or ``Replicate`` placement, checked against its local shape; None for any other layout."""
+    mesh = t.device_mesh
+    coord = mesh.get_coordinate()
+    if mesh.ndim != 1 or coord is None or len(t.placements) != 1:
+        return None
+    offset = [0] * t.dim()
+    local = t.to_local()
+    placement = repr(t.placements[0])
+    if placement.startswith("Replicate"):
+        return offset if tuple(local.shape) == tuple(t.shape) else None
+    m = re.fullmatch(r"Shard\(dim=(\d+)\)", placement)
+    if m is None:
+        return None
+    dim = int(m.group(1))
+    begin, end = shard_rows(t.shape[dim], mesh.size(), coord[0])
+    want = list(t.shape)
+    want[dim] = end - begin
+    if list(local.shape) != want:
+        return None
+    offset[dim] = begin
+    return offset
 
 
 def parse_placement(text: str) -> Any:

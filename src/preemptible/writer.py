@@ -162,13 +162,13 @@ def write_tensor_file(
     stream = storage.open_write(storage.join(directory, spec.name))
     try:
         sink = _Sink(stream, progress, _coalesce_buffer())
-        nbytes, digest = tensor_format.write(sink, spec.items, METADATA, stored=spec.stored, blob=blob)
+        nbytes, digest, chunks = tensor_format.write(sink, spec.items, METADATA, stored=spec.stored, blob=blob)
         sink.flush()
     except BaseException:
         stream.abort()
         raise
     stream.close()
-    return FileRecord(nbytes, digest)
+    return FileRecord(nbytes, digest, chunks)
 
 
 def write_bytes(storage: Storage, directory: str, name: str, data: bytes) -> FileRecord:

@@ -20,7 +20,7 @@ class Buffer(io.BytesIO):
 
 def write_to_bytes(items: list[tuple[str, torch.Tensor]]) -> tuple[bytes, str]:
     buf = Buffer()
-    _, digest = tensor_format.write(buf, items, {"format": "pt"})
+    _, digest, _ = tensor_format.write(buf, items, {"format": "pt"})
     return buf.getvalue(), digest
 
 

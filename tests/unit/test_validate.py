@@ -48,7 +48,7 @@ def forge(step_dir: Path, mutate: Any) -> None:
             self.parts.append(bytes(d))
 
     sink = Sink()
-    nbytes, digest = tensor_format.write(sink, list(tensors.items()), {"format": "pt"})
+    nbytes, digest, _ = tensor_format.write(sink, list(tensors.items()), {"format": "pt"})
     path.write_bytes(b"".join(sink.parts))
     manifest = json.loads((step_dir / "COMMIT.json").read_text())
     manifest["files"]["model.safetensors"] = {"bytes": nbytes, "checksum": digest}

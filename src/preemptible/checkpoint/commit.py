@@ -54,12 +54,18 @@ class Job:
     write_dir: str = ""  # where this attempt writes its files (see the module docs); empty until prepared
 
 
-def _records_doc(records: Mapping[str, FileRecord]) -> dict[str, list[Any]]:
-    return {n: [r.bytes, r.checksum] for n, r in records.items()}
+def _records_doc(records: Mapping[str, FileRecord]) -> dict[str, dict[str, Any]]:
+    return {n: r.to_doc() for n, r in records.items()}
 
 
-def _records_from(doc: Mapping[str, list[Any]]) -> dict[str, FileRecord]:
-    return {n: FileRecord(int(v[0]), str(v[1])) for n, v in doc.items()}
+def _records_from(doc: Mapping[str, Any]) -> dict[str, FileRecord]:
+    out = {}
+    for n, v in doc.items():
+        record = FileRecord.from_doc(v)
+        if record is None:
+            raise ValueError(f"a rank reported a malformed file record for {n}: {str(v)[:120]}")
+        out[n] = record
+    return out
 
 
 def read_back(storage: Storage, directory: str, records: Mapping[str, FileRecord], *, step: int) -> None:

@@ -19,7 +19,6 @@ from preemptible.errors import (
     CheckpointNotFoundError,
     FileTooLargeError,
     NotRegularFileError,
-    StateMismatchError,
 )
 from preemptible.state import unflatten
 from preemptible.store import checksum, layout, tagged_json
@@ -49,6 +48,10 @@ class Opened:
     notes: list[str] = field(default_factory=list)
     dtensors: dict[str, dict[str, Any]] = field(default_factory=dict)
     entry_owner: dict[str, int | None] = field(default_factory=dict)
+    source_rank: int | None = None  # the rank whose per-rank state this rank restores (None: every rank's)
+    reshard: Any = None  # a `reshard.Plan` when the checkpoint is restored at another layout
+    meta_bytes: int = 0  # bytes read of manifest, state documents and headers
+    data_bytes: int = 0  # bytes read of tensor files (headers included when a file is read whole)
 
     def bad(self, why: str) -> CheckpointCorruptError:
         return CheckpointCorruptError(
@@ -94,12 +97,8 @@ class Reader:
             ) from e
         return Manifest.from_json(raw, where=where, expect_step=step)
 
-    def open(self, step: int, rank: int | None = None) -> Opened:
-        """Everything but the tensor data: manifest, file sizes, state documents, tensor headers. Cheap.
-
-        ``rank``: read what that rank needs (the replicated files, and its own per-rank files, or rank 0's when
-        the checkpoint was written by fewer ranks); None: every file (verification).
-        """
+    def open_base(self, step: int) -> Opened:
+        """The manifest, checked, and every file it lists present with its recorded size."""
         manifest = self.manifest(step)
         directory = self.path_of(step)
         opened = Opened(step=step, directory=directory, manifest=manifest)
@@ -131,48 +130,75 @@ class Reader:
             and not n.startswith(tuple(m + ".tmp-" for m in markers))
             and not layout.PREFIX_RE.fullmatch(n)  # attempts' files: ours, or a loser's left for cleanup
         )
-        opened.selected = _select(manifest, rank, opened)
+        return opened
+
+    def read_doc(self, opened: Opened, name: str) -> dict[str, Any]:
+        """One state document, its checksum checked, its shape checked."""
+        rec = opened.manifest.files[name]
+        bad = opened.bad
+        try:
+            raw = self.storage.read_bytes(self.storage.join(opened.files_dir, name), max(rec.bytes, 0))
+        except (FileTooLargeError, NotRegularFileError) as e:
+            raise bad(str(e)) from e
+        opened.meta_bytes += len(raw)
+        found = checksum.of_bytes(raw)
+        if found != rec.checksum:
+            raise bad(f"{name} checksum mismatch: COMMIT.json records {rec.checksum}, file hashes to {found}")
+        try:
+            doc = json.loads(raw)
+            tree = doc["tree"]
+            if not isinstance(doc, dict) or not isinstance(tree, dict) or next(iter(tree), "").startswith("$"):
+                raise TypeError("the tree is not an object of state entries")
+            for key in ("dtensors", "casts"):
+                if not isinstance(doc.get(key) or {}, dict):
+                    raise TypeError(f"{key!r} is not an object")
+            doc["casts"] = {str(n): _dtype(str(d)) for n, d in (doc.get("casts") or {}).items()}
+            doc["numpy"] = {str(n) for n in doc.get("numpy") or []}
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError) as e:
+            raise bad(f"{name} is not a preemptible state document ({type(e).__name__}: {e})") from e
+        return dict(doc)
+
+    @staticmethod
+    def merge_doc(opened: Opened, doc: Mapping[str, Any]) -> None:
+        opened.numpy |= doc["numpy"]
+        opened.dtensors.update(doc.get("dtensors") or {})
+        opened.casts.update(doc["casts"])
+
+    def open(self, step: int, rank: int | None = None) -> Opened:
+        """Everything but the tensor data: manifest, file sizes, state documents, tensor headers. Cheap.
+
+        ``rank``: read what that rank needs (the replicated files, and its own per-rank files, or those of rank
+        ``rank % N`` when the checkpoint was written by N <= rank ranks); None: every file (verification).
+        """
+        opened = self.open_base(step)
+        opened.selected = _select(opened.manifest, rank, opened)
         opened.tree = {}
         for name in [n for n in opened.selected if n.endswith(".json")]:
-            rec = manifest.files[name]
-            try:
-                raw = self.storage.read_bytes(self.storage.join(opened.files_dir, name), max(rec.bytes, 0))
-            except (FileTooLargeError, NotRegularFileError) as e:
-                raise bad(str(e)) from e
-            found = checksum.of_bytes(raw)
-            if found != rec.checksum:
-                raise bad(f"{name} checksum mismatch: COMMIT.json records {rec.checksum}, file hashes to {found}")
-            try:
-                doc = json.loads(raw)
-                tree = doc["tree"]
-                if not isinstance(tree, dict) or next(iter(tree), "").startswith("$"):
-                    raise TypeError("the tree is not an object of state entries")
-                if rank is None or name == layout.STATE or not (opened.tree.keys() & tree.keys()):
-                    opened.tree.update(tree)
-                opened.numpy |= set(doc.get("numpy", []))
-                opened.dtensors.update(doc.get("dtensors") or {})
-                opened.casts.update({str(n): _dtype(str(d)) for n, d in (doc.get("casts") or {}).items()})
-            except (ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError) as e:
-                raise bad(f"{name} is not a preemptible state document ({type(e).__name__}: {e})") from e
+            doc = self.read_doc(opened, name)
+            tree = doc["tree"]
+            if rank is None or name == layout.STATE or not (opened.tree.keys() & tree.keys()):
+                opened.tree.update(tree)
+            self.merge_doc(opened, doc)
         for name in opened.selected:
             if not name.endswith(layout.TENSOR_SUFFIX):
                 continue
-            rec = manifest.files[name]
+            rec = opened.manifest.files[name]
             p = self.storage.join(opened.files_dir, name)
             try:
                 stream = self.storage.open_read(p)
             except NotRegularFileError as e:
-                raise bad(str(e)) from e
+                raise opened.bad(str(e)) from e
             try:
                 entries = tensor_format.read_header(stream, rec.bytes, where=p)
             except CheckpointCorruptError as e:
-                raise bad(str(e)) from e
+                raise opened.bad(str(e)) from e
             finally:
                 stream.close()
+            opened.meta_bytes += rec.bytes - (entries[-1].end if entries else 0)
             owner = layout.file_rank(name)
             for entry in entries:
                 if entry.name in opened.entries and opened.entry_owner.get(entry.name) == owner:
-                    raise bad(f"tensor {entry.name!r} appears in more than one file")
+                    raise opened.bad(f"tensor {entry.name!r} appears in more than one file")
                 opened.entries[entry.name] = entry
                 opened.entry_owner[entry.name] = owner
             opened.file_entries[name] = entries
@@ -219,19 +245,6 @@ class Reader:
         if not isinstance(tree, dict):
             raise opened.bad(f"{layout.STATE} holds a {type(tree).__name__}, expected an object of state entries")
         return tree
-
-    def check_sharding(self, opened: Opened, world: int) -> None:
-        if not opened.dtensors:
-            return
-        if opened.manifest.world_size != world:
-            raise StateMismatchError(
-                f"the checkpoint of step {opened.step} holds sharded state (DTensor/FSDP2) written by "
-                f"{opened.manifest.world_size} ranks; this job has {world}. Resharding is not supported: restore "
-                f"it with {opened.manifest.world_size} ranks (the same mesh), or save full tensors",
-                path=opened.directory,
-                step=opened.step,
-                differences=[f"world size {opened.manifest.world_size} in checkpoint, {world} live"],
-            )
 
     def read(
         self,
@@ -282,6 +295,7 @@ class Reader:
             key=lambda n: -opened.manifest.files[n].bytes,
         )
         tensors: dict[str, torch.Tensor] = {}
+        opened.data_bytes += sum(opened.manifest.files[n].bytes for n in names)
         for part in parallel_map(read_file, names, threads=self.threads, name="preemptible-read"):
             tensors.update(part)
         for name, dtype in opened.casts.items():  # bf16 moments back into the optimizer's own dtype
@@ -310,10 +324,17 @@ def _select(manifest: Manifest, rank: int | None, opened: Opened) -> list[str]:
     if rank is None:
         return names
     ranks = {layout.file_rank(n) for n in names} - {None}
-    own = rank if rank in ranks else 0
+    own = rank if rank in ranks else source_rank(rank, manifest.world_size)
     if ranks and own != rank:
         opened.notes.append(
             f"the checkpoint was written by {manifest.world_size} rank(s) and holds no per-rank state of rank "
-            f"{rank}: rank 0's (RNG streams, ...) is used instead"
+            f"{rank}: rank {own}'s is used instead, and its random streams are reseeded from rank {own}'s"
         )
+    opened.source_rank = own
     return [n for n in names if layout.file_rank(n) in (None, own)]
+
+
+def source_rank(rank: int, saved_world: int) -> int:
+    """Whose per-rank state (RNG streams, a data loader's position, ...) a rank restores: its own when the
+    checkpoint has it, else that of rank ``rank % saved_world`` (a job that grew)."""
+    return rank if rank < saved_world else rank % saved_world

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from preemptible import dist
+from preemptible.checkpoint import reshard
 from preemptible.checkpoint.reader import Opened, Reader
 from preemptible.errors import CheckpointCorruptError, CheckpointFallbackWarning, StateMismatchError
 from preemptible.events import Event, EventSink
@@ -76,11 +77,17 @@ class Restorer:
         self, state: Mapping[str, Any], captured: Mapping[str, Any], live_flat: Any, step: int
     ) -> tuple[_Outcome, ProbeCheck | None, Opened | None]:
         coord = self.coord
+        rank, world = (coord.rank, coord.world) if coord is not None else (0, 1)
         try:
-            opened = self.reader.open(step, rank=coord.rank if coord is not None else 0)
-            self.reader.check_sharding(opened, coord.world if coord is not None else 1)
+            opened = self.reader.open(step, rank=rank)
+            live = reshard.Live(state, live_flat.dtensor_objs)
+            if reshard.needed(opened, live, world):  # another world size or wrapper: each rank reads its slices
+                opened = reshard.open_resharded(self.reader, step, rank=rank, world=world, live=live)
             self.check_fits(state, self.reader.skeleton(opened), step, captured)  # before a single byte changes
-            loaded = self.reader.read(opened, live_flat.tensors, sharded=live_flat.dtensor_objs)
+            if opened.reshard is not None:
+                loaded = reshard.read_resharded(self.reader, opened)
+            else:
+                loaded = self.reader.read(opened, live_flat.tensors, sharded=live_flat.dtensor_objs)
             self._apply(state, loaded, opened)
             check = self._probe_check(state, opened.manifest.probe)
         except CheckpointCorruptError as e:
@@ -175,8 +182,14 @@ class Restorer:
                 continue
             assert opened is not None
             self._restored(opened, check, cand, leader)
+            self._world_changed(state, opened)
             self.events.event(
-                Event.RESTORED, cand.step, seconds=round(self._monotonic() - t0, 6), skipped=[s for s, _ in failures]
+                Event.RESTORED,
+                cand.step,
+                seconds=round(self._monotonic() - t0, 6),
+                skipped=[s for s, _ in failures],
+                bytes_read=opened.meta_bytes + opened.data_bytes,
+                data_bytes_read=opened.data_bytes,
             )
             return cand.step
         lines = "\n".join(f"  step {s}: {why}" for s, why in failures)
@@ -203,6 +216,42 @@ class Restorer:
             "Nothing was loaded. Restore from a backup, or move the root aside to start fresh deliberately.",
             path=self.reader.root,
             failures=failures,
+        )
+
+    def _world_changed(self, state: Mapping[str, Any], opened: Opened) -> None:
+        """At another world size: a rank the checkpoint holds no per-rank state of reseeds its random streams from
+        its source rank's (`RNGState.derive`), and the journal says what changed."""
+        coord = self.coord
+        rank, world = (coord.rank, coord.world) if coord is not None else (0, 1)
+        saved = opened.manifest.world_size
+        plan = opened.reshard
+        if saved == world and plan is None:
+            return
+        derived = rank >= saved
+        if derived:
+            for obj in state.values():
+                if isinstance(obj, RNGState):
+                    obj.derive(rank)
+        self.events.event(
+            Event.WORLD_CHANGED,
+            opened.step,
+            saved_world=saved,
+            world=world,
+            source_rank=opened.source_rank,
+            rng="derived" if derived else "restored",
+            resharded=len(plan.resharded) if plan is not None else 0,
+            dropped_ranks=list(range(world, saved)) if rank == 0 and saved > world else [],
+        )
+        log.warning(
+            "rank %d restored step %d saved by %d rank(s) on %d: %s%s",
+            rank,
+            opened.step,
+            saved,
+            world,
+            f"{len(plan.resharded)} tensors resharded, " if plan is not None else "",
+            f"per-rank state of rank {opened.source_rank}, random streams reseeded from it"
+            if derived
+            else "its own per-rank state",
         )
 
     def _restored(self, opened: Opened, check: ProbeCheck | None, cand: Candidate, leader: bool) -> None:

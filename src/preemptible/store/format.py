@@ -24,12 +24,15 @@ import torch
 
 from preemptible.errors import CheckpointCorruptError, UnsupportedStateError
 from preemptible.store import checksum
+from preemptible.store.layout import Chunks
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the limit safetensors itself enforces
 MAX_DIMS = 64  # torch's own limit on a tensor's dimensions
 MAX_EXTENT = 1 << 62  # the product of a shape's extents (zeros counted as 1), times the item size: strides fit int64
 CHUNK_BYTES = 16 * 1024 * 1024  # writes: large, for the disk
 READ_CHUNK_BYTES = 2 * 1024 * 1024  # reads: read a piece and hash it while it is still in cache (measured best)
+MIN_SUM_CHUNK = 16 << 10  # ranged reads verify whole chunks: small enough that a slice reads little more than itself
+MAX_SUMS_PER_FILE = 4096  # ... and few enough that COMMIT.json stays small (16 hex digits per chunk)
 
 DTYPES: dict[torch.dtype, str] = {
     torch.bool: "BOOL",
@@ -118,6 +121,45 @@ def layout(items: Sequence[tuple[str, torch.Tensor]], stored: Mapping[str, torch
     return entries
 
 
+def sum_chunk_bytes(data_bytes: int) -> int:
+    """The piece size for a file of ``data_bytes``: at least `MIN_SUM_CHUNK`, a power of two, and at most about
+    `MAX_SUMS_PER_FILE` pieces."""
+    size = MIN_SUM_CHUNK
+    while size * MAX_SUMS_PER_FILE < data_bytes:
+        size *= 2
+    return size
+
+
+def chunk_spans(entries: Iterable[Entry], size: int) -> list[tuple[int, int]]:
+    """The data pieces `Chunks` covers, as ``(begin, end)`` offsets into the data region, in file order."""
+    spans = []
+    for e in sorted(entries, key=lambda e: e.begin):
+        spans += [(b, min(b + size, e.end)) for b in range(e.begin, e.end, size)]
+    return spans
+
+
+class _ChunkHasher:
+    """Fed the data region in order, in pieces of any size: one XXH3-64 per chunk span."""
+
+    def __init__(self, spans: Sequence[tuple[int, int]]) -> None:
+        self._ends = [end for _, end in spans]
+        self._i = 0
+        self._pos = 0
+        self._h = checksum.new()
+        self.sums: list[str] = []
+
+    def update(self, piece: memoryview) -> None:
+        while len(piece):
+            take = min(self._ends[self._i] - self._pos, len(piece))
+            self._h.update(piece[:take])
+            self._pos += take
+            piece = piece[take:]
+            if self._pos == self._ends[self._i]:
+                self.sums.append(self._h.hexdigest())
+                self._h.reset()
+                self._i += 1
+
+
 HEADER_ALIGN = 4096
 
 
@@ -146,21 +188,24 @@ def write(
     stored: Mapping[str, torch.dtype] | None = None,
     blob: memoryview | None = None,
     chunk: int = CHUNK_BYTES,
-) -> tuple[int, str]:
-    """Stream a safetensors file of ``items`` to ``sink``, hashing on the way.
+) -> tuple[int, str, Chunks]:
+    """Stream a safetensors file of ``items`` to ``sink``, hashing on the way (the whole file, and its `Chunks`).
 
     Without ``blob`` each tensor is written from its own memory: a contiguous CPU tensor without any copy, others
     (GPU, strided, or cast to a ``stored`` dtype) through a temporary of that one tensor. With ``blob``, the
     tensor data is already laid out in file order in one buffer (a staging arena) and goes out in large writes.
 
     Returns:
-        ``(bytes written, checksum)``.
+        ``(bytes written, checksum, chunk checksums)``.
     """
     by_name = dict(items)
     entries = layout(items, stored)
     head = header_bytes(entries, metadata)
     hasher = checksum.new()
     hasher.update(head)
+    data_bytes = entries[-1].end if entries else 0
+    size = sum_chunk_bytes(data_bytes)
+    pieces_hasher = _ChunkHasher(chunk_spans(entries, size))
     sink.write(memoryview(head))
     total = len(head)
     if blob is not None:
@@ -171,9 +216,10 @@ def write(
         pieces = _tensor_pieces(entries, by_name, chunk)
     for piece in pieces:
         hasher.update(piece)
+        pieces_hasher.update(piece)
         sink.write(piece)
         total += len(piece)
-    return total, hasher.hexdigest()
+    return total, hasher.hexdigest(), Chunks(size, checksum.of_bytes(head) + "".join(pieces_hasher.sums))
 
 
 SMALL_TENSOR_BYTES = 256 << 10

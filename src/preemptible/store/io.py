@@ -51,6 +51,10 @@ class Storage(Protocol):
     def open_write(self, path: str) -> WriteStream: ...
     def open_read(self, path: str) -> ReadStream: ...
     def read_bytes(self, path: str, limit: int) -> bytes: ...
+    def read_range(self, path: str, offset: int, buffer: memoryview) -> int:
+        """Read bytes ``[offset, offset + len(buffer))`` of ``path`` into ``buffer`` (one ranged request on an object
+        store). Returns how many were read: fewer only where the file ends."""
+
     def publish(self, path: str, data: bytes) -> None: ...
     def publish_new(self, path: str, data: bytes) -> None:
         """`publish`, only if nothing is at ``path`` yet. Raises FileExistsError if something is."""
@@ -233,6 +237,16 @@ class LocalStorage:
 
     def open_read(self, path: str) -> ReadStream:
         return _open_regular(path, self.root)
+
+    def read_range(self, path: str, offset: int, buffer: memoryview) -> int:
+        with _open_regular(path, self.root) as f:
+            got = 0
+            while got < len(buffer):
+                n = os.preadv(f.fileno(), [buffer[got:]], offset + got)
+                if n == 0:
+                    break
+                got += n
+            return got
 
     def read_bytes(self, path: str, limit: int) -> bytes:
         with _open_regular(path, self.root) as f:

@@ -91,9 +91,59 @@ def safe_file_name(name: str) -> bool:
 
 
 @dataclass(frozen=True)
+class Chunks:
+    """Checksums of a file's pieces, so that a reader of part of it (a rank restoring its slice of a resharded
+    tensor) verifies what it reads without reading the rest.
+
+    The pieces: the header (8-byte length and JSON), then each tensor's data cut every ``bytes`` bytes from the
+    tensor's own start (a tensor shorter than that is one piece; an empty one none). ``sums`` concatenates their
+    XXH3-64 digests, 16 hex digits each, in file order.
+    """
+
+    bytes: int
+    sums: str
+
+    def digest(self, i: int) -> str:
+        return self.sums[16 * i : 16 * i + 16]
+
+    @property
+    def count(self) -> int:
+        return len(self.sums) // 16
+
+
+@dataclass(frozen=True)
 class FileRecord:
     bytes: int
     checksum: str
+    chunks: Chunks | None = None
+    """Tensor files: checksums of the header and of each piece of data, for ranged reads (absent in
+    checkpoints written before they were added; such files are read whole)."""
+
+    def to_doc(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"bytes": self.bytes, "checksum": self.checksum}
+        if self.chunks is not None:
+            doc["chunks"] = {"bytes": self.chunks.bytes, "sums": self.chunks.sums}
+        return doc
+
+    @classmethod
+    def from_doc(cls, rec: Any) -> FileRecord | None:
+        """A record as COMMIT.json holds it, or None when it is malformed."""
+        if not isinstance(rec, dict) or not _is_int(rec.get("bytes")) or rec["bytes"] < 0:
+            return None
+        if not isinstance(rec.get("checksum"), str):
+            return None
+        chunks = rec.get("chunks")
+        if chunks is None:
+            return cls(rec["bytes"], rec["checksum"])
+        if not isinstance(chunks, dict) or not _is_int(chunks.get("bytes")) or chunks["bytes"] <= 0:
+            return None
+        sums = chunks.get("sums")
+        if not isinstance(sums, str) or len(sums) % 16 or not _HEX.fullmatch(sums):
+            return None
+        return cls(rec["bytes"], rec["checksum"], Chunks(chunks["bytes"], sums))
+
+
+_HEX = re.compile(r"[0-9a-f]+", re.ASCII)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,7 +179,7 @@ class Manifest:
             "created": self.created,
             "world_size": self.world_size,
             "checksum_algorithm": self.checksum_algorithm,
-            "files": {n: {"bytes": f.bytes, "checksum": f.checksum} for n, f in sorted(self.files.items())},
+            "files": {n: f.to_doc() for n, f in sorted(self.files.items())},
             "probe": self.probe,
             "timings": dict(self.timings),
             "predicted_save_s": self.predicted_save_s,
@@ -184,14 +234,13 @@ class Manifest:
         for name, rec in files_doc.items():
             if not isinstance(name, str) or not safe_file_name(name):
                 raise bad(f"file name {name!r} is not a plain name inside the checkpoint directory")
-            if (
-                not isinstance(rec, dict)
-                or not _is_int(rec.get("bytes"))
-                or rec["bytes"] < 0
-                or not isinstance(rec.get("checksum"), str)
-            ):
-                raise bad(f"file {name!r}: expected {{'bytes': int, 'checksum': str}}, found {str(rec)[:80]}")
-            files[name] = FileRecord(rec["bytes"], rec["checksum"])
+            record = FileRecord.from_doc(rec)
+            if record is None:
+                raise bad(
+                    f"file {name!r}: expected {{'bytes': int, 'checksum': str, optional 'chunks': {{'bytes': int, "
+                    f"'sums': hex}}}}, found {str(rec)[:80]}"
+                )
+            files[name] = record
         algo = doc.get("checksum_algorithm")
         if not isinstance(algo, str):
             raise bad(f"expected a checksum_algorithm string, found {algo!r}")

@@ -254,6 +254,14 @@ class FsspecStorage:
     def open_read(self, path: str) -> Any:
         return self._retry(f"open {path}", lambda: self.fs.open(path, "rb", block_size=PART_BYTES, cache_type="none"))
 
+    def read_range(self, path: str, offset: int, buffer: memoryview) -> int:
+        end = offset + len(buffer)
+        data = self._retry(
+            f"get {path} bytes {offset}-{end - 1}", lambda: self.fs.cat_file(path, start=offset, end=end)
+        )
+        buffer[: len(data)] = data
+        return len(data)
+
     def read_bytes(self, path: str, limit: int) -> bytes:
         data = self._retry(f"get {path}", lambda: self.fs.cat_file(path))
         if len(data) > limit:

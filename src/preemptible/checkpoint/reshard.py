@@ -1,0 +1,509 @@
+"""Elastic restore: a checkpoint read at another world size, or into another wrapper, each rank reading only the
+byte ranges of the slices it needs.
+
+A sharded tensor (DTensor, FSDP2 ``fully_shard``) is stored as every rank's local shard in that rank's own file,
+and the rank's state document records the tensor's global shape, placements and the global offset of the shard
+(`state.dtensor_meta`). ``Shard(0)`` follows ``torch.chunk``'s rule (`state.shard_rows`), so rank ``k`` of ``N``
+holds a known run of rows, and the run of a contiguous tensor is one contiguous byte range of its file.
+
+To restore, each rank works out what it needs of every stored tensor (a *target*):
+
+- its live counterpart is a DTensor (or, for an optimizer's moments not created yet, its parameter is): the rows
+  that rank holds at the live world size and placement;
+- otherwise (a plain model, DDP, evaluation in one process): the whole tensor.
+
+and reads the overlap of its target with each stored piece (a shard, or a replicated tensor stored whole) with
+one ranged read per piece, widened only to the piece checksums of the file (`format.Chunks`), which it verifies.
+Nothing else of any file is read. Checkpoints written before piece checksums existed are read a whole file at
+a time (verifying the file's checksum), then sliced.
+
+Supported: ``Shard(0)`` and ``Replicate`` on a 1-D mesh, on either side, with uneven shards. Anything else (a
+2-D mesh, ``Shard(1)``, a global shape that differs) is a `StateMismatchError` naming the tensors, raised
+before any live tensor changes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import struct
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from preemptible.checkpoint.reader import Opened, Reader, source_rank
+from preemptible.errors import CheckpointCorruptError, StateMismatchError
+from preemptible.state import group_of, is_dtensor, parse_placement, shard_rows, unflatten
+from preemptible.store import checksum, layout
+from preemptible.store import format as tensor_format
+from preemptible.writer import parallel_map
+
+READ_PIECE = 16 << 20  # a ranged read is split into requests of this size (a multiple of every chunk size)
+_PART = re.compile(r"-[0-9]{5}-of-[0-9]{5}$")
+_FILE_SAFE = re.compile(r"[^A-Za-z0-9_.\-]")
+
+
+@dataclass(frozen=True)
+class Target:
+    """What this rank needs of one stored tensor: rows ``[begin, end)`` of dimension 0 (a 0-d tensor is one row),
+    laid out like ``template`` (a live DTensor) or, without one, as a plain tensor."""
+
+    shape: tuple[int, ...]  # global
+    dtype: torch.dtype  # as stored
+    begin: int
+    end: int
+    template: Any = None
+
+    @property
+    def local_shape(self) -> tuple[int, ...]:
+        return (self.end - self.begin, *self.shape[1:]) if self.shape else ()
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A stored part of a tensor: ``entry`` in ``file``, holding global rows from ``begin``."""
+
+    file: str
+    entry: tensor_format.Entry
+    begin: int
+
+
+@dataclass(frozen=True)
+class Copy:
+    """One ranged read: ``nbytes`` at ``src`` of a stored tensor's data into ``dst`` of a target's."""
+
+    name: str
+    piece: Piece
+    src: int
+    dst: int
+    nbytes: int
+
+
+@dataclass
+class Plan:
+    """How this rank restores a checkpoint at another layout."""
+
+    saved_world: int
+    world: int
+    targets: dict[str, Target] = field(default_factory=dict)
+    copies: list[Copy] = field(default_factory=list)
+    data_offset: dict[str, int] = field(default_factory=dict)  # where each file's tensor data starts
+    first_chunk: dict[tuple[str, str], int] = field(default_factory=dict)  # (file, tensor) -> its first piece sum
+    resharded: list[str] = field(default_factory=list)  # tensors read as other slices than were stored
+
+
+def rows(shape: tuple[int, ...]) -> tuple[int, int]:
+    """A tensor as rows of dimension 0: (rows, elements per row); a 0-d tensor is one row of one element."""
+    if not shape:
+        return 1, 1
+    return shape[0], math.prod(shape[1:])
+
+
+class Live:
+    """The live layout a stored tensor is restored into."""
+
+    def __init__(self, state: Mapping[str, Any], live_dtensors: Mapping[str, Any]) -> None:
+        self.dtensors = live_dtensors
+        self.params: dict[str, Any] = {}
+        for entry, obj in state.items():
+            if isinstance(obj, torch.optim.Optimizer):
+                i = 0
+                for group in obj.param_groups:
+                    for p in group["params"]:
+                        if is_dtensor(p):
+                            self.params[f"{entry}/state/{i}/"] = p
+                        i += 1
+
+    def of(self, name: str) -> tuple[Any, bool]:
+        """The live DTensor a stored tensor becomes, if any, and whether it is the tensor's own live counterpart
+        (else: the parameter an optimizer's per-parameter state belongs to, ``<optimizer>/state/<i>/...``, whose
+        state is created lazily at the first step; the same numbering as ``Optimizer.state_dict()``)."""
+        if name in self.dtensors:
+            return self.dtensors[name], True
+        head, sep, _ = name.rpartition("/")
+        return (self.params.get(head + sep) if sep else None), False
+
+
+def needed(opened: Opened, live: Live, world: int) -> bool:
+    """Whether the checkpoint as opened must be read another way than whole files into the same layout."""
+    if opened.dtensors and opened.manifest.world_size != world:
+        return True
+    for name, entry in opened.entries.items():
+        template, direct = live.of(name)
+        meta = opened.dtensors.get(name)
+        if meta is None and template is not None and not direct and tuple(template.shape) != entry.shape:
+            template = None  # beside the parameter, not shaped like it (the optimizer's step): stays plain
+        if (meta is None) != (template is None):
+            return True
+        if meta is not None and template is not None and meta.get("placements") != list(map(repr, template.placements)):
+            return True
+    return False
+
+
+def _supported(meta: Mapping[str, Any]) -> str | None:
+    """Why a stored sharded layout cannot be resharded, or None."""
+    mesh = meta.get("mesh")
+    placements = meta.get("placements")
+    if not isinstance(mesh, list) or len(mesh) != 1 or not isinstance(placements, list) or len(placements) != 1:
+        return f"a {len(mesh) if isinstance(mesh, list) else '?'}-D mesh with placements {placements}"
+    if placements[0] not in ("Shard(dim=0)",) and not str(placements[0]).startswith("Replicate"):
+        return f"placement {placements[0]}"
+    return None
+
+
+def _live_supported(t: Any) -> str | None:
+    if t.device_mesh.ndim != 1 or len(t.placements) != 1:
+        return f"a {t.device_mesh.ndim}-D mesh with placements {list(map(repr, t.placements))}"
+    p = repr(t.placements[0])
+    if p != "Shard(dim=0)" and not p.startswith("Replicate"):
+        return f"placement {p}"
+    return None
+
+
+def _file_group(name: str) -> str:
+    """The (file-safe) state entry a tensor file belongs to: ``model-00002-of-00003-r00001.safetensors`` -> model."""
+    stem = name.removesuffix(layout.TENSOR_SUFFIX)
+    stem = re.sub(r"-r[0-9]{5}$", "", stem)
+    return _PART.sub("", stem)
+
+
+def _safe(group: str) -> str:
+    return _FILE_SAFE.sub("_", group).lstrip(".") or "tensors"
+
+
+def open_resharded(reader: Reader, step: int, *, rank: int, world: int, live: Live) -> Opened:
+    """Read and check everything but tensor data for a restore at another layout, and plan the ranged reads.
+
+    Raises:
+        StateMismatchError: the checkpoint cannot be mapped onto the live layout (naming every tensor).
+        CheckpointCorruptError: its documents or headers are damaged, or disagree with each other.
+    """
+    opened = reader.open_base(step)
+    manifest = opened.manifest
+    saved = manifest.world_size
+    src = source_rank(rank, saved)
+    opened.source_rank = src
+    bad = opened.bad
+    files = manifest.files
+    ranks_with_files = {layout.file_rank(n) for n in files} - {None}
+
+    state_doc = reader.read_doc(opened, layout.STATE)
+    docs = {layout.STATE: state_doc}
+    first = f"state{layout.rank_suffix(0)}.json"
+    own = f"state{layout.rank_suffix(src)}.json"
+    for name in (first, own):
+        if name in files and name not in docs:
+            docs[name] = reader.read_doc(opened, name)
+    sharded_doc = docs.get(first, state_doc)
+    sharded_groups = {group_of(n) for n in sharded_doc.get("dtensors") or {}} | {
+        group_of(n) for n in state_doc.get("dtensors") or {}
+    }
+    tree: dict[str, Any] = dict(state_doc["tree"])
+    tree.update({k: v for k, v in sharded_doc["tree"].items() if k in sharded_groups})
+    if own in docs:
+        tree.update({k: v for k, v in docs[own]["tree"].items() if k not in sharded_groups})
+    opened.tree = tree
+    for doc in docs.values():
+        reader.merge_doc(opened, doc)
+    metas: dict[str, dict[str, Any]] = {}
+    for doc in (state_doc, sharded_doc):
+        metas.update(doc.get("dtensors") or {})
+    opened.dtensors = metas
+
+    plan = Plan(saved_world=saved, world=world)
+    unsupported: list[str] = []
+    mismatched: list[str] = []
+
+    def target_for(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> Target:
+        template, direct = live.of(name)
+        if template is not None and tuple(template.shape) != shape:
+            if direct or name in metas:
+                mismatched.append(f"{name}: global shape {list(shape)} in checkpoint, {list(template.shape)} live")
+            template = None  # beside the parameter, not shaped like it (the optimizer's step): stays plain
+        n = rows(shape)[0]
+        if template is None:
+            return Target(shape, dtype, 0, n)
+        why = _live_supported(template)
+        if why is not None:
+            unsupported.append(f"{name}: live {why}")
+            return Target(shape, dtype, 0, n)
+        if repr(template.placements[0]).startswith("Replicate"):
+            return Target(shape, dtype, 0, n, template)
+        coord = template.device_mesh.get_coordinate()
+        begin, end = shard_rows(n, template.device_mesh.size(), coord[0] if coord else 0)
+        return Target(shape, dtype, begin, end, template)
+
+    # Which ranks' files hold what this rank needs of each sharded tensor.
+    sharded_names: dict[str, tuple[tuple[int, ...], list[int]]] = {}
+    for name, meta in metas.items():
+        why = _supported(meta)
+        if why is not None:
+            unsupported.append(f"{name}: stored as {why}")
+            continue
+        try:
+            shape = tuple(int(d) for d in meta["shape"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise bad(f"the sharding record of {name!r} is malformed ({err})") from err
+        t = target_for(name, shape, torch.float32)  # which rows; the dtype does not matter here
+        if str(meta["placements"][0]).startswith("Replicate") or saved == 1 or not ranks_with_files:
+            sources = [src]
+        else:
+            sources = [k for k in range(saved) if _overlap(shard_rows(rows(shape)[0], saved, k), (t.begin, t.end))]
+        sharded_names[name] = (shape, sources)
+    if unsupported or mismatched:
+        raise _refuse(opened, world, unsupported, mismatched)
+
+    # Headers: the replicated files, the needed ranks' files of sharded entries, this rank's source's own files.
+    safe_sharded = {_safe(g) for g in sharded_groups}
+    need_ranks = {src} | {k for _, ks in sharded_names.values() for k in ks}  # src: the plain tensors beside shards
+    wanted = []
+    for name in files:
+        if not name.endswith(layout.TENSOR_SUFFIX):
+            continue
+        owner = layout.file_rank(name)
+        if owner is None:
+            wanted.append(name)
+        elif _file_group(name) in safe_sharded:
+            if owner in need_ranks:
+                wanted.append(name)
+        elif owner == src:
+            wanted.append(name)
+    headers = parallel_map(
+        lambda n: _header(reader, opened, plan, n), wanted, threads=reader.threads, name="preemptible-head"
+    )
+    opened.selected = [layout.STATE, *[n for n in docs if n != layout.STATE], *wanted]
+
+    pieces: dict[str, list[Piece]] = {}
+    plain: dict[str, list[tuple[int | None, Piece]]] = {}
+    stored_dtype: dict[str, torch.dtype] = {}
+    for name, entries in zip(wanted, headers, strict=True):
+        owner = layout.file_rank(name)
+        opened.file_entries[name] = entries
+        for e in entries:
+            stored_dtype[e.name] = e.dtype
+            if e.name not in sharded_names:
+                plain.setdefault(e.name, []).append((owner, Piece(name, e, 0)))
+                continue
+            shape, sources = sharded_names[e.name]
+            placement = str(metas[e.name]["placements"][0])
+            if owner is None or placement.startswith("Replicate"):
+                begin, end = 0, rows(shape)[0]
+            elif owner in sources:
+                begin, end = shard_rows(rows(shape)[0], saved, owner)
+            else:
+                continue
+            want = (end - begin, *shape[1:]) if shape else ()
+            if e.shape != want:
+                raise bad(
+                    f"{name} holds {e.name!r} with shape {list(e.shape)}; rank {owner}'s part of a {list(shape)} "
+                    f"tensor stored as {placement} by {saved} rank(s) has shape {list(want)}"
+                )
+            pieces.setdefault(e.name, []).append(Piece(name, e, begin))
+    for name, candidates in plain.items():
+        owners = [o for o, _ in candidates]
+        if (None in owners and len(candidates) > 1) or len(set(owners)) != len(owners):
+            raise bad(f"tensor {name!r} appears in more than one file: {sorted(p.file for _, p in candidates)}")
+        # per-rank copies of a plain tensor beside shards (the optimizer's step): this rank's source's, or the first
+        pick = next((p for o, p in candidates if o in (None, src)), min(candidates, key=lambda x: x[0] or 0)[1])
+        pieces[name] = [pick]
+
+    for name, found in pieces.items():
+        shape = sharded_names[name][0] if name in sharded_names else found[0].entry.shape
+        t = target_for(name, shape, stored_dtype[name])
+        plan.targets[name] = t
+        opened.entries[name] = tensor_format.Entry(name, t.dtype, t.local_shape, 0, 0)
+        if t.template is not None or name in sharded_names:
+            plan.resharded.append(name)
+        row_elems = rows(shape)[1]
+        row_bytes = row_elems * tensor_format.itemsize(t.dtype)
+        covered = 0
+        for p in sorted(found, key=lambda p: p.begin):
+            p_rows = rows(p.entry.shape)[0]
+            a, b = max(t.begin, p.begin), min(t.end, p.begin + p_rows)
+            if a >= b or row_bytes == 0:
+                continue
+            if covered >= t.end - t.begin:
+                break  # a replicated tensor stored more than once: one copy is enough
+            plan.copies.append(Copy(name, p, (a - p.begin) * row_bytes, (a - t.begin) * row_bytes, (b - a) * row_bytes))
+            covered += b - a
+        if row_bytes and covered != t.end - t.begin:
+            raise bad(f"the stored pieces of {name!r} cover {covered} of the {t.end - t.begin} rows this rank needs")
+    if mismatched:
+        raise _refuse(opened, world, [], mismatched)
+    opened.reshard = plan
+    return opened
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return max(a[0], b[0]) < min(a[1], b[1]) or (a[0] == a[1] == 0 and b[0] == 0)
+
+
+def _refuse(opened: Opened, world: int, unsupported: list[str], mismatched: list[str]) -> StateMismatchError:
+    lines = list(dict.fromkeys([*mismatched, *unsupported]))
+    shown = "\n".join(f"  {d}" for d in lines[:50])
+    more = f"\n  ... and {len(lines) - 50} more" if len(lines) > 50 else ""
+    hint = (
+        "Resharding supports Shard(0) and Replicate on a 1-D mesh; restore this one with the mesh it was saved "
+        f"with ({opened.manifest.world_size} ranks)"
+        if unsupported
+        else "Build the model exactly as when the checkpoint was saved (only the number of ranks may change)"
+    )
+    return StateMismatchError(
+        f"the checkpoint of step {opened.step} at {opened.directory}, saved by {opened.manifest.world_size} "
+        f"rank(s), cannot be restored on {world}:\n{shown}{more}\n{hint}. Nothing was loaded.",
+        path=opened.directory,
+        step=opened.step,
+        differences=lines,
+    )
+
+
+def _header(reader: Reader, opened: Opened, plan: Plan, name: str) -> list[tensor_format.Entry]:
+    """A file's header by ranged reads, verified against its piece checksums when the manifest has them."""
+    rec = opened.manifest.files[name]
+    path = reader.storage.join(opened.files_dir, name)
+    head = _read(reader, opened, path, 0, min(8, rec.bytes))
+    if len(head) < 8:
+        raise opened.bad(f"{name} is {rec.bytes} bytes, shorter than the 8-byte header length")
+    (n,) = struct.unpack("<Q", head)
+    if n > tensor_format.MAX_HEADER_BYTES or 8 + n > rec.bytes:
+        raise opened.bad(f"{name}: header length {n} is impossible for a file of {rec.bytes} bytes")
+    raw = _read(reader, opened, path, 8, n)
+    opened.meta_bytes += 8 + n
+    if rec.chunks is not None:
+        found = checksum.of_bytes(head + raw)
+        if found != rec.chunks.digest(0):
+            raise opened.bad(f"{name}: the header hashes to {found}, COMMIT.json records {rec.chunks.digest(0)}")
+    try:
+        entries, _ = tensor_format.parse_header(raw, data_bytes=rec.bytes - 8 - n, where=path)
+    except CheckpointCorruptError as err:
+        raise opened.bad(str(err)) from err
+    if rec.chunks is not None:
+        count = 1
+        for e in sorted(entries, key=lambda e: e.begin):
+            plan.first_chunk[(name, e.name)] = count
+            count += -(-e.nbytes // rec.chunks.bytes)
+        if count != rec.chunks.count:
+            raise opened.bad(
+                f"{name}: its header makes {count} checksummed pieces, COMMIT.json records {rec.chunks.count}"
+            )
+    plan.data_offset[name] = 8 + n
+    return entries
+
+
+def _read(reader: Reader, opened: Opened, path: str, offset: int, n: int) -> bytes:
+    buf = bytearray(n)
+    got = reader.storage.read_range(path, offset, memoryview(buf))
+    if got != n:
+        raise opened.bad(f"{path} ends early: expected {n} bytes at offset {offset}, found {got} (truncated?)")
+    return bytes(buf)
+
+
+def read_resharded(reader: Reader, opened: Opened) -> dict[str, Any]:
+    """Read every planned slice, verifying piece checksums, and rebuild the state (DTensors on the live mesh)."""
+    plan: Plan = opened.reshard
+    out = {n: torch.empty(t.local_shape, dtype=t.dtype) for n, t in plan.targets.items()}
+    whole: dict[str, dict[str, torch.Tensor]] = {}
+    lock = threading.Lock()
+    counted = [0]
+
+    def count(n: int) -> None:
+        with lock:
+            counted[0] += n
+
+    def run(c: Copy) -> None:
+        dst = tensor_format.byte_view(out[c.name])[c.dst : c.dst + c.nbytes]
+        rec = opened.manifest.files[c.piece.file]
+        if rec.chunks is None:  # an older checkpoint: read the file whole once, verifying its checksum
+            with lock:
+                tensors = whole.get(c.piece.file)
+                if tensors is None:
+                    tensors = whole[c.piece.file] = _whole(reader, opened, c.piece.file)
+                    counted[0] += rec.bytes
+            src = tensor_format.byte_view(tensors[c.piece.entry.name])
+            dst[:] = src[c.src : c.src + c.nbytes]
+            return
+        _ranged(reader, opened, c, dst, count=count)
+
+    parallel_map(run, plan.copies, threads=reader.threads, name="preemptible-read")
+    opened.data_bytes += counted[0]
+    tensors: dict[str, Any] = dict(out)
+    for name, dtype in opened.casts.items():
+        if name in tensors:
+            tensors[name] = tensors[name].to(dtype)
+    _wrap(plan, tensors)
+    try:
+        loaded = unflatten(opened.tree, tensors, opened.numpy)
+    except CheckpointCorruptError as e:
+        raise opened.bad(str(e)) from e
+    if not isinstance(loaded, dict):
+        raise opened.bad(f"{layout.STATE} holds a {type(loaded).__name__}, expected an object of state entries")
+    return loaded
+
+
+def _whole(reader: Reader, opened: Opened, name: str) -> dict[str, torch.Tensor]:
+    rec = opened.manifest.files[name]
+    path = reader.storage.join(opened.files_dir, name)
+    stream = reader.storage.open_read(path)
+    try:
+        return tensor_format.read(stream, rec.bytes, where=path, expected_checksum=rec.checksum)
+    except CheckpointCorruptError as e:
+        raise opened.bad(str(e)) from e
+    finally:
+        stream.close()
+
+
+def _ranged(reader: Reader, opened: Opened, c: Copy, dst: memoryview, *, count: Callable[[int], None]) -> None:
+    """Read the checksummed pieces of the file that hold ``c``'s bytes, verify them, copy ``c``'s part out."""
+    plan: Plan = opened.reshard
+    rec = opened.manifest.files[c.piece.file]
+    assert rec.chunks is not None
+    size = rec.chunks.bytes
+    e = c.piece.entry
+    first = plan.first_chunk[(c.piece.file, e.name)]
+    k0, k1 = c.src // size, -(-(c.src + c.nbytes) // size)
+    path = reader.storage.join(opened.files_dir, c.piece.file)
+    base = plan.data_offset[c.piece.file] + e.begin
+    step = max(READ_PIECE, size)
+    per = step // size
+    done = 0
+    for k in range(k0, k1, per):
+        lo, hi = k * size, min(min(k + per, k1) * size, e.nbytes)
+        view = tensor_format.byte_view(torch.empty(hi - lo, dtype=torch.uint8))
+        got = reader.storage.read_range(path, base + lo, view)
+        count(got)
+        if got != len(view):
+            raise opened.bad(f"{c.piece.file} ends early: expected {len(view)} bytes at {base + lo}, found {got}")
+        for j in range(0, hi - lo, size):
+            found = checksum.of_bytes(view[j : j + size])
+            index = first + (lo + j) // size
+            if found != rec.chunks.digest(index):
+                raise opened.bad(
+                    f"{c.piece.file}: checksum mismatch in bytes {base + lo + j}-{base + min(lo + j + size, hi) - 1} "
+                    f"(tensor {e.name!r}): COMMIT.json records {rec.chunks.digest(index)}, the bytes hash to {found} "
+                    "(the file changed after it was written: bit rot, a partial copy, or tampering)"
+                )
+        a, b = max(c.src, lo), min(c.src + c.nbytes, hi)
+        dst[a - c.src : b - c.src] = view[a - lo : b - lo]
+        done += b - a
+    if done != c.nbytes:  # pragma: no cover - the loop covers [src, src + nbytes) by construction
+        raise opened.bad(f"read {done} of the {c.nbytes} bytes of {e.name!r}")
+
+
+def _wrap(plan: Plan, tensors: dict[str, Any]) -> None:
+    from torch.distributed.tensor import DTensor
+
+    for name, t in plan.targets.items():
+        if t.template is None or name not in tensors:
+            continue
+        live = t.template
+        tensors[name] = DTensor.from_local(
+            tensors[name],
+            live.device_mesh,
+            [parse_placement(repr(p)) for p in live.placements],
+            run_check=False,
+            shape=torch.Size(t.shape),
+            stride=torch.empty(t.shape, device="meta").stride(),
+        )
