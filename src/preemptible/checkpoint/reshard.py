@@ -30,7 +30,7 @@ import struct
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -56,6 +56,7 @@ class Target:
     begin: int
     end: int
     template: Any = None
+    live: bool = False  # the template is this tensor's own live counterpart (a parameter), not a moment's param
 
     @property
     def local_shape(self) -> tuple[int, ...]:
@@ -231,10 +232,10 @@ def open_resharded(reader: Reader, step: int, *, rank: int, world: int, live: Li
             unsupported.append(f"{name}: live {why}")
             return Target(shape, dtype, 0, n)
         if repr(template.placements[0]).startswith("Replicate"):
-            return Target(shape, dtype, 0, n, template)
+            return Target(shape, dtype, 0, n, template, direct)
         coord = template.device_mesh.get_coordinate()
         begin, end = shard_rows(n, template.device_mesh.size(), coord[0] if coord else 0)
-        return Target(shape, dtype, begin, end, template)
+        return Target(shape, dtype, begin, end, template, direct)
 
     # Which ranks' files hold what this rank needs of each sharded tensor.
     sharded_names: dict[str, tuple[tuple[int, ...], list[int]]] = {}
@@ -404,7 +405,7 @@ def _read(reader: Reader, opened: Opened, path: str, offset: int, n: int) -> byt
 def read_resharded(reader: Reader, opened: Opened) -> dict[str, Any]:
     """Read every planned slice, verifying piece checksums, and rebuild the state (DTensors on the live mesh)."""
     plan: Plan = opened.reshard
-    out = {n: torch.empty(t.local_shape, dtype=t.dtype) for n, t in plan.targets.items()}
+    out = {n: _target_tensor(t, n in opened.casts) for n, t in plan.targets.items()}
     whole: dict[str, dict[str, torch.Tensor]] = {}
     lock = threading.Lock()
     counted = [0]
@@ -443,6 +444,22 @@ def read_resharded(reader: Reader, opened: Opened) -> dict[str, Any]:
     return loaded
 
 
+def _target_tensor(t: Target, recast: bool) -> torch.Tensor:
+    """Where a target is read to: the live shard itself when it has the layout the file holds (no copy later, as
+    on the same-size path), else a new tensor."""
+    if t.live and not recast:
+        local = t.template.to_local()
+        if (
+            type(local) in (torch.Tensor, torch.nn.Parameter)
+            and local.device.type == "cpu"
+            and local.dtype == t.dtype
+            and tuple(local.shape) == t.local_shape
+            and local.is_contiguous()
+        ):
+            return cast(torch.Tensor, local.detach())
+    return torch.empty(t.local_shape, dtype=t.dtype)
+
+
 def _whole(reader: Reader, opened: Opened, name: str) -> dict[str, torch.Tensor]:
     rec = opened.manifest.files[name]
     path = reader.storage.join(opened.files_dir, name)
@@ -456,40 +473,51 @@ def _whole(reader: Reader, opened: Opened, name: str) -> dict[str, torch.Tensor]
 
 
 def _ranged(reader: Reader, opened: Opened, c: Copy, dst: memoryview, *, count: Callable[[int], None]) -> None:
-    """Read the checksummed pieces of the file that hold ``c``'s bytes, verify them, copy ``c``'s part out."""
+    """Read the checksummed pieces of the file that hold ``c``'s bytes and verify them: the pieces wholly inside
+    the range straight into ``dst`` (no copy), the one or two it cuts through into a scratch buffer, then their
+    part copied out."""
     plan: Plan = opened.reshard
     rec = opened.manifest.files[c.piece.file]
     assert rec.chunks is not None
     size = rec.chunks.bytes
     e = c.piece.entry
-    first = plan.first_chunk[(c.piece.file, e.name)]
-    k0, k1 = c.src // size, -(-(c.src + c.nbytes) // size)
     path = reader.storage.join(opened.files_dir, c.piece.file)
     base = plan.data_offset[c.piece.file] + e.begin
-    step = max(READ_PIECE, size)
-    per = step // size
-    done = 0
-    for k in range(k0, k1, per):
-        lo, hi = k * size, min(min(k + per, k1) * size, e.nbytes)
-        view = tensor_format.byte_view(torch.empty(hi - lo, dtype=torch.uint8))
-        got = reader.storage.read_range(path, base + lo, view)
+    first = plan.first_chunk[(c.piece.file, e.name)]
+    start, stop = c.src, c.src + c.nbytes
+
+    def fetch(lo: int, into: memoryview) -> None:
+        """Read the pieces at ``[lo, lo + len(into))`` of the tensor's data into ``into`` and verify each."""
+        got = reader.storage.read_range(path, base + lo, into)
         count(got)
-        if got != len(view):
-            raise opened.bad(f"{c.piece.file} ends early: expected {len(view)} bytes at {base + lo}, found {got}")
-        for j in range(0, hi - lo, size):
-            found = checksum.of_bytes(view[j : j + size])
+        if got != len(into):
+            raise opened.bad(f"{c.piece.file} ends early: expected {len(into)} bytes at {base + lo}, found {got}")
+        for j in range(0, len(into), size):
+            found = checksum.of_bytes(into[j : j + size])
             index = first + (lo + j) // size
-            if found != rec.chunks.digest(index):
+            if found != rec.chunks.digest(index):  # type: ignore[union-attr]
                 raise opened.bad(
-                    f"{c.piece.file}: checksum mismatch in bytes {base + lo + j}-{base + min(lo + j + size, hi) - 1} "
-                    f"(tensor {e.name!r}): COMMIT.json records {rec.chunks.digest(index)}, the bytes hash to {found} "
-                    "(the file changed after it was written: bit rot, a partial copy, or tampering)"
+                    f"{c.piece.file}: checksum mismatch in bytes {base + lo + j}-"
+                    f"{base + lo + min(j + size, len(into)) - 1} (tensor {e.name!r}): COMMIT.json records "
+                    f"{rec.chunks.digest(index)}, the bytes hash to {found} (the file changed after it was "  # type: ignore[union-attr]
+                    "written: bit rot, a partial copy, or tampering)"
                 )
-        a, b = max(c.src, lo), min(c.src + c.nbytes, hi)
-        dst[a - c.src : b - c.src] = view[a - lo : b - lo]
-        done += b - a
-    if done != c.nbytes:  # pragma: no cover - the loop covers [src, src + nbytes) by construction
-        raise opened.bad(f"read {done} of the {c.nbytes} bytes of {e.name!r}")
+
+    inner_lo = -(-start // size) * size  # the pieces wholly inside [start, stop)
+    inner_hi = stop if stop == e.nbytes else stop // size * size
+    if inner_lo < inner_hi:
+        step = max(READ_PIECE, size)
+        for lo in range(inner_lo, inner_hi, step):
+            hi = min(lo + step, inner_hi)
+            fetch(lo, dst[lo - start : hi - start])
+    for k in sorted({start // size, (stop - 1) // size}):  # the pieces it cuts through, if any
+        lo, hi = k * size, min((k + 1) * size, e.nbytes)
+        if inner_lo <= lo and hi <= inner_hi:
+            continue
+        scratch = tensor_format.byte_view(torch.empty(hi - lo, dtype=torch.uint8))
+        fetch(lo, scratch)
+        a, b = max(start, lo), min(stop, hi)
+        dst[a - start : b - start] = scratch[a - lo : b - lo]
 
 
 def _wrap(plan: Plan, tensors: dict[str, Any]) -> None:
@@ -499,6 +527,9 @@ def _wrap(plan: Plan, tensors: dict[str, Any]) -> None:
         if t.template is None or name not in tensors:
             continue
         live = t.template
+        if t.live and live.to_local().data_ptr() == tensors[name].data_ptr() and tensors[name].numel():
+            tensors[name] = live  # read in place: load_state_dict() then copies nothing
+            continue
         tensors[name] = DTensor.from_local(
             tensors[name],
             live.device_mesh,
