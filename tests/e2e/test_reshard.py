@@ -191,7 +191,14 @@ def test_object_store_root_reads_only_each_ranks_byte_ranges(tmp_path: Path) -> 
                     restored[rank] = e
         commit = json.loads(fs.cat_file("ckpt/run/step-000000000003/COMMIT.json"))
     # What each rank needs: its torch.chunk share of every sharded tensor (model and both AdamW moments, fp32).
-    shapes = {"0.weight": (width, 16), "0.bias": (width,), "2.weight": (11, width), "2.bias": (11,)}
+    shapes = {
+        "0.weight": (width, 16),
+        "0.bias": (width,),
+        "2.weight": (11, width),
+        "2.bias": (11,),
+        "4.weight": (1, 11),
+    }
+    shapes["4.bias"] = (1,)
     share = {r: 0 for r in range(3)}
     for shape in shapes.values():
         row = 4 * (shape[1] if len(shape) > 1 else 1)

@@ -145,11 +145,10 @@ def test_fsdp2_sharded_state_saved_per_rank_resumes_exactly_and_on_another_world
     assert code == 0, err
     assert f"resumed_from={stop}" in resumed
     assert final_digest(resumed) == final_digest(out)
-    code, grown, err = Torchrun(
-        root, 3, "--steps", "100", script=FSDP
-    ).finish()  # resharded (tests/e2e/test_reshard.py)
+    # another world size reshards (tests/e2e/test_reshard.py)
+    code, grown, err = Torchrun(root, 3, "--steps", "92", script=FSDP).finish()
     assert code == 0, err
-    assert "resumed_from=90" in grown and "final step=100" in grown
+    assert "resumed_from=90" in grown and "final step=92" in grown
 
 
 def test_drill_of_a_torchrun_job(tmp_path: Path) -> None:

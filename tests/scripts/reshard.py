@@ -54,8 +54,12 @@ def main() -> None:
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(16, args.width), torch.nn.ReLU(), torch.nn.Linear(args.width, 11), torch.nn.ReLU()
+    model = torch.nn.Sequential(  # the last layer's one row leaves some ranks' shards empty
+        torch.nn.Linear(16, args.width),
+        torch.nn.ReLU(),
+        torch.nn.Linear(args.width, 11),
+        torch.nn.ReLU(),
+        torch.nn.Linear(11, 1),
     )
     module: torch.nn.Module = model
     if args.wrap == "fsdp":

@@ -170,3 +170,18 @@ def test_malformed_piece_checksums_in_a_manifest_are_refused(chunks: object, why
     body["files"]["state.json"] = doc
     with pytest.raises(CheckpointCorruptError, match="optional 'chunks'"):
         Manifest.from_json(json.dumps(layout.seal(body)).encode(), where="COMMIT.json")
+
+
+@pytest.mark.parametrize(
+    ("meta", "why"),
+    [
+        ({"mesh": [2, 2], "placements": ["Replicate()", "Shard(dim=0)"]}, "a 2-D mesh"),
+        ({"mesh": [4], "placements": ["Shard(dim=1)"]}, "placement Shard(dim=1)"),
+        ({"mesh": [4], "placements": ["_StridedShard(dim=0, sf=2)"]}, "placement _StridedShard"),
+    ],
+)
+def test_layouts_that_cannot_be_resharded_are_named(meta: dict[str, object], why: str) -> None:
+    found = reshard._supported(meta)
+    assert found is not None and found.startswith(why)
+    assert reshard._supported({"mesh": [3], "placements": ["Shard(dim=0)"]}) is None
+    assert reshard._supported({"mesh": [3], "placements": ["Replicate()"]}) is None

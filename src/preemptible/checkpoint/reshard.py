@@ -311,7 +311,8 @@ def open_resharded(reader: Reader, step: int, *, rank: int, world: int, live: Li
         pick = next((p for o, p in candidates if o in (None, src)), min(candidates, key=lambda x: x[0] or 0)[1])
         pieces[name] = [pick]
 
-    for name, found in pieces.items():
+    for name in [*pieces, *(n for n in sharded_names if n not in pieces)]:  # a shard may hold no rows here
+        found = pieces.get(name, [])
         shape = sharded_names[name][0] if name in sharded_names else found[0].entry.shape
         t = target_for(name, shape, stored_dtype[name])
         plan.targets[name] = t
