@@ -157,7 +157,13 @@ def test_a_header_changed_after_the_commit_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("chunks", "why"),
-    [({"bytes": 0, "sums": "00" * 8}, "bytes"), ({"bytes": 16384, "sums": "xyz"}, "sums"), ("abc", "not an object")],
+    [
+        ({"bytes": 0, "sums": "00" * 8}, "bytes"),
+        ({"bytes": 20000, "sums": "00" * 8}, "not a power of two"),
+        ({"bytes": 1, "sums": "00" * 8}, "a piece per byte"),
+        ({"bytes": 16384, "sums": "xyz"}, "sums"),
+        ("abc", "not an object"),
+    ],
 )
 def test_malformed_piece_checksums_in_a_manifest_are_refused(chunks: object, why: str) -> None:
     doc = {"bytes": 10, "checksum": "0" * 16, "chunks": chunks}

@@ -309,6 +309,11 @@ class Reader:
                 tensors[name] = stored.to(dtype)
         if opened.dtensors:
             self.rewrap(opened, tensors, sharded or {})
+        return self.rebuild(opened, tensors)
+
+    @staticmethod
+    def rebuild(opened: Opened, tensors: Mapping[str, Any]) -> dict[str, Any]:
+        """The state entries from the checkpoint's tree and the tensors read for it."""
         try:
             loaded = unflatten(opened.tree, tensors, opened.numpy)
         except CheckpointCorruptError as e:

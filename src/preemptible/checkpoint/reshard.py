@@ -36,7 +36,7 @@ import torch
 
 from preemptible.checkpoint.reader import Opened, Reader, source_rank
 from preemptible.errors import CheckpointCorruptError, StateMismatchError
-from preemptible.state import group_of, is_dtensor, parse_placement, shard_rows, unflatten
+from preemptible.state import group_of, is_dtensor, parse_placement, shard_rows
 from preemptible.store import checksum, layout
 from preemptible.store import format as tensor_format
 from preemptible.writer import parallel_map
@@ -436,13 +436,7 @@ def read_resharded(reader: Reader, opened: Opened) -> dict[str, Any]:
         if name in tensors:
             tensors[name] = tensors[name].to(dtype)
     _wrap(plan, tensors)
-    try:
-        loaded = unflatten(opened.tree, tensors, opened.numpy)
-    except CheckpointCorruptError as e:
-        raise opened.bad(str(e)) from e
-    if not isinstance(loaded, dict):
-        raise opened.bad(f"{layout.STATE} holds a {type(loaded).__name__}, expected an object of state entries")
-    return loaded
+    return reader.rebuild(opened, tensors)
 
 
 def _target_tensor(t: Target, recast: bool) -> torch.Tensor:

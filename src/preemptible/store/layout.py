@@ -135,7 +135,8 @@ class FileRecord:
         chunks = rec.get("chunks")
         if chunks is None:
             return cls(rec["bytes"], rec["checksum"])
-        if not isinstance(chunks, dict) or not _is_int(chunks.get("bytes")) or chunks["bytes"] <= 0:
+        size = chunks.get("bytes") if isinstance(chunks, dict) else None
+        if not _is_int(size) or size < 4096 or size & (size - 1):  # the writer's sizes: powers of two >= 16 KiB
             return None
         sums = chunks.get("sums")
         if not isinstance(sums, str) or len(sums) % 16 or not _HEX.fullmatch(sums):
