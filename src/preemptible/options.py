@@ -96,7 +96,7 @@ class RunOptions:
                 log.warning("ignoring %s=%r: expected an integer exit code", EXIT_CODE_ENV, env)
         return platform_default
 
-    def requeue_wanted(self, scheduler: str | None) -> bool:
-        """SLURM only: ``scontrol requeue`` after a successful emergency save (``requeue``, else the environment)."""
-        wanted = self.requeue if self.requeue is not None else slurm.requeue_wanted()
-        return wanted and scheduler == "slurm"
+    def requeue_wanted(self) -> bool | None:
+        """SLURM: ``scontrol requeue`` after a successful emergency save: ``requeue``, else the environment, else
+        None (decided from the job's own state, `slurm.decide`)."""
+        return self.requeue if self.requeue is not None else slurm.requeue_wanted()

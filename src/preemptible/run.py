@@ -73,7 +73,8 @@ class Run:
             early checkpoint at the next boundary while training goes on, ``"stop"`` treat it as a notice,
             ``"ignore"``.
         requeue: SLURM only: ``scontrol requeue`` the job after a successful emergency save. None:
-            ``$PREEMPTIBLE_SLURM_REQUEUE``.
+            ``$PREEMPTIBLE_SLURM_REQUEUE``, else when Slurm says the job is requeueable (``--requeue``) and still
+            running (not cancelled by its user); see `preemptible.sources.slurm`.
         async_save: periodic saves copy the state into reused staging buffers and write in the background
             (default True): training stalls only for the copy. Emergency and final saves are always direct.
         prestage_every: keep the staging buffer refreshed every this many steps (for GPU states and long steps).
@@ -693,8 +694,11 @@ class Run:
                 log.error("[rank=%d] emergency save of step %d failed: %s", self.rank, completed, e)
                 if not isinstance(e, Exception):
                     raise
-        if saved and self.options.requeue_wanted(self.guard.platform.scheduler):
-            self.journal.event(Event.REQUEUE, completed, ok=slurm.requeue())
+        if saved and self.rank == 0 and self.guard.platform.scheduler == "slurm":
+            wanted = self.options.requeue_wanted()
+            requeue, why = slurm.decide(wanted, slurm.job_info() if wanted is None else None)
+            log.info("[rank=%d] SLURM: %s", self.rank, why)
+            self.journal.event(Event.REQUEUE, completed, ok=slurm.requeue() if requeue else False, why=why)
         self.preempted = True
         tracked = self.trackers.on_notice()
         if tracked["flushed"] or "wandb" in tracked:

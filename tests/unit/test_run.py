@@ -342,3 +342,45 @@ def test_slurm_requeue_after_a_successful_save(tmp_path: Path, monkeypatch: pyte
         if step == 1:
             run.guard.trigger(source="signal")
     assert not calls.exists()
+
+
+# One line of `scontrol show job -o` from a real Slurm 22.05 job (scripts/slurm_cluster.py), cut after Partition.
+SHOW_JOB = (
+    "JobId=5 JobName=probe.sh UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901755 Nice=0 Account=(null) "
+    "QOS=(null) JobState={state} Reason=None Dependency=(null) Requeue={requeue} Restarts=1 BatchFlag=1 Reboot=0 "
+    "ExitCode=0:0 RunTime=00:00:44 TimeLimit=UNLIMITED TimeMin=N/A SubmitTime=2026-12-01T00:37:42 Partition=low"
+)
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        (("RUNNING", "1", ""), True),  # preempted, or a --signal before the time limit: comes back
+        (("COMPLETING", "1", ""), False),  # scancel by its user: stays cancelled
+        (("RUNNING", "0", ""), False),  # not submitted with --requeue
+        (("COMPLETING", "1", "1"), True),  # forced
+        (("RUNNING", "1", "0"), False),  # off
+    ],
+)
+def test_slurm_requeues_by_default_when_the_job_is_requeueable_and_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: tuple[str, str, str], expected: bool
+) -> None:
+    state, requeue, env = case
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "scontrol-calls"
+    line = SHOW_JOB.format(state=state, requeue=requeue)
+    (bin_dir / "scontrol").write_text(
+        f'#!/bin/sh\nif [ "$1" = show ]; then echo "{line}"; else echo "$@" >> {calls}; fi\n'
+    )
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "5")
+    monkeypatch.setenv("PREEMPTIBLE_SLURM_REQUEUE", env)
+    run = Run(tmp_path / "ckpt", exit_on_notice=False, **parts())
+    for step in run.steps(5):
+        if step == 1:
+            run.guard.trigger(source="signal")
+    assert calls.exists() == expected
+    event = [e for e in journal(tmp_path / "ckpt") if e["event"] == "requeue"][0]
+    assert event["ok"] is expected and event["why"]
