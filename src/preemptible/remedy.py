@@ -24,7 +24,7 @@ FIX: dict[str, list[str]] = {
         "Azure: the notice is a Scheduled Events 'Preempt' document (30 s): keep Run's default sources",
         "Kubernetes: terminationGracePeriodSeconds above the predicted emergency save (preemptible plan ROOT --params "
         'N --platform k8s), and the trainer must receive SIGTERM: exec form (CMD ["python", ...] or exec python ...)',
-        "SLURM: #SBATCH --requeue, and Run(requeue=True) (or PREEMPTIBLE_SLURM_REQUEUE=1) so the job comes back",
+        "SLURM: #SBATCH --requeue (preemptible then requeues the job after its checkpoint; recipes/slurm/train.sbatch)",
         "resubmit or requeue the job: Run resumes from the newest checkpoint that verifies",
     ],
     "time-limit": [

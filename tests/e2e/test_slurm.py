@@ -151,7 +151,8 @@ PREEMPT = ("--steps", "120", "--step-time", "0.05", "--save-every", "1000")
 PREEMPT_DDP = ("--steps", "80", "--step-time", "0.05", "--save-every", "1000")
 TIMELIMIT = ("--steps", "160", "--step-time", "0.25", "--save-every", "1000")  # ~40 s: past the first USR1
 CANCEL = ("--steps", "400", "--step-time", "0.05", "--save-every", "1000")
-MODES = {"batch": ("--signal=B:USR1@30", "exec srun"), "step": ("--signal=USR1@30", "srun")}
+MODES = {"batch": ("--signal=B:USR1@30", "exec srun"), "step": ("--signal=USR1@30", "recipes/slurm/train.sbatch")}
+RECIPE = REPO / "recipes" / "slurm" / "train.sbatch"
 
 
 @pytest.fixture(scope="module")
@@ -179,9 +180,16 @@ def campaign(cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) 
     wait_for_output(jobs["preempt_ddp"][1], "step 20 ")
     submit("high", "sleep 2", cpus=slurm_cluster.CPUS)  # needs the whole node: both low jobs must go
     wait_for(cluster, jobs["high"][0], ("RUNNING", "COMPLETED"))
-    for mode, (signal, launch) in MODES.items():
-        command = f"{launch} {PY} {TRAIN} --root {tmp / mode} {' '.join(TIMELIMIT)}"
-        submit(mode, command, extra=("--requeue", "--time=1", signal))
+    signal, launch = MODES["batch"]
+    command = f"{launch} {PY} {TRAIN} --root {tmp / 'batch'} {' '.join(TIMELIMIT)}"
+    submit("batch", command, extra=("--requeue", "--time=1", signal))
+    # --signal=USR1@N to the steps: the recipe as a user would submit it, its own #SBATCH lines overridden
+    out = tmp / "step.out"
+    argv = ["sbatch", "--parsable", "--partition=high", f"--output={out}", "--time=1", MODES["step"][0]]
+    argv += [str(RECIPE), PY, str(TRAIN), "--root", str(tmp / "step"), *TIMELIMIT]
+    recipe_env = {**cluster, "CKPT_ROOT": str(tmp / "step")}
+    done = subprocess.run(argv, capture_output=True, text=True, env=recipe_env, check=True)
+    jobs["step"] = (done.stdout.strip().split(";")[0], out, tmp / "step")
     for name in ("cancel", "cancel_usr1"):
         submit(name, f"exec srun {PY} {TRAIN} --root {tmp / name} {' '.join(CANCEL)}", extra=("--requeue",))
     for name, how in (("cancel", []), ("cancel_usr1", ["--signal=USR1"])):  # a user's scancel, mid-run
@@ -219,15 +227,17 @@ def test_partition_preemption_requeues_and_resumes_bit_identical(
 def test_signal_before_the_time_limit_requeues_and_resumes(
     cluster: dict[str, str], campaign: dict[str, Any], mode: str
 ) -> None:
-    """``--time=1 --signal=USR1@30`` (to the steps) and ``--signal=B:USR1@30`` (to the batch shell, which is srun
-    after ``exec``): Slurm sends USR1 up to 60 s early; the run checkpoints, requeues and resumes, attempt after
-    attempt, until it finishes."""
+    """``--time=1 --signal=USR1@30`` (to the steps; the recipe recipes/slurm/train.sbatch) and
+    ``--signal=B:USR1@30`` (to the batch shell, which is srun after ``exec``): Slurm sends USR1 up to 60 s early;
+    the run checkpoints, requeues and resumes, attempt after attempt, until it finishes."""
     _, out, root = campaign[mode]
     assert int(finished(cluster, campaign[mode])["Restarts"]) >= 1
     assert digest(out.read_text()) == campaign["refs"].digest(*TIMELIMIT)
     notices = events(root, "notice")
     assert notices and {e["detail"] for e in notices} == {"SIGUSR1"}
     assert all(e["ok"] for e in events(root, "requeue"))
+    if mode == "step":  # the recipe: one log across attempts, each attempt announced
+        assert out.read_text().count("attempt ") == int(finished(cluster, campaign[mode])["Restarts"]) + 1
     print(f"{mode}: notice->commit (s, window s):", notice_to_commit(root))
 
 
