@@ -76,16 +76,13 @@ def tensor_bytes(root: Path, step: int = 3) -> dict[str, int]:
     return {n: f["bytes"] for n, f in files.items() if n.endswith(".safetensors")}
 
 
-@pytest.mark.parametrize("nproc", [3, 1, 2])
-def test_fsdp2_saved_on_2_restores_on_3_1_and_2(roots: Any, tmp_path: Path, nproc: int) -> None:
+@pytest.mark.parametrize("nproc", [3, 1])
+def test_fsdp2_saved_on_2_restores_on_3_and_1(roots: Any, tmp_path: Path, nproc: int) -> None:
+    """(On 2 again: tests/e2e/test_torchrun.py, bit-identical through a SIGTERM and a resume.)"""
     after, root = restore(tmp_path, roots["fsdp2"], nproc, "fsdp")
     assert_same_state(roots["fsdp2"][1], after)
     changed = events(root, "world_changed")
     restored = events(root, "restored")
-    if nproc == 2:  # the same world: whole files into the live shards, as before; nothing changed
-        assert not any(changed.values())
-        assert sum(restored[r][0]["data_bytes_read"] for r in (0, 1)) == sum(tensor_bytes(root).values())
-        return
     for rank in range(nproc):
         (event,) = changed[rank]
         assert event["saved_world"] == 2 and event["world"] == nproc and event["resharded"] > 0

@@ -149,7 +149,7 @@ def notice_to_commit(root: Path) -> list[tuple[float, float]]:
 
 PREEMPT = ("--steps", "120", "--step-time", "0.05", "--save-every", "1000")
 PREEMPT_DDP = ("--steps", "80", "--step-time", "0.05", "--save-every", "1000")
-TIMELIMIT = ("--steps", "160", "--step-time", "0.25", "--save-every", "1000")  # ~40 s: past the first USR1
+TIMELIMIT = ("--steps", "140", "--step-time", "0.25", "--save-every", "1000")  # 35 s: past t=30 s, the latest USR1
 CANCEL = ("--steps", "400", "--step-time", "0.05", "--save-every", "1000")
 MODES = {"batch": ("--signal=B:USR1@30", "exec srun"), "step": ("--signal=USR1@30", "recipes/slurm/train.sbatch")}
 RECIPE = REPO / "recipes" / "slurm" / "train.sbatch"

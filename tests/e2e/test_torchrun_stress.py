@@ -18,7 +18,7 @@ import pytest
 from conftest import REPO
 from torchrunkit import EXAMPLE, FSDP, Torchrun, journals, last
 
-ROUNDS = int(os.environ.get("PREEMPTIBLE_STRESS_ROUNDS", "2"))
+ROUNDS = int(os.environ.get("PREEMPTIBLE_STRESS_ROUNDS", "1"))
 FAIL = REPO / "tests" / "scripts" / "ddp_fail.py"
 ABNORMAL = ("terminate called", "Aborted", "core dumped", "SIGABRT", "Signal 6", "exitcode: -6", "Fatal Python")
 
