@@ -88,6 +88,7 @@ def _selective(found_in: tuple[str, ...]) -> int:
 
 PEER_LOST = "a peer stopped answering (a connection reset, refused or closed; an aborted communicator)"
 
+_SACCT_ROW = r"^\s*\d+(_\d+|_\[[\d,-]+\])?(\.\w+|\+)?\s.*"  # an sacct row: job id (array, step), then its fields
 RULES: tuple[Rule, ...] = (
     # a scheduler's "preempted" that is really a node failure (PBS/Moab)
     _r(
@@ -109,7 +110,7 @@ RULES: tuple[Rule, ...] = (
     _r(
         "preempted",
         "strong",
-        r"^\s*\d+(_\d+|_\[[\d,-]+\])?(\.\w+|\+)?\s.*\bPREEMPTED\b",
+        _SACCT_ROW + r"\bPREEMPTED\b",
         "sacct: job state PREEMPTED",
         "slurm",
         flags=0,
@@ -239,7 +240,7 @@ RULES: tuple[Rule, ...] = (
     _r(
         "time-limit",
         "strong",
-        r"^\s*\d+(_\d+|_\[[\d,-]+\])?(\.\w+|\+)?\s.*\bTIMEOUT\b",
+        _SACCT_ROW + r"\bTIMEOUT\b",
         "sacct: job state TIMEOUT",
         "slurm",
         flags=0,
@@ -457,7 +458,7 @@ RULES: tuple[Rule, ...] = (
     _r(
         "completed",
         "weak",
-        r"^\s*\d+(_\d+|_\[[\d,-]+\])?(\.\w+|\+)?\s.*\bCOMPLETED\b",
+        _SACCT_ROW + r"\bCOMPLETED\b",
         "sacct: job state COMPLETED",
         "slurm",
         flags=0,
@@ -466,7 +467,7 @@ RULES: tuple[Rule, ...] = (
     _r(
         "crashed",
         "weak",
-        r"^\s*\d+(_\d+|_\[[\d,-]+\])?(\.\w+|\+)?\s.*\bFAILED\s+[1-9]\d*:\d+",
+        _SACCT_ROW + r"\bFAILED\s+[1-9]\d*:\d+",
         "sacct: job state FAILED (a non-zero exit)",
         "slurm",
         flags=0,
@@ -474,7 +475,7 @@ RULES: tuple[Rule, ...] = (
     _r(
         "terminated",
         "weak",
-        r"^\s*\d+(_\d+|_\[[\d,-]+\])?(\.\w+|\+)?\s.*\bCANCELLED\b",
+        _SACCT_ROW + r"\bCANCELLED\b",
         "sacct: job state CANCELLED (scancel, or an admin)",
         "slurm",
         flags=0,

@@ -40,6 +40,21 @@ COALESCE_BUFFER = 16 << 20
 ARENA_ALIGN = 4096  # file data regions start page-aligned in the arena, as on disk: direct I/O with no copy
 METADATA = {"format": "pt", "writer": "preemptible"}
 _FILE_SAFE = re.compile(r"[^A-Za-z0-9_.\-]")
+_PART = re.compile(r"-[0-9]{5}-of-[0-9]{5}$")
+
+
+def file_stem(group: str) -> str:
+    """The stem of the tensor files of a top-level state entry (``model`` -> ``model``, ``a/b`` -> ``a_b``)."""
+    return _FILE_SAFE.sub("_", group).lstrip(".") or "tensors"
+
+
+def stem_of_file(name: str) -> str:
+    """The inverse, from a file name: ``model-00002-of-00003-r00001.safetensors`` -> ``model``."""
+    stem = name.removesuffix(layout.TENSOR_SUFFIX)
+    rank = layout.file_rank(name)
+    if rank is not None:
+        stem = stem.removesuffix(layout.rank_suffix(rank))
+    return _PART.sub("", stem)
 
 
 @dataclass
@@ -91,7 +106,7 @@ def plan_files(
     target = min(max_file_bytes, max(MIN_PART_BYTES, total // max(1, 4 * threads)))
     specs: list[FileSpec] = []
     for group, items in groups.items():
-        stem = _FILE_SAFE.sub("_", group).lstrip(".") or "tensors"
+        stem = file_stem(group)
         parts: list[list[tuple[str, torch.Tensor]]] = [[]]
         size = 0
         for item in items:

@@ -24,8 +24,8 @@ before any live tensor changes.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-import re
 import struct
 import threading
 from collections.abc import Callable, Mapping
@@ -39,11 +39,9 @@ from preemptible.errors import CheckpointCorruptError, StateMismatchError
 from preemptible.state import group_of, is_dtensor, parse_placement, shard_rows
 from preemptible.store import checksum, layout
 from preemptible.store import format as tensor_format
-from preemptible.writer import parallel_map
+from preemptible.writer import file_stem, parallel_map, stem_of_file
 
 READ_PIECE = 16 << 20  # a ranged read is split into requests of this size (a multiple of every chunk size)
-_PART = re.compile(r"-[0-9]{5}-of-[0-9]{5}$")
-_FILE_SAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 
 
 @dataclass(frozen=True)
@@ -164,17 +162,6 @@ def _live_supported(t: Any) -> str | None:
     return None
 
 
-def _file_group(name: str) -> str:
-    """The (file-safe) state entry a tensor file belongs to: ``model-00002-of-00003-r00001.safetensors`` -> model."""
-    stem = name.removesuffix(layout.TENSOR_SUFFIX)
-    stem = re.sub(r"-r[0-9]{5}$", "", stem)
-    return _PART.sub("", stem)
-
-
-def _safe(group: str) -> str:
-    return _FILE_SAFE.sub("_", group).lstrip(".") or "tensors"
-
-
 def open_resharded(reader: Reader, step: int, *, rank: int, world: int, live: Live) -> Opened:
     """Read and check everything but tensor data for a restore at another layout, and plan the ranged reads.
 
@@ -239,6 +226,7 @@ def open_resharded(reader: Reader, step: int, *, rank: int, world: int, live: Li
 
     # Which ranks' files hold what this rank needs of each sharded tensor.
     sharded_names: dict[str, tuple[tuple[int, ...], list[int]]] = {}
+    sharded_targets: dict[str, Target] = {}
     for name, meta in metas.items():
         why = _supported(meta)
         if why is not None:
@@ -248,7 +236,7 @@ def open_resharded(reader: Reader, step: int, *, rank: int, world: int, live: Li
             shape = tuple(int(d) for d in meta["shape"])
         except (KeyError, TypeError, ValueError) as err:
             raise bad(f"the sharding record of {name!r} is malformed ({err})") from err
-        t = target_for(name, shape, torch.float32)  # which rows; the dtype does not matter here
+        t = sharded_targets[name] = target_for(name, shape, torch.float32)  # its dtype is set from the header
         if str(meta["placements"][0]).startswith("Replicate") or saved == 1 or not ranks_with_files:
             sources = [src]
         else:
@@ -258,7 +246,7 @@ def open_resharded(reader: Reader, step: int, *, rank: int, world: int, live: Li
         raise _refuse(opened, world, unsupported, mismatched)
 
     # Headers: the replicated files, the needed ranks' files of sharded entries, this rank's source's own files.
-    safe_sharded = {_safe(g) for g in sharded_groups}
+    safe_sharded = {file_stem(g) for g in sharded_groups}
     need_ranks = {src} | {k for _, ks in sharded_names.values() for k in ks}  # src: the plain tensors beside shards
     wanted = []
     for name in files:
@@ -267,7 +255,7 @@ def open_resharded(reader: Reader, step: int, *, rank: int, world: int, live: Li
         owner = layout.file_rank(name)
         if owner is None:
             wanted.append(name)
-        elif _file_group(name) in safe_sharded:
+        elif stem_of_file(name) in safe_sharded:
             if owner in need_ranks:
                 wanted.append(name)
         elif owner == src:
@@ -313,8 +301,11 @@ def open_resharded(reader: Reader, step: int, *, rank: int, world: int, live: Li
 
     for name in [*pieces, *(n for n in sharded_names if n not in pieces)]:  # a shard may hold no rows here
         found = pieces.get(name, [])
-        shape = sharded_names[name][0] if name in sharded_names else found[0].entry.shape
-        t = target_for(name, shape, stored_dtype[name])
+        if name in sharded_targets:
+            t = dataclasses.replace(sharded_targets[name], dtype=stored_dtype[name])
+        else:
+            t = target_for(name, found[0].entry.shape, stored_dtype[name])
+        shape = t.shape
         plan.targets[name] = t
         opened.entries[name] = tensor_format.Entry(name, t.dtype, t.local_shape, 0, 0)
         if t.template is not None or name in sharded_names:
@@ -340,11 +331,11 @@ def open_resharded(reader: Reader, step: int, *, rank: int, world: int, live: Li
 
 
 def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
-    return max(a[0], b[0]) < min(a[1], b[1]) or (a[0] == a[1] == 0 and b[0] == 0)
+    return max(a[0], b[0]) < min(a[1], b[1])
 
 
 def _refuse(opened: Opened, world: int, unsupported: list[str], mismatched: list[str]) -> StateMismatchError:
-    lines = list(dict.fromkeys([*mismatched, *unsupported]))
+    lines = [*mismatched, *unsupported]
     shown = "\n".join(f"  {d}" for d in lines[:50])
     more = f"\n  ... and {len(lines) - 50} more" if len(lines) > 50 else ""
     hint = (
