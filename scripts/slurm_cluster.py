@@ -6,7 +6,7 @@
     python3 scripts/slurm_cluster.py stop DIR      # stops them by the pids in DIR
 
 Needs root (slurmd launches jobs as their user) and Debian's ``slurm-wlm`` and ``munge`` packages
-(``scripts/bootstrap`` installs them). Everything it writes is under DIR: the configuration, a munge socket, the
+(``scripts/install-slurm`` installs them). Everything it writes is under DIR: the configuration, a munge socket, the
 daemons' state, spool, logs and pid files. Nothing under /etc changes.
 
 The node declares 8 CPUs whatever the machine has (jobs are CPU-light training steps; several run side by side).
@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 CPUS = 8
@@ -46,7 +47,9 @@ def missing() -> str | None:
         return "not root (slurmd must run as root to launch jobs)"
     tools = [t for t in ("munged", "slurmctld", "slurmd", "sbatch", "scontrol") if shutil.which(t) is None]
     if tools:
-        return f"{', '.join(tools)} not installed (apt-get install slurm-wlm munge; scripts/bootstrap does it as root)"
+        return (
+            f"{', '.join(tools)} not installed (apt-get install slurm-wlm munge; scripts/install-slurm does it as root)"
+        )
     if not Path("/etc/munge/munge.key").exists():
         return "/etc/munge/munge.key is missing (the munge package creates it; or run mungekey)"
     return None
@@ -140,12 +143,14 @@ def _run(argv: list[str], d: Path, env: dict[str, str] | None = None) -> None:
     done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
         stop(d)
-        raise RuntimeError(f"{argv[0]} {argv[-1]!r}... exited {done.returncode}: {(done.stderr or done.stdout).strip()}")
+        raise RuntimeError(
+            f"{argv[0]} {argv[-1]!r}... exited {done.returncode}: {(done.stderr or done.stdout).strip()}"
+        )
 
 
-def _wait(ok: object, timeout: float, what: str, d: Path) -> None:
+def _wait(ok: Callable[[], bool], timeout: float, what: str, d: Path) -> None:
     deadline = time.monotonic() + timeout
-    while not ok():  # type: ignore[operator]
+    while not ok():
         if time.monotonic() > deadline:
             logs = "".join(
                 f"\n--- {p.name} ---\n{p.read_text(errors='replace')[-1500:]}"

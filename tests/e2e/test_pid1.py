@@ -68,18 +68,19 @@ class Container:
                 raise AssertionError(f"never printed {text!r}:\n{self.log.read_text(errors='replace')[-3000:]}")
             time.sleep(0.05)
 
-    def namespace_states(self) -> list[str]:
-        """The state letter of every process in the container's PID namespace (Z: a zombie)."""
+    def namespace_processes(self) -> list[tuple[str, str]]:
+        """(command, state letter) of every process in the container's PID namespace (state Z: a zombie)."""
         ns = os.readlink(f"/proc/{self.pid}/ns/pid")
-        states = []
+        found = []
         for p in Path("/proc").iterdir():
             if p.name.isdigit():
                 try:
                     if os.readlink(p / "ns" / "pid") == ns:
-                        states.append((p / "stat").read_text().rsplit(")", 1)[1].split()[0])
+                        name, rest = (p / "stat").read_text().split(" (", 1)[1].rsplit(")", 1)
+                        found.append((name, rest.split()[0]))
                 except OSError:
                     continue
-        return states
+        return found
 
     def wait(self, timeout: float = 60) -> int:
         try:
@@ -144,8 +145,10 @@ def test_preemptible_run_as_pid_1_reaps_orphans(tmp_path: Path) -> None:
     orphans = "for i in 1 2 3; do (sleep 0.2 &) ; done"
     c = Container([*WRAPPER, "sh", "-c", f"{orphans}; exec {shell(run_line(root))}"], root)
     c.wait_for("step 30 ")
-    time.sleep(0.5)  # the orphans' sleeps have ended by now
-    states = c.namespace_states()
-    assert "Z" not in states, states
+    # The orphans end after 0.2 s; reaped, they are gone. Unreaped, they stay zombies (Z) until the guard fails.
+    deadline = time.monotonic() + 30
+    while any(name == "sleep" for name, _ in c.namespace_processes()):
+        assert time.monotonic() < deadline, f"orphans never reaped: {c.namespace_processes()}"
+        time.sleep(0.05)
     os.kill(c.pid, signal.SIGTERM)
     assert c.wait() == 0

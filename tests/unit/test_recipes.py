@@ -64,6 +64,19 @@ def test_slurm_recipe_asks_for_what_the_library_relies_on() -> None:
     assert "DONE.json" in text
 
 
+def trainer_pid(root: Path) -> int:
+    """The process running examples/train.py for ``root`` itself (its argv starts with the interpreter)."""
+    want = [sys.executable, str(REPO / "examples" / "train.py"), "--root", str(root)]
+    for p in Path("/proc").iterdir():
+        try:
+            argv = (p / "cmdline").read_bytes().decode().split("\0")
+        except (OSError, ValueError):
+            continue
+        if p.name.isdigit() and argv[: len(want)] == want:
+            return int(p.name)
+    raise AssertionError(f"no trainer process for {root}")
+
+
 def test_the_vm_loop_restarts_after_a_notice_until_done(tmp_path: Path) -> None:
     """The until loop, run: the trainer gets SIGTERM once, checkpoints, exits; the loop starts it again; it resumes
     and finishes; the loop stops at DONE.json. The result is the uninterrupted run's."""
@@ -82,9 +95,7 @@ def test_the_vm_loop_restarts_after_a_notice_until_done(tmp_path: Path) -> None:
     for line in loop.stdout:
         lines.append(line)
         if line.startswith("step 50 "):
-            pattern = f"^{sys.executable} {REPO}/examples/train.py --root {root} "  # the trainer, not the loop
-            trainer = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True, check=True)
-            os.kill(int(trainer.stdout.split()[0]), signal.SIGTERM)
+            os.kill(trainer_pid(root), signal.SIGTERM)  # the trainer alone, not the loop or its wrapper
             break
     out = "".join(lines) + loop.communicate(timeout=120)[0]
     assert loop.returncode == 0, out
