@@ -120,6 +120,7 @@ def test_a_model_of_another_shape_is_refused_naming_the_tensors(roots: Any, tmp_
     code, _, err = launch(root, 3, "fsdp", "restore", tmp_path / "out.json", "--width", "40")
     assert code != 0
     assert "saved by 2 rank(s), cannot be restored on 3" in err
+    assert "ranks 0, 1, 2: the checkpoint of step 3" in err  # one reason, stated once for the ranks that gave it
     assert "model/0.weight: global shape [37, 16] in checkpoint, [40, 16] live" in err
     assert "optimizer/state/0/exp_avg: global shape [37, 16] in checkpoint, [40, 16] live" in err
     assert not (tmp_path / "out.json").exists()

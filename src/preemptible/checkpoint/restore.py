@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import warnings
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,7 +126,7 @@ class Restorer:
             return outcome
         kinds = {x["kind"] for _, x in bad}
         kind = next(k for k in ("content", "load", "io") if k in kinds)
-        return _Outcome(False, kind, "; ".join(f"rank {r}: {x['why']}" for r, x in bad), outcome.probe)
+        return _Outcome(False, kind, _by_reason((r, x["why"]) for r, x in bad), outcome.probe)
 
     def restore(self, state: Mapping[str, Any], candidates: Sequence[Candidate], *, explicit: bool) -> int:
         with dist.session(self.coord) as store:
@@ -311,6 +311,15 @@ class Restorer:
                 step=step,
                 differences=diffs,
             )
+
+
+def _by_reason(reports: Iterable[tuple[int, str]]) -> str:
+    """Ranks' reasons, each stated once with the ranks that gave it (64 ranks refusing one model for one reason is
+    one paragraph, not 64)."""
+    ranks: dict[str, list[int]] = {}
+    for rank, why in reports:
+        ranks.setdefault(why, []).append(rank)
+    return "; ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {why}" for why, rs in ranks.items())
 
 
 def _mismatch(directory: str, step: int, why: str) -> StateMismatchError:
