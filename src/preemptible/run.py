@@ -7,6 +7,7 @@ policy's code. Everything it does is written to the journal.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import inspect
 import logging
@@ -197,6 +198,7 @@ class Run:
         self._meta: dict[str, Any] = {}
         self._loop: dict[str, Any] = {"epoch": 0, "done": 0, "rng": None}
         """Where `epochs`/`batches` are: the epoch, the batches done in it, the random streams at its start."""
+        self._finished = False  # the last step ran and its final checkpoint committed
         self.state: dict[str, Any] = {**state, _RNG: RNGState(), _RUN: self._meta, _LOOP: self._loop}
         flatten(capture(self.state))  # every leaf storable now: a clear error here, not at the first save
         self.step: int = 0
@@ -279,6 +281,8 @@ class Run:
         if self._pending is not None:
             self._reap(block=True)
         self.guard.close()
+        if self._finished and self.guard.platform.scheduler == "slurm":
+            _ignore_late_warning()
         if self.journal is not None:
             self.journal.close()
         self._entered = False
@@ -369,6 +373,7 @@ class Run:
             return False
         if total is not None and start >= total:
             self.journal.event(Event.DONE, start, total=total, already=True)
+            self._finished = True
             return False
         self.checkpointer.clear_finished()
         return True
@@ -612,6 +617,7 @@ class Run:
         if self.rank == 0:
             self.checkpointer.mark_finished(total)
         self.journal.event(Event.DONE, total, total=total)
+        self._finished = True
 
     def _advisory(self, completed: int) -> bool:
         """An advisory notice: save early (and keep training), stop, or ignore. True when the loop must end."""
@@ -797,3 +803,15 @@ def _ensure_log_handler() -> None:
 
 RESERVED = frozenset(p for p in inspect.signature(Run.__init__).parameters if p not in ("self", "state"))
 """`Run`'s own keywords: none of them can name a state entry (Python hands them to `Run`, never to ``**state``)."""
+
+
+def _ignore_late_warning() -> None:
+    """After a finished run under Slurm, a ``--signal`` warning (USR1, whose default action ends the process) that
+    arrives before the process exits has nothing left to save; left to its default it would turn a finished job
+    into a FAILED one (seen on a loaded machine: the warning came a moment after the final checkpoint). Ignore it,
+    unless someone installed a handler of their own."""
+    import signal
+
+    if signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
+        with contextlib.suppress(ValueError):  # closed from another thread: only the main thread sets handlers
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)

@@ -384,3 +384,28 @@ def test_slurm_requeues_by_default_when_the_job_is_requeueable_and_running(
     assert calls.exists() == expected
     event = [e for e in journal(tmp_path / "ckpt") if e["event"] == "requeue"][0]
     assert event["ok"] is expected and event["why"]
+
+
+def test_a_late_slurm_warning_after_a_finished_run_does_not_kill_the_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen on a loaded machine: the --signal USR1 arrived a moment after the final checkpoint; its default action
+    ended the finished process, and Slurm recorded the job FAILED. (If this test breaks, the test process dies.)"""
+    import os
+    import signal
+
+    monkeypatch.setenv("SLURM_JOB_ID", "5")
+    previous = signal.getsignal(signal.SIGUSR1)
+    signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    try:
+        run = Run(tmp_path / "ckpt", **parts())
+        for _ in run.steps(3):
+            pass
+        assert signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGUSR1)  # ignored: the run is done
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        for _ in Run(tmp_path / "ckpt", **parts()).steps(3):  # already finished: no step runs, the same after
+            raise AssertionError("a finished run ran a step")
+        assert signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
