@@ -27,8 +27,9 @@ import torch
 
 from preemptible.errors import SaveCancelled
 from preemptible.state import FlatState, group_of
-from preemptible.store import checksum, layout
+from preemptible.store import checksum, compress, layout
 from preemptible.store import format as tensor_format
+from preemptible.store.compress import Codec
 from preemptible.store.io import Storage, WriteStream
 from preemptible.store.layout import FileRecord
 
@@ -50,7 +51,7 @@ def file_stem(group: str) -> str:
 
 def stem_of_file(name: str) -> str:
     """The inverse, from a file name: ``model-00002-of-00003-r00001.safetensors`` -> ``model``."""
-    stem = name.removesuffix(layout.TENSOR_SUFFIX)
+    stem = name.removesuffix(".zst").removesuffix(layout.TENSOR_SUFFIX)
     rank = layout.file_rank(name)
     if rank is not None:
         stem = stem.removesuffix(layout.rank_suffix(rank))
@@ -166,6 +167,11 @@ def _coalesce_buffer() -> bytearray:
     return buf
 
 
+def stored_name(spec: FileSpec, codec: Codec | None) -> str:
+    """The file a spec is written to: its own name, or with `compress.SUFFIX` when compressed."""
+    return spec.name + compress.SUFFIX if codec is not None else spec.name
+
+
 def write_tensor_file(
     storage: Storage,
     directory: str,
@@ -173,12 +179,31 @@ def write_tensor_file(
     *,
     progress: Progress | None = None,
     blob: memoryview | None = None,
+    codec: Codec | None = None,
 ) -> FileRecord:
-    stream = storage.open_write(storage.join(directory, spec.name))
+    stream = storage.open_write(storage.join(directory, stored_name(spec, codec)))
     try:
-        sink = _Sink(stream, progress, _coalesce_buffer())
-        nbytes, digest, chunks = tensor_format.write(sink, spec.items, METADATA, stored=spec.stored, blob=blob)
-        sink.flush()
+        if codec is None:
+            sink = _Sink(stream, progress, _coalesce_buffer())
+            nbytes, digest, chunks = tensor_format.write(sink, spec.items, METADATA, stored=spec.stored, blob=blob)
+            sink.flush()
+        else:
+            sink = _Sink(stream, None, _coalesce_buffer())
+            nbytes, digest, stats = compress.write(
+                sink,
+                spec.items,
+                METADATA,
+                codec=codec,
+                stored=spec.stored,
+                blob=blob,
+                on_decoded=progress.add if progress is not None else None,
+            )
+            t0 = time.perf_counter()
+            sink.flush()
+            stream.close()
+            stats.io_s += time.perf_counter() - t0
+            codec.record(stats)
+            return FileRecord(nbytes, digest)
     except BaseException:
         stream.abort()
         raise
@@ -217,22 +242,29 @@ def write_files(
     threads: int = DEFAULT_THREADS,
     progress: Progress | None = None,
     blobs: dict[str, memoryview] | None = None,
+    codec: Codec | None = None,
 ) -> dict[str, FileRecord]:
-    """Write the tensor files, largest first, ``threads`` at a time from one work queue.
+    """Write the tensor files, largest first, ``threads`` at a time from one work queue; compressed with
+    ``codec`` when given (its frames are encoded by the codec's own threads).
 
     The first failure stops the others at their next write and is re-raised with its own type.
+
+    Returns:
+        The records by stored file name.
     """
     ordered = sorted(specs, key=lambda s: -s.nbytes)
     found = blobs or {}
 
     def write_one(spec: FileSpec) -> FileRecord:
         if storage.kind != "object":
-            return write_tensor_file(storage, directory, spec, progress=progress, blob=found.get(spec.name))
+            return write_tensor_file(
+                storage, directory, spec, progress=progress, blob=found.get(spec.name), codec=codec
+            )
         from preemptible.store.objstore import retrying
 
         def upload() -> FileRecord:  # whole-file retry: a failed or short upload goes up again from the start
-            record = write_tensor_file(storage, directory, spec, progress=None, blob=found.get(spec.name))
-            stored = storage.size(storage.join(directory, spec.name))
+            record = write_tensor_file(storage, directory, spec, progress=None, blob=found.get(spec.name), codec=codec)
+            stored = storage.size(storage.join(directory, stored_name(spec, codec)))
             if stored != record.bytes:
                 raise ConnectionError(f"{spec.name}: the store holds {stored} bytes of the {record.bytes} uploaded")
             return record
@@ -242,11 +274,11 @@ def write_files(
             budget = max(0.0, min(budget, progress.deadline - progress.clock() - 2.0))
         record = retrying(upload, what=f"upload of {spec.name}", budget_s=budget)
         if progress is not None:
-            progress.add(record.bytes)
+            progress.add(spec.nbytes if codec is not None else record.bytes)
         return record
 
     records = parallel_map(write_one, ordered, threads=threads, name="preemptible-write")
-    return {s.name: r for s, r in zip(ordered, records, strict=True)}
+    return {stored_name(s, codec): r for s, r in zip(ordered, records, strict=True)}
 
 
 T = TypeVar("T")

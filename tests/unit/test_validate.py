@@ -228,7 +228,7 @@ def corrupt(step_dir: Path, kind: str, rng: random.Random) -> None:
         commit.write_bytes(os.urandom(64))
     elif kind == "future-version":
         doc = json.loads(commit.read_text())
-        doc["format_version"] = 2
+        doc["format_version"] = layout.FORMAT_VERSION + 1
         commit.write_text(json.dumps(layout.seal(doc)))
     elif kind == "escape-path":
         doc = json.loads(commit.read_text())

@@ -40,6 +40,7 @@ from preemptible.events import Event, EventSink, NullSink, SaveReason
 from preemptible.journal import Journal
 from preemptible.notice import Clock
 from preemptible.state import capture, check_state, flatten, gc_paused
+from preemptible.store import compress as compress_mod
 from preemptible.store import deletion, layout
 from preemptible.store.io import Storage, storage_for
 from preemptible.store.layout import CheckpointInfo
@@ -62,6 +63,14 @@ STALE_AFTER_S = 15 * 60
 """Uncommitted leftovers younger than this may belong to a machine still inside its notice window."""
 
 _UNSET: Any = object()
+
+
+def _cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
 
 
 def _lower_priority(nice: int) -> None:
@@ -94,6 +103,11 @@ class Checkpointer(Lifecycle, Prestaging):
             recomputed after restore; a mismatch beyond ``probe_rtol`` (relative) invalidates that checkpoint.
         verify_after_save: read every file back and check its checksum before committing (off by default: it
             costs a full read of the checkpoint; see the README for the measured cost).
+        compress: write tensor files compressed (``.safetensors.zst``: byte-grouped zstd, lossless): True, False,
+            or ``"auto"`` (default): per save, from this state's compression ratio and speed measured on this CPU
+            and the destination's bandwidth measured by earlier saves, compress when that makes the save at least
+            10% faster; a background save also only when its compression costs little CPU (see
+            `preemptible.store.compress.choose`).
         per_rank: under several ranks, the state entries that differ between ranks (RNG streams, data loader
             positions): each rank saves its own. Every other entry is taken to be replicated (DDP) and is
             striped: each rank writes a share of its files. Each save checks that it really is replicated (a
@@ -124,6 +138,7 @@ class Checkpointer(Lifecycle, Prestaging):
         probe: Probe | None = None,
         probe_rtol: float = DEFAULT_RTOL,
         verify_after_save: bool = False,
+        compress: bool | str = "auto",
         per_rank: Collection[str] = ("_rng",),
         clock: Clock = time.time,
         monotonic: Callable[[], float] = time.monotonic,
@@ -164,6 +179,13 @@ class Checkpointer(Lifecycle, Prestaging):
         self.probe = probe
         self.probe_rtol = probe_rtol
         self.verify_after_save = verify_after_save
+        if compress not in (True, False, "auto"):
+            raise ValueError(f"expected compress=True, False or 'auto', found {compress!r}")
+        self.compress = compress
+        self.compression: compress_mod.Measured | None = None
+        """This state's compression ratio and speed, sampled at the first save that asks, refined by each
+        compressed save."""
+        self.last_choice: compress_mod.Choice | None = None
 
     def __repr__(self) -> str:
         return f"Checkpointer({self.root!r}, keep={self.keep})"
@@ -361,6 +383,7 @@ class Checkpointer(Lifecycle, Prestaging):
         t_probe = self._monotonic() - start
         budget = deadline - self._clock() if deadline is not None else None
         predicted = self.predict(plan.nbytes)
+        choice, codec = self._codec(plan, background=not blocking)
         job = Job(
             step=step,
             path=path,
@@ -372,13 +395,21 @@ class Checkpointer(Lifecycle, Prestaging):
             progress=self._progress(plan.nbytes, deadline),
             probe=probe_value,
             key=key,
+            codec=codec,
+            choice=choice,
         )
         if self.probe is not None:
             job.timings["probe"] = t_probe
         if not blocking:
             return self._save_async(plan, job)
         self.events.event(
-            Event.SAVE_STARTED, step, reason=reason, budget_s=budget, bytes=plan.nbytes, predicted_s=predicted
+            Event.SAVE_STARTED,
+            step,
+            reason=reason,
+            budget_s=budget,
+            bytes=plan.nbytes,
+            predicted_s=predicted,
+            compress=choice.to_json(),
         )
         job.timings["capture"] = self._monotonic() - start
         staged = self._stage_device_tensors(plan, step)
@@ -425,6 +456,52 @@ class Checkpointer(Lifecycle, Prestaging):
             max_file_bytes=self.max_file_bytes,
             moments_dtype=self.moments_dtype,
         )
+
+    def _codec(self, plan: SavePlan, *, background: bool) -> tuple[compress_mod.Choice, compress_mod.Codec | None]:
+        """Whether this save compresses (see `compress_mod.choose`), and the codec that does it."""
+        threads = self.background_threads if background else self.threads
+        if self.compress == "auto" and self.compression is None and plan.nbytes >= compress_mod.MIN_AUTO_BYTES:
+            self.compression = compress_mod.measure(
+                (t, spec.stored.get(n, t.dtype)) for spec in plan.specs for n, t in spec.items
+            )
+        choice = compress_mod.choose(
+            plan.nbytes,
+            setting=self.compress,
+            measured=self.compression,
+            bandwidth=self.bandwidth,
+            threads=threads,
+            cores=_cores(),
+            background=background,
+            object_store=self.storage.kind == "object",
+        )
+        self.last_choice = choice
+        if not choice.on:
+            return choice, None
+        return choice, compress_mod.Codec(threads=1 if background else max(1, min(threads, _cores())))
+
+    def _learn(self, codec: compress_mod.Codec, files: int, threads: int) -> dict[str, Any]:
+        """What a compressed save measured: the destination's bandwidth (stored bytes over the time spent
+        writing them, not compressing), and this state's ratio and speed."""
+        stats = codec.stats
+        if not stats.decoded:
+            return {}
+        if stats.io_s > 0 and stats.stored:
+            io_wall = stats.io_s / max(1, min(threads, files))
+            bw = stats.stored / io_wall
+            self.bandwidth = bw if self.bandwidth is None else 0.5 * self.bandwidth + 0.5 * bw
+        if stats.encode_s > 0:
+            ratio, rate = stats.stored / stats.decoded, stats.decoded / stats.encode_s
+            old = self.compression
+            if old is not None:
+                ratio, rate = 0.5 * (old.ratio + ratio), 0.5 * (old.rate + rate)
+            self.compression = compress_mod.Measured(ratio, rate, stats.decoded)
+        return {
+            "decoded_bytes": stats.decoded,
+            "stored_bytes": stats.stored,
+            "ratio": round(stats.stored / stats.decoded, 4),
+            "encode_cpu_s": round(stats.encode_s, 4),
+            "io_s": round(stats.io_s, 4),
+        }
 
     def _probe_at_save(self, state: Mapping[str, Any], step: int) -> float | None:
         """The probe's value on the weights being saved (None without a probe; non-finite values are kept out of
@@ -490,6 +567,7 @@ class Checkpointer(Lifecycle, Prestaging):
             asynchronous=True,
             stall_s=round(job.timings["stall"], 6),
             predicted_s=job.extra.get("predicted_save_s"),
+            compress=job.choice.to_json() if job.choice is not None else None,
         )
         return self._spawn(job, staged)
 
@@ -535,6 +613,8 @@ class Checkpointer(Lifecycle, Prestaging):
         try:
             result = committer.write(job, specs, docs, blobs, threads or self.threads)
         except BaseException as e:
+            if job.codec is not None:
+                job.codec.close()
             if self._leader and job.write_dir:
                 self._abandon(job.write_dir)  # this attempt's own files only: never a committed step's
             if isinstance(e, SaveCancelled):
@@ -546,8 +626,12 @@ class Checkpointer(Lifecycle, Prestaging):
             raise
         finally:
             self._writing.discard(job.step)
+        compression: dict[str, Any] | None = None
         write_s = result.timings.get("write", 0.0)
-        if result.bytes and write_s > 0:
+        if job.codec is not None:
+            job.codec.close()
+            compression = self._learn(job.codec, len(specs), threads or self.threads)
+        elif result.bytes and write_s > 0:
             bw = result.bytes / write_s
             self.bandwidth = bw if self.bandwidth is None else 0.5 * self.bandwidth + 0.5 * bw
             self.fixed_s = 0.5 * self.fixed_s + 0.5 * result.timings.get("commit", self.fixed_s)
@@ -563,6 +647,7 @@ class Checkpointer(Lifecycle, Prestaging):
             timings={k: round(v, 6) for k, v in result.timings.items()},
             budget_s=job.budget,
             remaining_s=remaining,
+            compression=compression,
         )
         # No rotation inside a notice window: deleting is not urgent, and the next start rotates after restore.
         if self._leader and job.reason != SaveReason.EMERGENCY:

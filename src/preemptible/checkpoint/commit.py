@@ -28,6 +28,7 @@ from preemptible.checkpoint.handle import SaveResult
 from preemptible.errors import AlreadyCommittedError, SaveError
 from preemptible.store import checksum, layout
 from preemptible.store import format as tensor_format
+from preemptible.store.compress import Choice, Codec
 from preemptible.store.io import Storage
 from preemptible.store.layout import FileRecord, Manifest
 from preemptible.writer import FileSpec, Progress, write_bytes, write_files
@@ -52,6 +53,8 @@ class Job:
     key: str = "save/0"  # this save's round in the store (the same on every rank: saves happen in lockstep)
     token: str = ""  # this attempt's own name, chosen by rank 0 (`layout.new_token`)
     write_dir: str = ""  # where this attempt writes its files (see the module docs); empty until prepared
+    codec: Codec | None = None  # compresses the tensor files, when this save does
+    choice: Choice | None = None  # why it does or does not
 
 
 def _records_doc(records: Mapping[str, FileRecord]) -> dict[str, dict[str, Any]]:
@@ -156,7 +159,13 @@ class Committer:
         self._prepare(job, store)
         try:
             records: dict[str, FileRecord] = write_files(
-                self.storage, job.write_dir, specs, threads=threads, progress=job.progress, blobs=blobs
+                self.storage,
+                job.write_dir,
+                specs,
+                threads=threads,
+                progress=job.progress,
+                blobs=blobs,
+                codec=job.codec,
             )
             for name, doc in docs.items():
                 records[name] = write_bytes(self.storage, job.write_dir, name, doc)
@@ -209,7 +218,9 @@ class Committer:
     def _publish(self, job: Job, records: dict[str, FileRecord], world: int, store: Any, t_write: float) -> SaveResult:
         timings = dict(job.timings)
         timings["total"] = t_write - job.start
+        compressed = any(layout.COMPRESSED_SUFFIX in n for n in records)
         manifest = Manifest(
+            format_version=layout.FORMAT_VERSION if compressed else layout.PLAIN_FORMAT_VERSION,
             step=job.step,
             created=layout.now_iso(self._clock()),
             world_size=world,

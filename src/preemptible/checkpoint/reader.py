@@ -8,8 +8,11 @@ every checksum on the way, straight into live tensors where they fit. Every cont
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -21,10 +24,10 @@ from preemptible.errors import (
     NotRegularFileError,
 )
 from preemptible.state import unflatten
-from preemptible.store import checksum, layout, tagged_json
+from preemptible.store import checksum, compress, layout, tagged_json
 from preemptible.store import format as tensor_format
 from preemptible.store.io import Storage
-from preemptible.store.layout import Manifest
+from preemptible.store.layout import FileRecord, Manifest
 from preemptible.writer import parallel_map
 
 OBJECT_READ_CHUNK = 32 << 20
@@ -180,21 +183,12 @@ class Reader:
                 opened.tree.update(tree)
             self.merge_doc(opened, doc)
         for name in opened.selected:
-            if not name.endswith(layout.TENSOR_SUFFIX):
+            if not layout.is_tensor_file(name):
                 continue
             rec = opened.manifest.files[name]
             p = self.storage.join(opened.files_dir, name)
-            try:
-                stream = self.storage.open_read(p)
-            except NotRegularFileError as e:
-                raise opened.bad(str(e)) from e
-            try:
-                entries = tensor_format.read_header(stream, rec.bytes, where=p)
-            except CheckpointCorruptError as e:
-                raise opened.bad(str(e)) from e
-            finally:
-                stream.close()
-            opened.meta_bytes += rec.bytes - (entries[-1].end if entries else 0)
+            entries, meta = read_tensor_header(self.storage, p, rec, opened)
+            opened.meta_bytes += meta
             owner = layout.file_rank(name)
             for entry in entries:
                 if entry.name in opened.entries and opened.entry_owner.get(entry.name) == owner:
@@ -271,33 +265,34 @@ class Reader:
         def read_file(name: str) -> dict[str, torch.Tensor]:
             rec = opened.manifest.files[name]
             p = self.storage.join(opened.files_dir, name)
-            try:
-                stream = self.storage.open_read(p)
-            except NotRegularFileError as e:
-                raise opened.bad(str(e)) from e
-            try:
-                return tensor_format.read(
-                    stream,
-                    rec.bytes,
-                    where=p,
-                    expected_checksum=rec.checksum,
-                    into=target,
-                    entries=opened.file_entries.get(name),
-                    chunk=OBJECT_READ_CHUNK if self.storage.kind == "object" else tensor_format.READ_CHUNK_BYTES,
-                )
-            except CheckpointCorruptError as e:
-                raise opened.bad(str(e)) from e
-            finally:
-                stream.close()
+            chunk = OBJECT_READ_CHUNK if self.storage.kind == "object" else tensor_format.READ_CHUNK_BYTES
+            with open_tensor(self.storage, p, rec, opened, pool=pool) as (source, size, expected):
+                try:
+                    return tensor_format.read(
+                        source,
+                        size,
+                        where=p,
+                        expected_checksum=expected,
+                        into=target,
+                        entries=opened.file_entries.get(name),
+                        chunk=chunk,
+                    )
+                except CheckpointCorruptError as e:
+                    raise opened.bad(str(e)) from e
 
         names = sorted(
-            (n for n in opened.selected if n.endswith(layout.TENSOR_SUFFIX)),
+            (n for n in opened.selected if layout.is_tensor_file(n)),
             key=lambda n: -opened.manifest.files[n].bytes,
         )
         tensors: dict[str, torch.Tensor] = {}
         opened.data_bytes += sum(opened.manifest.files[n].bytes for n in names)
-        for part in parallel_map(read_file, names, threads=self.threads, name="preemptible-read"):
-            tensors.update(part)
+        pool = decoding_pool(names, self.threads)
+        try:
+            for part in parallel_map(read_file, names, threads=self.threads, name="preemptible-read"):
+                tensors.update(part)
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True)
         for name, dtype in opened.casts.items():  # bf16 moments back into the optimizer's own dtype
             stored = tensors.get(name)
             if stored is None:
@@ -321,6 +316,78 @@ class Reader:
         if not isinstance(loaded, dict):
             raise opened.bad(f"{layout.STATE} holds a {type(loaded).__name__}, expected an object of state entries")
         return loaded
+
+
+def decoding_pool(names: list[str], threads: int) -> ThreadPoolExecutor | None:
+    """Threads that decode the frames of compressed files (None when there are none)."""
+    if not any(compress.is_compressed(n) for n in names):
+        return None
+    return ThreadPoolExecutor(max(2, threads), thread_name_prefix="preemptible-unzstd")
+
+
+def read_tensor_header(
+    storage: Storage, path: str, rec: FileRecord, opened: Opened
+) -> tuple[list[tensor_format.Entry], int]:
+    """A tensor file's entries, and the bytes read to get them (its header; a compressed file's index too)."""
+    try:
+        if compress.is_compressed(path):
+            index = compress.read_index(partial(storage.read_range, path), rec.bytes, where=path)
+            entries = compress.read_header_frame(partial(storage.read_range, path), index, where=path)
+            return entries, len(index.tail) + index.frames[0].stored + compress.TAIL_BYTES
+        stream = storage.open_read(path)
+        try:
+            entries = tensor_format.read_header(stream, rec.bytes, where=path)
+        finally:
+            stream.close()
+        return entries, rec.bytes - (entries[-1].end if entries else 0)
+    except NotRegularFileError as e:
+        raise opened.bad(str(e)) from e
+    except CheckpointCorruptError as e:
+        raise opened.bad(str(e)) from e
+
+
+@contextmanager
+def open_tensor(
+    storage: Storage,
+    path: str,
+    rec: FileRecord,
+    opened: Opened | None,
+    *,
+    pool: ThreadPoolExecutor | None = None,
+    on_stored: Callable[[int], None] | None = None,
+) -> Iterator[tuple[tensor_format.Source, int, str | None]]:
+    """A tensor file as the plain safetensors bytes it holds: ``(source, size, checksum to expect of them)``.
+
+    A plain file is read as it is, its checksum COMMIT.json's. A compressed one is decoded on the way; its frames
+    are verified as they are decoded and the stored file against COMMIT.json's checksum once its last frame is
+    read (so the expected checksum of the decoded bytes is None).
+    """
+
+    def bad(e: Exception) -> CheckpointCorruptError:
+        return opened.bad(str(e)) if opened is not None else CheckpointCorruptError(str(e), path=path)
+
+    try:
+        if compress.is_compressed(path):
+            index = compress.read_index(partial(storage.read_range, path), rec.bytes, where=path)
+            source: Any = compress.DecodedSource(
+                storage.open_read(path),
+                index,
+                where=path,
+                expected_checksum=rec.checksum,
+                pool=pool,
+                on_stored=on_stored,
+            )
+            size, expected = index.decoded_bytes, None
+        else:
+            source, size, expected = storage.open_read(path), rec.bytes, rec.checksum
+    except NotRegularFileError as e:
+        raise bad(e) from e
+    except CheckpointCorruptError as e:
+        raise bad(e) from e
+    try:
+        yield source, size, expected
+    finally:
+        source.close()
 
 
 def _select(manifest: Manifest, rank: int | None, opened: Opened) -> list[str]:

@@ -34,10 +34,10 @@ from typing import Any, cast
 
 import torch
 
-from preemptible.checkpoint.reader import Opened, Reader, source_rank
+from preemptible.checkpoint.reader import Opened, Reader, open_tensor, read_tensor_header, source_rank
 from preemptible.errors import CheckpointCorruptError, StateMismatchError
 from preemptible.state import group_of, is_dtensor, parse_placement, shard_rows
-from preemptible.store import checksum, layout
+from preemptible.store import checksum, compress, layout
 from preemptible.store import format as tensor_format
 from preemptible.writer import file_stem, parallel_map, stem_of_file
 
@@ -250,7 +250,7 @@ def open_resharded(reader: Reader, step: int, *, rank: int, world: int, live: Li
     need_ranks = {src} | {k for _, ks in sharded_names.values() for k in ks}  # src: the plain tensors beside shards
     wanted = []
     for name in files:
-        if not name.endswith(layout.TENSOR_SUFFIX):
+        if not layout.is_tensor_file(name):
             continue
         owner = layout.file_rank(name)
         if owner is None:
@@ -357,6 +357,10 @@ def _header(reader: Reader, opened: Opened, plan: Plan, name: str) -> list[tenso
     """A file's header by ranged reads, verified against its piece checksums when the manifest has them."""
     rec = opened.manifest.files[name]
     path = reader.storage.join(opened.files_dir, name)
+    if compress.is_compressed(name):  # no ranged reads into compressed files (yet): they are read whole
+        entries, meta = read_tensor_header(reader.storage, path, rec, opened)
+        opened.meta_bytes += meta
+        return entries
     head = _read(reader, opened, path, 0, min(8, rec.bytes))
     if len(head) < 8:
         raise opened.bad(f"{name} is {rec.bytes} bytes, shorter than the 8-byte header length")
@@ -449,13 +453,11 @@ def _target_tensor(t: Target, recast: bool) -> torch.Tensor:
 def _whole(reader: Reader, opened: Opened, name: str) -> dict[str, torch.Tensor]:
     rec = opened.manifest.files[name]
     path = reader.storage.join(opened.files_dir, name)
-    stream = reader.storage.open_read(path)
-    try:
-        return tensor_format.read(stream, rec.bytes, where=path, expected_checksum=rec.checksum)
-    except CheckpointCorruptError as e:
-        raise opened.bad(str(e)) from e
-    finally:
-        stream.close()
+    with open_tensor(reader.storage, path, rec, opened) as (source, size, expected):
+        try:
+            return tensor_format.read(source, size, where=path, expected_checksum=expected)
+        except CheckpointCorruptError as e:
+            raise opened.bad(str(e)) from e
 
 
 def _ranged(reader: Reader, opened: Opened, c: Copy, dst: memoryview, *, count: Callable[[int], None]) -> None:

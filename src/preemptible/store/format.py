@@ -180,6 +180,34 @@ def itemsize(dtype: torch.dtype) -> int:
     return dtype.itemsize
 
 
+def encode(
+    items: Sequence[tuple[str, torch.Tensor]],
+    metadata: Mapping[str, str] | None = None,
+    *,
+    stored: Mapping[str, torch.dtype] | None = None,
+    blob: memoryview | None = None,
+    chunk: int = CHUNK_BYTES,
+) -> tuple[list[Entry], bytes, Iterable[memoryview]]:
+    """A safetensors file of ``items`` as its entries, its header bytes and its data in pieces (in file order).
+
+    Without ``blob`` each tensor's bytes come from its own memory: a contiguous CPU tensor without any copy, others
+    (GPU, strided, or cast to a ``stored`` dtype) through a temporary of that one tensor. With ``blob``, the
+    tensor data is already laid out in file order in one buffer (a staging arena) and goes out in large pieces.
+
+    IMPORTANT: a piece may live in a reused buffer: the consumer must be done with it before taking the next.
+    """
+    by_name = dict(items)
+    entries = layout(items, stored)
+    head = header_bytes(entries, metadata)
+    if blob is not None:
+        if len(blob) != (entries[-1].end if entries else 0):
+            raise ValueError(f"staged blob holds {len(blob)} bytes, the layout needs {entries[-1].end}")
+        pieces: Iterable[memoryview] = (blob[s : s + chunk] for s in range(0, len(blob), chunk))
+    else:
+        pieces = _tensor_pieces(entries, by_name, chunk)
+    return entries, head, pieces
+
+
 def write(
     sink: Sink,
     items: Sequence[tuple[str, torch.Tensor]],
@@ -189,18 +217,13 @@ def write(
     blob: memoryview | None = None,
     chunk: int = CHUNK_BYTES,
 ) -> tuple[int, str, Chunks]:
-    """Stream a safetensors file of ``items`` to ``sink``, hashing on the way (the whole file, and its `Chunks`).
-
-    Without ``blob`` each tensor is written from its own memory: a contiguous CPU tensor without any copy, others
-    (GPU, strided, or cast to a ``stored`` dtype) through a temporary of that one tensor. With ``blob``, the
-    tensor data is already laid out in file order in one buffer (a staging arena) and goes out in large writes.
+    """Stream a safetensors file of ``items`` to ``sink`` (see `encode`), hashing on the way (the whole file, and
+    its `Chunks`).
 
     Returns:
         ``(bytes written, checksum, chunk checksums)``.
     """
-    by_name = dict(items)
-    entries = layout(items, stored)
-    head = header_bytes(entries, metadata)
+    entries, head, pieces = encode(items, metadata, stored=stored, blob=blob, chunk=chunk)
     hasher = checksum.new()
     hasher.update(head)
     data_bytes = entries[-1].end if entries else 0
@@ -208,12 +231,6 @@ def write(
     pieces_hasher = _ChunkHasher(chunk_spans(entries, size))
     sink.write(memoryview(head))
     total = len(head)
-    if blob is not None:
-        if len(blob) != (entries[-1].end if entries else 0):
-            raise ValueError(f"staged blob holds {len(blob)} bytes, the layout needs {entries[-1].end}")
-        pieces: Iterable[memoryview] = (blob[s : s + chunk] for s in range(0, len(blob), chunk))
-    else:
-        pieces = _tensor_pieces(entries, by_name, chunk)
     for piece in pieces:
         hasher.update(piece)
         pieces_hasher.update(piece)

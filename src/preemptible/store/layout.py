@@ -17,7 +17,10 @@ from typing import Any, TypeGuard
 
 from preemptible.errors import CheckpointCorruptError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""The newest format this library reads and writes. Version 2 adds compressed tensor files (`COMPRESSED_SUFFIX`); a
+checkpoint without them is written as version 1, which any earlier reader reads."""
+PLAIN_FORMAT_VERSION = 1
 STEP_DIGITS = 12
 STEP_RE = re.compile(rf"step-([0-9]{{{STEP_DIGITS}}})", re.ASCII)  # ASCII digits, exact width: fullmatch
 COMMIT = "COMMIT.json"
@@ -27,6 +30,7 @@ STATE = "state.json"
 DONE = "DONE.json"
 JOURNAL_DIR = "journal"
 TENSOR_SUFFIX = ".safetensors"
+COMPRESSED_SUFFIX = ".safetensors.zst"
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 
@@ -70,7 +74,12 @@ def rank_suffix(rank: int) -> str:
     return f"-r{rank:05d}"
 
 
-_RANK_FILE = re.compile(r"-r([0-9]{5})(?:\.safetensors|\.json)$")
+_RANK_FILE = re.compile(r"-r([0-9]{5})(?:\.safetensors|\.safetensors\.zst|\.json)$")
+
+
+def is_tensor_file(name: str) -> bool:
+    """A tensor file: plain safetensors, or compressed (``.safetensors.zst``, see `preemptible.store.compress`)."""
+    return name.endswith((TENSOR_SUFFIX, COMPRESSED_SUFFIX))
 
 
 def with_rank(name: str, rank: int) -> str:
@@ -151,7 +160,7 @@ _HEX = re.compile(r"[0-9a-f]+", re.ASCII)
 class Manifest:
     """The contents of ``COMMIT.json`` (keys are stable and documented in the README)."""
 
-    format_version: int = FORMAT_VERSION
+    format_version: int = PLAIN_FORMAT_VERSION
     step: int
     created: str
     world_size: int

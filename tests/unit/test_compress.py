@@ -1,0 +1,330 @@
+"""Compressed tensor files (``.safetensors.zst``): round trips, the ratio on seeded data, damage, the auto choice."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import struct
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from preemptible.checkpoint.checkpointer import Checkpointer
+from preemptible.errors import CheckpointCorruptError
+from preemptible.store import compress, layout
+from preemptible.store import format as tensor_format
+from preemptible.store.compress import Codec, Measured
+from preemptible.store.io import LocalStorage
+from preemptible.store.paced import PacedStorage, Pacer
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.buf = io.BytesIO()
+
+    def write(self, data: memoryview) -> None:
+        self.buf.write(data)
+
+
+def plain_bytes(items: list[tuple[str, torch.Tensor]]) -> bytes:
+    sink = Sink()
+    tensor_format.write(sink, items, {"k": "v"})
+    return sink.buf.getvalue()
+
+
+def packed(
+    items: list[tuple[str, torch.Tensor]], *, frame_bytes: int = compress.FRAME_BYTES, threads: int = 2
+) -> bytes:
+    codec = Codec(threads=threads, frame_bytes=frame_bytes)
+    sink = Sink()
+    try:
+        n, digest, stats = compress.write(sink, items, {"k": "v"}, codec=codec)
+    finally:
+        codec.close()
+    data = sink.buf.getvalue()
+    assert n == len(data) == stats.stored
+    assert digest == compress.checksum.of_bytes(data)
+    return data
+
+
+def decoded(data: bytes, *, pool: ThreadPoolExecutor | None = None, where: str = "f") -> bytes:
+    index = compress.read_index(_ranges(data), len(data), where=where)
+    source = compress.DecodedSource(
+        io.BytesIO(data), index, where=where, expected_checksum=compress.checksum.of_bytes(data), pool=pool
+    )
+    out = bytearray(index.decoded_bytes)
+    view = memoryview(out)
+    got = 0
+    while got < len(out):
+        k = source.readinto(view[got:])
+        assert k
+        got += k
+    assert source.readinto(memoryview(bytearray(1))) == 0
+    return bytes(out)
+
+
+def _ranges(data: bytes) -> Any:
+    def read_range(offset: int, buffer: memoryview) -> int:
+        piece = data[offset : offset + len(buffer)]
+        buffer[: len(piece)] = piece
+        return len(piece)
+
+    return read_range
+
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int8, torch.bool]
+
+
+@st.composite
+def states(draw: Any) -> list[tuple[str, torch.Tensor]]:
+    n = draw(st.integers(1, 6))
+    items = []
+    for i in range(n):
+        dtype = draw(st.sampled_from(DTYPES))
+        shape = tuple(draw(st.lists(st.integers(0, 40), min_size=0, max_size=3)))
+        seed = draw(st.integers(0, 2**31))
+        g = torch.Generator().manual_seed(seed)
+        t = (torch.randn(shape, generator=g) * 3).to(dtype)
+        items.append((f"t{i}", t))
+    return items
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(items=states(), frame=st.sampled_from([8, 24, 4096, 1 << 20]), threads=st.integers(1, 3))
+def test_decoding_gives_back_exactly_the_plain_safetensors_file(
+    items: list[tuple[str, torch.Tensor]], frame: int, threads: int
+) -> None:
+    data = packed(items, frame_bytes=frame, threads=threads)
+    assert data[:8] == compress.MAGIC
+    with ThreadPoolExecutor(2) as pool:
+        assert decoded(data, pool=pool) == plain_bytes(items)
+    assert decoded(data) == plain_bytes(items)
+
+
+def test_frames_hold_one_item_size_each_and_a_plane_per_byte() -> None:
+    items = [("a", torch.randn(3000)), ("b", torch.randn(100).bfloat16()), ("c", torch.arange(10, dtype=torch.int8))]
+    data = packed(items, frame_bytes=4096)
+    index = compress.read_index(_ranges(data), len(data), where="f")
+    groups = [f.group for f in index.frames]
+    assert groups[0] == 1  # the header
+    assert groups[1:] == [4, 4, 4, 2, 1]  # 12000 bytes of fp32 in 4096-byte frames, then bf16, then int8
+    assert all(len(f.planes) == f.group for f in index.frames)
+    assert sum(f.decoded for f in index.frames[1:]) == 12000 + 200 + 10
+
+
+def test_ratio_on_seeded_weights() -> None:
+    """Deterministic for seeded data: fp32 Gaussian weights lose about a sixth, bf16 about a third, and random bytes
+    are stored as they are (a raw plane costs no more than itself)."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(1 << 20, generator=g) * 0.02
+    fp32 = len(packed([("w", w)])) / (4 << 20)
+    bf16 = len(packed([("w", w.bfloat16())])) / (2 << 20)
+    noise = torch.randint(0, 256, (1 << 20,), generator=g, dtype=torch.uint8)
+    raw = len(packed([("n", noise)])) / (1 << 20)
+    assert 0.70 < fp32 < 0.90, fp32
+    assert 0.55 < bf16 < 0.75, bf16
+    assert 1.0 < raw < 1.01, raw  # the header and index on top of bytes stored raw
+    assert packed([("w", w)]) == packed([("w", w)], threads=1)  # the same bytes whatever the threads
+
+
+def test_a_flipped_byte_is_named_by_its_frame(tmp_path: Path) -> None:
+    items = [("w", torch.randn(100_000))]
+    data = bytearray(packed(items, frame_bytes=64 << 10))
+    index = compress.read_index(_ranges(bytes(data)), len(data), where="f")
+    at = index.stored_offsets[3] + 5
+    data[at] ^= 0x40
+    with pytest.raises(CheckpointCorruptError, match=r"frame at decoded byte|checksum mismatch in decoded bytes"):
+        decoded(bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("damage", "match"),
+    [
+        (lambda d: d[:-1], "ending in|index length"),
+        (lambda d: d[: len(d) // 2], "ending in|index length|impossible"),
+        (lambda d: d[:-16] + struct.pack("<Q", 10**9) + compress.TAIL_MAGIC, "impossible"),
+        (lambda d: b"XXXXXXXX" + d[8:], "starting with"),
+    ],
+)
+def test_damaged_files_are_refused_with_what_was_expected(damage: Any, match: str) -> None:
+    data = damage(packed([("w", torch.randn(5000))], frame_bytes=4096))
+    with pytest.raises(CheckpointCorruptError, match=match):
+        decoded(data)
+
+
+def test_a_malformed_index_is_refused() -> None:
+    data = packed([("w", torch.randn(5000))], frame_bytes=4096)
+    (n,) = struct.unpack("<Q", data[-16:-8])
+    doc = json.loads(data[-16 - n : -16])
+    doc["frames"][1][1] = 3  # a group of 3 bytes: not an item size
+    raw = json.dumps(doc).encode()
+    bad = data[: -16 - n] + raw + struct.pack("<Q", len(raw)) + compress.TAIL_MAGIC
+    with pytest.raises(CheckpointCorruptError, match="malformed"):
+        decoded(bad)
+
+
+# the auto choice -------------------------------------------------------------------------------------------
+GB = 1 << 30
+MEASURED = Measured(ratio=0.8, rate=500e6, sampled=16 << 20)
+
+
+def choose(**kw: Any) -> compress.Choice:
+    args: dict[str, Any] = {
+        "setting": "auto",
+        "measured": MEASURED,
+        "bandwidth": 200e6,
+        "threads": 2,
+        "cores": 2,
+        "background": False,
+        "object_store": False,
+    }
+    args.update(kw)
+    return compress.choose(GB, **args)
+
+
+def test_auto_compresses_on_slow_storage_and_not_on_fast() -> None:
+    slow = choose(bandwidth=200e6)
+    assert slow.on, slow.why
+    assert slow.compressed_s == pytest.approx(0.8 * GB / 200e6)
+    assert slow.plain_s == pytest.approx(GB / 200e6)
+    fast = choose(bandwidth=1.7e9)  # the local disk here: compression could not keep up
+    assert not fast.on
+    assert fast.compressed_s is not None and fast.plain_s is not None and fast.compressed_s > fast.plain_s
+    # one core: 500 MB/s of compression against 480 MB/s of storage gains nothing
+    assert not choose(bandwidth=480e6, cores=1).on
+
+
+def test_auto_before_any_measurement_and_at_the_edges() -> None:
+    assert not choose(bandwidth=None).on  # local, not yet measured: taken as fast
+    assert choose(bandwidth=None, object_store=True).on  # an object store is assumed slow
+    assert not choose(measured=None).on
+    assert not compress.choose(
+        1 << 20,
+        setting="auto",
+        measured=MEASURED,
+        bandwidth=1e6,
+        threads=2,
+        cores=2,
+        background=False,
+        object_store=False,
+    ).on  # a small state: never worth it
+    assert choose(setting=True, bandwidth=10e9).on
+    assert not choose(setting=False, bandwidth=1e6).on
+    with pytest.raises(ValueError, match="compress=True, False or 'auto'"):
+        choose(setting="yes")
+
+
+def test_background_saves_compress_only_when_it_costs_little_cpu() -> None:
+    big = choose(bandwidth=50e6, background=True)  # 1 GiB would cost 2 s of CPU beside training
+    assert not big.on and "CPU" in big.why
+    small = compress.choose(
+        100 << 20,
+        setting="auto",
+        measured=MEASURED,
+        bandwidth=20e6,
+        threads=2,
+        cores=2,
+        background=True,
+        object_store=False,
+    )
+    assert small.on and small.threads == 1
+
+
+# through the checkpointer ----------------------------------------------------------------------------------
+def state(seed: int = 0) -> dict[str, Any]:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.Linear(1024, 256))
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, 256)).pow(2).mean().backward()
+    opt.step()
+    return {"model": model, "optimizer": opt}
+
+
+def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    sa, sb = a["model"].state_dict(), b["model"].state_dict()
+    oa, ob = a["optimizer"].state_dict()["state"], b["optimizer"].state_dict()["state"]
+    return all(torch.equal(sa[k], sb[k]) for k in sa) and all(
+        torch.equal(oa[i][k], ob[i][k]) for i in oa for k in oa[i]
+    )
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_compressed_checkpoint_restores_bit_exact_and_says_what_it_is(tmp_path: Path, asynchronous: bool) -> None:
+    src = state(0)
+    ck = Checkpointer(str(tmp_path), compress=True)
+    ck.save(src, 3, blocking=not asynchronous).wait()
+    files = sorted(os.listdir(tmp_path / "step-000000000003"))
+    assert files == ["COMMIT.json", "model.safetensors.zst", "optimizer.safetensors.zst", "state.json"]
+    manifest = json.loads((tmp_path / "step-000000000003" / "COMMIT.json").read_text())
+    assert manifest["format_version"] == layout.FORMAT_VERSION == 2
+    dst = state(1)
+    assert Checkpointer(str(tmp_path)).restore(dst) == 3
+    assert same(src, dst)
+    Checkpointer(str(tmp_path)).verify(3)
+
+
+def test_plain_checkpoints_stay_version_1_and_plain_safetensors(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    src = state(0)
+    Checkpointer(str(tmp_path), compress=False).save(src, 1)
+    manifest = json.loads((tmp_path / "step-000000000001" / "COMMIT.json").read_text())
+    assert manifest["format_version"] == 1
+    loaded = load_file(str(tmp_path / "step-000000000001" / "model.safetensors"))
+    assert torch.equal(loaded["model/0.weight"], src["model"][0].weight)
+
+
+def test_a_damaged_compressed_checkpoint_falls_back(tmp_path: Path) -> None:
+    src = state(0)
+    ck = Checkpointer(str(tmp_path), compress=True, keep=3)
+    ck.save(src, 1)
+    ck.save(src, 2)
+    target = tmp_path / "step-000000000002" / "model.safetensors.zst"
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    target.write_bytes(bytes(data))
+    with pytest.raises(CheckpointCorruptError):
+        Checkpointer(str(tmp_path)).verify(2)
+    with pytest.warns(Warning, match="step 2"):
+        assert Checkpointer(str(tmp_path)).restore(state(1)) == 1
+
+
+def test_auto_turns_compression_on_for_a_slow_destination_by_what_it_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A destination paced to 8 MB/s: the first save (not yet measured, local) is plain and measures the storage;
+    the second compresses, since this CPU compresses many times faster than that (measured in CPU time, so a busy
+    machine does not change the outcome). With a fast destination's bandwidth the choice is off."""
+    monkeypatch.setattr(compress, "MIN_AUTO_BYTES", 1 << 20)
+    src = state(0)
+    ck = Checkpointer(str(tmp_path), storage=PacedStorage(LocalStorage(str(tmp_path)), 8e6))  # type: ignore[arg-type]
+    ck.save(src, 1)
+    assert ck.last_choice is not None and not ck.last_choice.on
+    assert ck.bandwidth is not None and ck.bandwidth < 9e6  # the pacing, measured
+    ck.save(src, 2)
+    assert ck.last_choice.on, ck.last_choice.why
+    assert any(n.endswith(".zst") for n in os.listdir(tmp_path / "step-000000000002"))
+    ck.bandwidth = 5e9  # as a fast disk measures
+    ck.save(src, 3)
+    assert not ck.last_choice.on, ck.last_choice.why
+    assert Checkpointer(str(tmp_path)).restore(state(1)) == 3
+
+
+def test_the_pacer_holds_its_rate_on_an_injected_clock() -> None:
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        now[0] += s
+
+    pacer = Pacer(100.0, clock=lambda: now[0], sleep=sleep)
+    for _ in range(10):
+        pacer.take(50)
+    assert now[0] == pytest.approx(5.0 - 0.05)  # 500 bytes at 100 B/s, less the burst the bucket allows
