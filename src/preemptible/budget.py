@@ -16,7 +16,7 @@ from typing import Any
 
 from preemptible.emergency import SAFETY_MARGIN
 from preemptible.sources.detect import WINDOWS
-from preemptible.store import layout
+from preemptible.store import compress, layout
 from preemptible.store.io import Storage, storage_for
 
 OPTIMIZER_MOMENTS = {"adamw": 2, "adam": 2, "sgd": 1, "none": 0}
@@ -69,6 +69,46 @@ def live_bytes(state: Mapping[str, Any] | Any) -> int:
     if hasattr(state, "state") and hasattr(state, "checkpointer"):  # a Run
         return flatten(capture(state.state)).tensor_bytes
     return flatten(capture(state)).tensor_bytes
+
+
+def _live_flat(state: Mapping[str, Any] | Any) -> Any:
+    from preemptible.state import capture, flatten
+
+    if hasattr(state, "state") and hasattr(state, "checkpointer"):  # a Run
+        return flatten(capture(state.state))
+    return flatten(capture(state))
+
+
+def measure_compression(
+    *, state: Mapping[str, Any] | Any = None, size: StateSize | None = None
+) -> compress.Measured | None:
+    """This state's compression on this CPU: sampled from a live state, or, for a described one, from Gaussian
+    weights of its dtype (trained weights are close to Gaussian) and moments of theirs, weighted by their bytes."""
+    import torch
+
+    if not compress.available():
+        return None
+    if state is not None:
+        flat = _live_flat(state)
+        return compress.measure((t, flat.stored_dtype(n)) for n, t in flat.tensors.items())
+    if size is None:
+        return None
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(1 << 21, generator=g) * 0.02
+    wdtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[size.dtype]
+    mdtype = torch.bfloat16 if size.bf16_moments else wdtype
+    parts = [(compress.measure([(w, wdtype)]), DTYPE_BYTES[size.dtype])]
+    moments = OPTIMIZER_MOMENTS[size.optimizer]
+    if moments:
+        m = (w * 1e-3).abs() ** 2  # a second moment's spread; the first moment compresses alike
+        parts.append((compress.measure([(m, mdtype)]), moments * mdtype.itemsize))
+    known = [(x, share) for x, share in parts if x is not None]
+    if not known:
+        return None
+    total = sum(share for _, share in known)
+    ratio = sum(x.ratio * share for x, share in known) / total
+    seconds_per_byte = sum(share / x.rate for x, share in known) / total
+    return compress.Measured(ratio, 1 / seconds_per_byte, sum(x.sampled for x, _ in known))
 
 
 def window_for(platform: str | None, window: float | None) -> tuple[float, str]:
@@ -172,6 +212,9 @@ class Plan:
     window_source: str = ""
     lost_work_s: dict[str, float | None] = field(default_factory=dict)
     size: StateSize | None = None
+    compression: dict[str, Any] | None = None
+    """Whether saves would compress here (`preemptible.store.compress.choose`) and its predicted effect; the write
+    phase above assumes that choice."""
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -208,6 +251,11 @@ def evaluate(
     step_time: float = 0.0,
     mtbf_hours: float | None = None,
     world_size: int = 1,
+    compression: compress.Measured | None = None,
+    compress_setting: bool | str = "auto",
+    object_store: bool = False,
+    threads: int = 2,
+    cores: int | None = None,
 ) -> Plan:
     """Verdict and recommendations for an emergency save (pure: give it measured numbers).
 
@@ -218,6 +266,9 @@ def evaluate(
         step_time: seconds per training step (the notice can arrive just after a boundary).
         mtbf_hours: mean time between preemptions, for the Young/Daly interval and the lost work.
         world_size: ranks that stripe the state (used with ``state_bytes``; ``size`` carries its own).
+        compression: the state's measured compression (`measure_compression`): with it, the write phase is
+            predicted as a save would choose to write (``compress_setting``, default auto), on ``threads`` writer
+            threads and ``cores`` cores.
     """
     if isinstance(bandwidth, Bandwidth):
         bw, fixed = bandwidth.bytes_per_s, bandwidth.fixed_s
@@ -235,6 +286,18 @@ def evaluate(
         raise ValueError("expected state_bytes or size")
     win, source = window_for(platform, window)
     phases = predict(nbytes, bw, step_time=step_time, fixed_s=fixed)
+    choice = compress.choose(
+        nbytes,
+        setting=compress_setting,
+        measured=compression,
+        bandwidth=bw,
+        threads=threads,
+        cores=cores or os.cpu_count() or 1,
+        background=False,
+        object_store=object_store,
+    )
+    if choice.on and choice.compressed_s is not None:
+        phases["write_s"] = choice.compressed_s
     total = sum(phases.values())
     fits = total <= HEADROOM * win
     recs: list[Recommendation] = []
@@ -322,6 +385,7 @@ def evaluate(
         window_source=source,
         lost_work_s=lost,
         size=size,
+        compression=choice.to_json(),
     )
 
 
@@ -340,6 +404,7 @@ def plan(
     mtbf_hours: float | None = None,
     bandwidth: float | None = None,
     probe_bytes: int = DEFAULT_PROBE_BYTES,
+    compress_setting: bool | str = "auto",
 ) -> Plan:
     """Will this state's emergency checkpoint fit in this window on this storage?
 
@@ -353,6 +418,8 @@ def plan(
             azure 30, gke 15, k8s 30, slurm 60 unless given).
         step_time: seconds per step (the notice can land just after a boundary).
         mtbf_hours: mean time between preemptions, for the Young/Daly periodic interval.
+        compress_setting: as `Run`'s ``compress``: the plan measures this state's compression on this CPU and
+            predicts the save as it would be written.
 
     Returns:
         A `Plan`: ``fits``, ``predicted_save_s``, ``margin_s``, ``recommendations``, ``periodic_interval_s``...
@@ -363,10 +430,14 @@ def plan(
         bw: float | Bandwidth = probe(root, nbytes=probe_bytes)
     else:
         bw = bandwidth
+    object_store = root is not None and "://" in os.fspath(root) and not os.fspath(root).startswith("file://")
     if state is not None:
         if bf16_moments:
             raise ValueError("with a live state, bf16_moments is read from the state; pass params= to describe one")
         return evaluate(
+            compression=measure_compression(state=state) if compress_setting is not False else None,
+            compress_setting=compress_setting,
+            object_store=object_store,
             state_bytes=live_bytes(state),
             bandwidth=bw,
             window=window,
@@ -379,7 +450,15 @@ def plan(
         raise ValueError("plan() needs state= (a Run or stateful objects) or params= (a parameter count)")
     size = StateSize(params=params, optimizer=optimizer, dtype=dtype, bf16_moments=bf16_moments, world_size=world_size)
     return evaluate(
-        size=size, bandwidth=bw, window=window, platform=platform, step_time=step_time, mtbf_hours=mtbf_hours
+        compression=measure_compression(size=size) if compress_setting is not False else None,
+        compress_setting=compress_setting,
+        object_store=object_store,
+        size=size,
+        bandwidth=bw,
+        window=window,
+        platform=platform,
+        step_time=step_time,
+        mtbf_hours=mtbf_hours,
     )
 
 

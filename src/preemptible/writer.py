@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -70,8 +70,12 @@ class Progress:
     clock: Callable[[], float] = time.time  # epoch seconds, for the deadline
     monotonic: Callable[[], float] = time.monotonic
 
+    meter: Any = None  # a `preemptible.progress.Meter` that logs how the save goes, if any
+
     def add(self, n: int) -> None:
         self.done += n  # one writer per file; the GIL keeps the int update whole
+        if self.meter is not None:
+            self.meter.add(n)
         if self.cancelled.is_set():
             raise SaveCancelled("the save was abandoned before it committed")
 

@@ -328,3 +328,111 @@ def test_the_pacer_holds_its_rate_on_an_injected_clock() -> None:
     for _ in range(10):
         pacer.take(50)
     assert now[0] == pytest.approx(5.0 - 0.05)  # 500 bytes at 100 B/s, less the burst the bucket allows
+
+
+# export ---------------------------------------------------------------------------------------------------
+def test_export_writes_plain_safetensors_of_compressed_and_split_checkpoints(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from preemptible.cli import main
+
+    src = state(0)
+    root = tmp_path / "ck"
+    Checkpointer(str(root), compress=True, max_file_bytes=1 << 20).save(src, 7)  # several parts per entry
+    stored = os.listdir(root / "step-000000000007")
+    assert sum(n.endswith(".safetensors.zst") for n in stored) > 2
+    out = tmp_path / "out"
+    assert main(["export", str(root), "--out", str(out)]) == 0
+    names = sorted(os.listdir(out))
+    assert "export.json" in names and not any(n.endswith((".zst", ".part")) for n in names)
+    tensors: dict[str, torch.Tensor] = {}
+    for n in names:
+        if n.endswith(".safetensors"):
+            tensors.update(load_file(str(out / n)))
+    assert torch.equal(tensors["model/0.weight"], src["model"][0].weight)
+    assert torch.equal(tensors["optimizer/state/2/exp_avg_sq"], src["optimizer"].state_dict()["state"][2]["exp_avg_sq"])
+    doc = json.loads((out / "export.json").read_text())
+    assert doc["step"] == 7 and set(doc["files"]) == {n for n in names if n.endswith(".safetensors")}
+    # the same checkpoint saved plain exports to the same bytes
+    plain_root = tmp_path / "plain"
+    Checkpointer(str(plain_root), compress=False, max_file_bytes=1 << 20).save(src, 7)
+    assert main(["export", str(plain_root), "--step", "7", "--out", str(tmp_path / "out2")]) == 0
+    for n in names:
+        if n.endswith(".safetensors"):
+            assert (out / n).read_bytes() == (tmp_path / "out2" / n).read_bytes()
+
+
+def test_export_refuses_damage_an_occupied_directory_and_a_missing_step(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from preemptible.cli import main
+
+    root = tmp_path / "ck"
+    Checkpointer(str(root), compress=True).save(state(0), 1)
+    target = root / "step-000000000001" / "optimizer.safetensors.zst"
+    data = bytearray(target.read_bytes())
+    data[len(data) // 3] ^= 0x10
+    target.write_bytes(bytes(data))
+    out = tmp_path / "out"
+    assert main(["export", str(root), "--out", str(out)]) == 1
+    assert "FAIL" in capsys.readouterr().out
+    assert not [n for n in os.listdir(out) if n != "export.json"] and not (out / "export.json").exists()
+    (out / "x").write_text("mine")
+    assert main(["export", str(root), "--out", str(out)]) == 2
+    assert "already holds files" in capsys.readouterr().err
+    assert main(["export", str(root), "--step", "9", "--out", str(tmp_path / "o2")]) == 2
+    err = capsys.readouterr().err
+    assert "step 9" in err and len(err.strip().splitlines()) == 1
+
+
+# plan and progress ----------------------------------------------------------------------------------------
+def test_plan_shows_the_compression_choice_and_its_effect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from preemptible.cli import main
+
+    args = ["plan", str(tmp_path), "--params", "1e9", "--dtype", "bf16", "--platform", "gcp", "--json"]
+    main([*args, "--bandwidth", "200e6"])
+    slow = json.loads(capsys.readouterr().out)
+    assert slow["compression"]["on"] is True
+    assert 0.55 < slow["compression"]["ratio"] < 0.75  # bf16 weights and moments, measured here
+    assert slow["breakdown"]["write_s"] == pytest.approx(slow["compression"]["compressed_s"], rel=1e-3)
+    main([*args, "--bandwidth", "20e9"])
+    fast = json.loads(capsys.readouterr().out)
+    assert fast["compression"]["on"] is False
+    assert fast["breakdown"]["write_s"] == pytest.approx(6e9 / 20e9, rel=1e-3)
+    main(["plan", str(tmp_path), "--params", "1e9", "--platform", "gcp", "--bandwidth", "200e6"])
+    assert "compression" in capsys.readouterr().out
+
+
+def test_a_long_piece_of_work_logs_its_progress_and_a_short_one_does_not() -> None:
+    import logging
+
+    from preemptible.progress import LOG_EVERY_S, QUIET_S, Meter
+
+    now = [0.0]
+    meter = Meter("save of step 5", 1000, bar=False, deadline=30.0, clock=lambda: now[0], monotonic=lambda: now[0])
+    meter.add(100)
+    assert meter.lines == []  # quiet for the first seconds
+    now[0] = QUIET_S + 0.5
+    meter.add(100)
+    assert len(meter.lines) == 1
+    line = meter.lines[0]
+    assert "save of step 5: 0.0 of 0.0 MB (20%)" in line and "s left" in line and "before the deadline" in line
+    now[0] += 1
+    meter.add(100)
+    assert len(meter.lines) == 1  # not before the next interval
+    now[0] += LOG_EVERY_S
+    meter.add(100)
+    assert len(meter.lines) == 2 and "(40%)" in meter.lines[1]
+    assert logging.getLogger("preemptible") is not None
+
+
+def test_a_bar_is_drawn_only_when_asked_or_on_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    from preemptible.progress import Meter, on_terminal
+
+    assert on_terminal() is False  # pytest captures stderr
+    with Meter("export", 10_000_000) as quiet:
+        quiet.add(5_000_000)
+    assert capsys.readouterr().err == ""
+    with Meter("export", 10_000_000, bar=True) as bar:
+        bar.add(5_000_000)
+    assert "export" in capsys.readouterr().err

@@ -39,6 +39,7 @@ from preemptible.errors import (
 from preemptible.events import Event, EventSink, NullSink, SaveReason
 from preemptible.journal import Journal
 from preemptible.notice import Clock
+from preemptible.progress import Meter
 from preemptible.state import capture, check_state, flatten, gc_paused
 from preemptible.store import compress as compress_mod
 from preemptible.store import deletion, layout
@@ -216,10 +217,14 @@ class Checkpointer(Lifecycle, Prestaging):
     def _now(self) -> str:
         return layout.now_iso(self._clock())
 
-    def _progress(self, total: int, deadline: float | None = None) -> Progress:
-        return Progress(
+    def _progress(self, total: int, deadline: float | None = None, *, what: str = "save") -> Progress:
+        """A save's byte counter; a save that runs longer than a few seconds logs how it goes (bytes, throughput,
+        time left against its deadline)."""
+        progress = Progress(
             total=total, deadline=deadline, started=self._monotonic(), clock=self._clock, monotonic=self._monotonic
         )
+        progress.meter = Meter(what, total, bar=False, deadline=deadline, clock=self._clock, monotonic=self._monotonic)
+        return progress
 
     # paths and listing ---------------------------------------------------------------------------------------
     def path_of(self, step: int) -> str:
@@ -392,7 +397,7 @@ class Checkpointer(Lifecycle, Prestaging):
             extra={**(extra or {}), "predicted_save_s": predicted},
             budget=budget,
             deadline=deadline,
-            progress=self._progress(plan.nbytes, deadline),
+            progress=self._progress(plan.nbytes, deadline, what=f"{reason} save of step {step}"),
             probe=probe_value,
             key=key,
             codec=codec,
@@ -555,7 +560,7 @@ class Checkpointer(Lifecycle, Prestaging):
             staging.busy.release()
             raise
         job.deadline = None
-        job.progress = self._progress(staged.nbytes)
+        job.progress = self._progress(staged.nbytes, what=f"{job.reason} save of step {job.step} (background)")
         job.timings["capture"] = self._monotonic() - job.start
         job.timings["stall"] = job.timings["capture"]
         self.events.event(

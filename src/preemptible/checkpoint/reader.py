@@ -23,6 +23,7 @@ from preemptible.errors import (
     FileTooLargeError,
     NotRegularFileError,
 )
+from preemptible.progress import Meter
 from preemptible.state import unflatten
 from preemptible.store import checksum, compress, layout, tagged_json
 from preemptible.store import format as tensor_format
@@ -82,6 +83,8 @@ class Reader:
         self.storage = storage
         self.root = root
         self.threads = threads
+        self.bar: bool | None = False
+        """Show a progress bar while reading: False (log lines for long reads), None (when stderr is a terminal)."""
 
     def path_of(self, step: int) -> str:
         return self.storage.join(self.root, layout.step_dir(step))
@@ -266,10 +269,15 @@ class Reader:
             rec = opened.manifest.files[name]
             p = self.storage.join(opened.files_dir, name)
             chunk = OBJECT_READ_CHUNK if self.storage.kind == "object" else tensor_format.READ_CHUNK_BYTES
-            with open_tensor(self.storage, p, rec, opened, pool=pool) as (source, size, expected):
+            compressed = compress.is_compressed(name)
+            with open_tensor(self.storage, p, rec, opened, pool=pool, on_stored=meter.add if compressed else None) as (
+                source,
+                size,
+                expected,
+            ):
                 try:
                     return tensor_format.read(
-                        source,
+                        source if compressed else _Counted(source, meter.add),
                         size,
                         where=p,
                         expected_checksum=expected,
@@ -285,12 +293,15 @@ class Reader:
             key=lambda n: -opened.manifest.files[n].bytes,
         )
         tensors: dict[str, torch.Tensor] = {}
-        opened.data_bytes += sum(opened.manifest.files[n].bytes for n in names)
+        total = sum(opened.manifest.files[n].bytes for n in names)
+        opened.data_bytes += total
+        meter = Meter(f"read of step {opened.step}", total, bar=self.bar)
         pool = decoding_pool(names, self.threads)
         try:
             for part in parallel_map(read_file, names, threads=self.threads, name="preemptible-read"):
                 tensors.update(part)
         finally:
+            meter.close()
             if pool is not None:
                 pool.shutdown(wait=True)
         for name, dtype in opened.casts.items():  # bf16 moments back into the optimizer's own dtype
@@ -316,6 +327,19 @@ class Reader:
         if not isinstance(loaded, dict):
             raise opened.bad(f"{layout.STATE} holds a {type(loaded).__name__}, expected an object of state entries")
         return loaded
+
+
+class _Counted:
+    """A source that reports the bytes read through it."""
+
+    def __init__(self, source: tensor_format.Source, add: Callable[[int], None]) -> None:
+        self._source = source
+        self._add = add
+
+    def readinto(self, buffer: memoryview) -> int:
+        n = self._source.readinto(buffer)
+        self._add(n)
+        return n
 
 
 def decoding_pool(names: list[str], threads: int) -> ThreadPoolExecutor | None:

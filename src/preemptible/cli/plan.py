@@ -57,6 +57,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--probe-mb", type=number(low=0, above=True, high=1e6), default=256, help="probe size in MB (default 256)"
     )
+    p.add_argument(
+        "--compress",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="as Run(compress=...): auto (default) predicts whether saves would compress here, from this CPU's "
+        "measured compression of weights like these and the measured bandwidth",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output with stable keys")
 
 
@@ -75,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
             mtbf_hours=args.mtbf,
             bandwidth=args.bandwidth,
             probe_bytes=int(args.probe_mb * 1e6),
+            compress_setting=_SETTINGS[args.compress],
         )
     except (ValueError, OSError) as e:
         print(f"preemptible plan: {e}", file=sys.stderr)
@@ -88,6 +96,20 @@ def run(args: argparse.Namespace) -> int:
 
 def _color() -> bool:
     return sys.stdout.isatty() and os.environ.get("NO_COLOR") is None and os.environ.get("TERM") != "dumb"
+
+
+_SETTINGS: dict[str, bool | str] = {"auto": "auto", "on": True, "off": False}
+
+
+def _compression(p: budget.Plan) -> list[str]:
+    z = p.compression
+    if not z:
+        return []
+    if z["on"] and z.get("plain_s") is not None and z.get("compressed_s") is not None:
+        why = f"ratio {z['ratio']:.2f}: write {z['compressed_s']:.1f} s instead of {z['plain_s']:.1f} s plain"
+    else:
+        why = z["why"]
+    return [f"compression       {'on' if z['on'] else 'off':>10}     ({why})"]
 
 
 def render(p: budget.Plan, *, color: bool = False) -> str:
@@ -107,6 +129,7 @@ def render(p: budget.Plan, *, color: bool = False) -> str:
         f"  commit            {b['commit_s']:8.1f} s",
         f"  exit              {b['exit_s']:8.1f} s",
         f"predicted save    {p.predicted_save_s:10.1f} s",
+        *_compression(p),
         f"margin            {p.margin_s:+10.1f} s",
         f"verdict           {ok}",
     ]

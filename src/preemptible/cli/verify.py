@@ -33,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from preemptible.errors import CheckpointCorruptError, CheckpointNotFoundError
 
     ck = Checkpointer(args.root)
+    ck.reader.bar = None  # a progress bar when stderr is a terminal
     steps = [args.step] if args.step is not None else [c.step for c in ck.checkpoints()]
     results: list[dict[str, Any]] = []
     for step in steps:

@@ -661,26 +661,27 @@ def choose(
     `BACKGROUND_CPU_S` of CPU, and encodes on one thread: it must not slow training down. Before a save has
     measured the destination, a local one is taken as fast (off) and an object store as `ASSUMED_OBJECT_BANDWIDTH`.
     """
-    if setting is True or setting is False:
-        return Choice(bool(setting), f"compress={setting}")
-    if setting != "auto":
+    if setting not in (True, False, "auto"):
         raise ValueError(f"expected compress=True, False or 'auto', found {setting!r}")
-    if not available():
-        return Choice(False, "the zstandard package is not installed")
-    if measured is None or nbytes <= 0:
-        return Choice(False, "nothing to compress")
-    if nbytes < MIN_AUTO_BYTES:
-        return Choice(False, f"state under {MIN_AUTO_BYTES >> 20} MiB", measured.ratio, measured.rate)
     workers = 1 if background else max(1, min(threads, cores))
-    if bandwidth is None:
-        if not object_store:
-            return Choice(
-                False, "local storage not measured yet (the first save measures it)", measured.ratio, measured.rate
-            )
+    if bandwidth is None and object_store:
         bandwidth = ASSUMED_OBJECT_BANDWIDTH
-    plain = nbytes / bandwidth
-    packed = max(nbytes / (measured.rate * workers), nbytes * measured.ratio / bandwidth)
-    base = Choice(False, "", measured.ratio, measured.rate, bandwidth, workers, plain, packed)
+    plain = packed = None
+    if measured is not None and bandwidth and nbytes > 0:
+        plain = nbytes / bandwidth
+        packed = max(nbytes / (measured.rate * workers), nbytes * measured.ratio / bandwidth)
+    ratio, rate = (measured.ratio, measured.rate) if measured is not None else (None, None)
+    base = Choice(False, "", ratio, rate, bandwidth, workers, plain, packed)
+    if setting is True or setting is False:
+        return dataclasses.replace(base, on=bool(setting), why=f"compress={setting}")
+    if not available():
+        return dataclasses.replace(base, why="the zstandard package is not installed")
+    if measured is None or nbytes <= 0:
+        return dataclasses.replace(base, why="nothing to compress")
+    if nbytes < MIN_AUTO_BYTES:
+        return dataclasses.replace(base, why=f"state under {MIN_AUTO_BYTES >> 20} MiB")
+    if bandwidth is None or plain is None or packed is None:
+        return dataclasses.replace(base, why="local storage not measured yet (the first save measures it)")
     if packed >= WORTH_IT * plain:
         why = (
             f"compressed {packed:.2f} s vs plain {plain:.2f} s: the destination ({bandwidth / 1e6:.0f} MB/s) is fast "

@@ -1,0 +1,68 @@
+"""``preemptible export ROOT [--step N] --out DIR``: a checkpoint as plain safetensors files, verified on the way."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from preemptible.cli.args import directory, existing_directory, fail, integer
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "export",
+        help="write a checkpoint as plain safetensors files (compressed or striped ones too), verified",
+        description=(
+            "Writes every tensor file of a committed checkpoint (the newest, or --step N) into --out as a plain "
+            "safetensors file with the checkpoint's key names (model/0.weight, optimizer/state/3/exp_avg): "
+            "compressed files (.safetensors.zst) are decoded, every byte is checked against its checksum on the "
+            "way, and export.json records the step and each file. Exit 0 on success, 1 when a file fails its "
+            "checksum (nothing is left in --out), 2 on a usage error."
+        ),
+    )
+    p.add_argument("root", type=existing_directory)
+    p.add_argument("--step", type=integer(low=0, high=10**12 - 1), default=None)
+    p.add_argument("--out", type=directory, required=True, help="an empty or new local directory")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from preemptible.errors import CheckpointCorruptError, CheckpointNotFoundError
+    from preemptible.export import export
+    from preemptible.progress import Meter
+
+    if "://" in args.out and not args.out.startswith("file://"):
+        return fail("preemptible export", f"expected a local directory for --out, found {args.out!r}")
+    meter: Meter | None = None
+
+    def total(n: int) -> None:
+        nonlocal meter
+        meter = Meter("export", n)
+
+    def add(n: int) -> None:
+        if meter is not None:
+            meter.add(n)
+
+    try:
+        result = export(args.root, args.out.removeprefix("file://"), step=args.step, on_bytes=add, on_total=total)
+    except CheckpointNotFoundError as e:
+        return fail("preemptible export", str(e))
+    except FileExistsError as e:
+        return fail("preemptible export", str(e))
+    except CheckpointCorruptError as e:
+        print(f"FAIL  {e}")
+        return 1
+    finally:
+        if meter is not None:
+            meter.close()
+    if args.json:
+        print(json.dumps(result.to_json(), indent=1))
+        return 0
+    for name, rec in result.files.items():
+        print(f"{name}: {rec['bytes'] / 1e6:.1f} MB (from {rec['from']})")
+    print(
+        f"exported step {result.step} to {result.out}: {len(result.files)} file(s), "
+        f"{result.bytes_written / 1e6:.1f} MB written from {result.bytes_read / 1e6:.1f} MB read, all verified"
+    )
+    return 0

@@ -1,0 +1,142 @@
+"""``export``: a committed checkpoint as plain safetensors files, verified on the way.
+
+Every tensor file of the checkpoint (compressed or not, striped across ranks or not) becomes a plain safetensors
+file of the same name (``model.safetensors.zst`` -> ``model.safetensors``) holding the same tensors under the
+checkpoint's key names (``model/0.weight``, ``optimizer/state/3/exp_avg``). A compressed file is decoded frame by
+frame (each frame checked against its checksum, the stored file against COMMIT.json's) straight into the output,
+so an export needs a few frames of memory, not the checkpoint's size. ``export.json`` beside the files records the
+step, the source and each file's size and XXH3-64.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from preemptible.checkpoint.reader import decoding_pool, open_tensor
+from preemptible.errors import CheckpointNotFoundError
+from preemptible.store import checksum, layout
+from preemptible.store import format as tensor_format
+
+COPY_BYTES = 8 << 20
+EXPORT_JSON = "export.json"
+
+
+@dataclass
+class Exported:
+    step: int
+    out: str
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    bytes_read: int = 0
+    bytes_written: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "out": self.out,
+            "files": self.files,
+            "bytes_read": self.bytes_read,
+            "bytes_written": self.bytes_written,
+        }
+
+
+def plain_name(name: str) -> str:
+    return name.removesuffix(".zst")
+
+
+def export(
+    root: str,
+    out: str,
+    *,
+    step: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+    on_bytes: Callable[[int], None] | None = None,
+    on_total: Callable[[int], None] | None = None,
+) -> Exported:
+    """Write checkpoint ``step`` (default: the newest committed) under ``root`` as plain safetensors files in
+    ``out`` (a local directory, created; it must be empty or absent).
+
+    Raises:
+        CheckpointNotFoundError: no such checkpoint (or none at all).
+        CheckpointCorruptError: a file fails its checksum (the export's files are removed).
+        FileExistsError: ``out`` holds files already.
+    """
+    from preemptible.checkpoint import Checkpointer
+
+    ck = Checkpointer(root, storage_options=storage_options)
+    if step is None:
+        infos = ck.checkpoints()
+        if not infos:
+            raise CheckpointNotFoundError(f"no committed checkpoint under {ck.root}: nothing to export", path=ck.root)
+        step = infos[-1].step
+    opened = ck.reader.open_base(step)
+    names = sorted((n for n in opened.manifest.files if layout.is_tensor_file(n)), key=plain_name)
+    if os.path.isdir(out) and os.listdir(out):
+        raise FileExistsError(
+            f"{out} already holds files; expected an empty or new directory to export into (choose another --out, "
+            "or empty it)"
+        )
+    os.makedirs(out, exist_ok=True)
+    result = Exported(step=step, out=out)
+    if on_total is not None:
+        on_total(sum(opened.manifest.files[n].bytes for n in names))
+    pool = decoding_pool(names, ck.threads)
+    written: list[str] = []
+    try:
+        for name in names:
+            rec = opened.manifest.files[name]
+            path = ck.storage.join(opened.files_dir, name)
+            target = os.path.join(out, plain_name(name))
+            tmp = target + ".part"
+            written.append(tmp)
+            hasher = checksum.new()
+            size = 0
+            with open_tensor(ck.storage, path, rec, opened, pool=pool, on_stored=on_bytes) as (source, n, expected):
+                buf = memoryview(bytearray(COPY_BYTES))
+                with open(tmp, "wb") as f:
+                    while size < n:
+                        k = source.readinto(buf[: min(len(buf), n - size)])
+                        if not k:
+                            raise opened.bad(f"{name} ends after {size} of {n} bytes (truncated?)")
+                        hasher.update(buf[:k])
+                        f.write(buf[:k])
+                        size += k
+                        if expected is not None and on_bytes is not None:
+                            on_bytes(k)
+                    f.flush()
+                    os.fsync(f.fileno())
+            digest = hasher.hexdigest()
+            if expected is not None and digest != expected:
+                raise opened.bad(
+                    f"checksum mismatch in {name}: COMMIT.json records {expected}, the file hashes to {digest}"
+                )
+            with open(tmp, "rb") as f:  # what was written is a safetensors file a reader accepts
+                tensor_format.read_header(f, size, where=target)
+            os.replace(tmp, target)
+            written[-1] = target
+            result.files[plain_name(name)] = {"bytes": size, "checksum": digest, "from": name}
+            result.bytes_read += rec.bytes
+            result.bytes_written += size
+    except BaseException:
+        for p in written:
+            if os.path.exists(p):
+                os.remove(p)
+        raise
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True)
+    doc = {
+        "format": "preemptible.export",
+        "version": 1,
+        "step": step,
+        "source": ck.storage.join(ck.root, layout.step_dir(step)),
+        "checksum_algorithm": checksum.ALGORITHM,
+        "files": result.files,
+    }
+    with open(os.path.join(out, EXPORT_JSON), "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    return result
