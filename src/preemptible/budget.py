@@ -12,12 +12,15 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from preemptible.emergency import SAFETY_MARGIN
 from preemptible.sources.detect import WINDOWS
-from preemptible.store import compress, layout
+from preemptible.store import layout
 from preemptible.store.io import Storage, storage_for
+
+if TYPE_CHECKING:
+    from preemptible.store import compress
 
 OPTIMIZER_MOMENTS = {"adamw": 2, "adam": 2, "sgd": 1, "none": 0}
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -85,6 +88,8 @@ def measure_compression(
     """This state's compression on this CPU: sampled from a live state, or, for a described one, from Gaussian
     weights of its dtype (trained weights are close to Gaussian) and moments of theirs, weighted by their bytes."""
     import torch
+
+    from preemptible.store import compress
 
     if not compress.available():
         return None
@@ -286,6 +291,8 @@ def evaluate(
         raise ValueError("expected state_bytes or size")
     win, source = window_for(platform, window)
     phases = predict(nbytes, bw, step_time=step_time, fixed_s=fixed)
+    from preemptible.store import compress  # torch and NumPy: only when a plan is made
+
     choice = compress.choose(
         nbytes,
         setting=compress_setting,

@@ -8,6 +8,7 @@ blocks the writer (it sleeps), as a slow device does; reads are not paced.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -81,3 +82,65 @@ class PacedStorage:
 
     def __repr__(self) -> str:
         return f"PacedStorage({self._inner!r}, {self.pacer.rate / 1e6:.0f} MB/s)"
+
+
+class PacedProxy:
+    """A TCP proxy on loopback that forwards to ``upstream`` (host, port), pacing the bytes sent upstream (uploads)
+    to ``rate`` bytes per second across all connections; replies pass unpaced. Put it in front of an S3-compatible
+    server on loopback so that a benchmark measures a link's bandwidth, not the server's CPU."""
+
+    def __init__(self, upstream: tuple[str, int], rate: float) -> None:
+        import socket
+
+        self.upstream = upstream
+        self.pacer = Pacer(rate)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, name="paced-proxy", daemon=True)
+        self._thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _accept(self) -> None:
+        import socket
+
+        while not self._stop.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(self.upstream)
+            except OSError:
+                client.close()
+                continue
+            for src, dst, pace in ((client, server, True), (server, client, False)):
+                threading.Thread(target=self._pipe, args=(src, dst, pace), daemon=True).start()
+
+    def _pipe(self, src: Any, dst: Any, pace: bool) -> None:
+        import socket
+
+        try:
+            while data := src.recv(256 << 10):
+                if pace:
+                    self.pacer.take(len(data))
+                dst.sendall(data)
+        except OSError:
+            return
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._listener.close()
+
+    def __enter__(self) -> PacedProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
