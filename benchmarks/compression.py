@@ -187,13 +187,14 @@ def destination_contenders(
         return f"s3://bench/{dest}-{name}" if s3 else os.path.join(work, f"{dest}-{name}")
 
     def checkpointer(name: str, setting: bool | str) -> Checkpointer:
+        # keep=100: no rotation inside a timed save (each save's directory is removed after it is timed)
         if s3:
-            return Checkpointer(root(name), compress=setting, storage_options=opts)
+            return Checkpointer(root(name), compress=setting, storage_options=opts, keep=100)
         local = LocalStorage(root(name))
         storage = PacedStorage(local, rate) if rate else local
         if pacer is not None:
             storage.pacer = pacer  # type: ignore[union-attr]  # one link: every contender shares it
-        return Checkpointer(root(name), compress=setting, storage=storage)  # type: ignore[arg-type]
+        return Checkpointer(root(name), compress=setting, storage=storage, keep=100)  # type: ignore[arg-type]
 
     auto = checkpointer("auto", "auto")
     auto.save(state, 1)  # the first save measures the destination, as in a training run
@@ -207,7 +208,7 @@ def destination_contenders(
             d = c.path_of(10 + r)
             stored = sum(i.bytes for i in c.checkpoints() if i.step == 10 + r)
             choice = c.last_choice
-            if ck is None and not s3:
+            if not s3:
                 shutil.rmtree(d, ignore_errors=True)
             return {"seconds": s, "stored": stored, "on": bool(choice and choice.on)}
 

@@ -13,6 +13,7 @@ import math
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -367,16 +368,42 @@ def checksum_share(state: dict[str, Any], save_seconds: float) -> float:
     return (time.perf_counter() - t) / save_seconds
 
 
+CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def cpu_times() -> dict[str, float]:
+    """Machine-wide CPU seconds by kind (/proc/stat). The background writer runs at nice 10, so its user time shows
+    as ``nice``: training's is ``user``, the kernel's work for the save ``system``/``softirq``."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()[1:9]
+    except OSError:  # pragma: no cover - not Linux
+        return {}
+    tick = os.sysconf("SC_CLK_TCK")
+    return {name: int(v) / tick for name, v in zip(CPU_FIELDS, fields, strict=False)}
+
+
 def training_beside(
-    state: dict[str, Any], *, seconds: float = 6.0, threads: int = 2, rounds: int = 3
-) -> dict[str, float]:
+    state: dict[str, Any],
+    *,
+    seconds: float = 6.0,
+    threads: int = 2,
+    rounds: int = 3,
+    rate: float | None = None,
+    dcp: bool = True,
+) -> dict[str, Any]:
     """Extra wall time of a real training loop while a background save runs: ours vs dcp.async_save.
 
     A separate small training job (its own model, ``threads`` torch threads) runs a fixed number of steps alone,
     then while a background save of ``state`` is writing; the difference is what the save cost training. Rounds
     alternate alone / ours / alone / dcp; medians are reported, since training alone varies by itself here.
+    ``rate`` (bytes/s) paces our destination (`PacedStorage`), and the loop then runs as long as the save. The
+    breakdown is machine-wide CPU seconds by kind during the loop beside our save, less during the loop alone:
+    ``nice`` is the writer thread (it runs at nice 10), ``system`` and ``softirq`` the kernel's work for it.
     """
-    dcp = _dcp()
+    from preemptible.store.paced import PacedStorage
+
+    dcp_mod = _dcp() if dcp else None
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -386,39 +413,68 @@ def training_beside(
         x = torch.randn(256, 1024)
         train_steps(model, opt, 5, x)
         per = train_steps(model, opt, 20, x) / 20
+        nbytes = flatten(capture(state)).tensor_bytes
+        if rate:
+            seconds = max(seconds, nbytes / rate)
         steps = max(20, int(seconds / per))
         work = tempfile.mkdtemp(prefix="bench-beside-", dir=os.environ.get("PREEMPTIBLE_BENCH_DIR"))
-        out: dict[str, float] = {}
+        out: dict[str, Any] = {}
         try:
-            ck = Checkpointer(os.path.join(work, "ours"))
+            root = os.path.join(work, "ours")
+            local = LocalStorage(root)
+            storage: Any = PacedStorage(local, rate) if rate else local
+            ck = Checkpointer(root, storage=storage, keep=100)
             ck.save(state, 1, blocking=False).wait()  # warm staging
             sd = plain(state)
             alone: list[float] = []
             ours: list[float] = []
             theirs: list[float] = []
+            extra_cpu: list[dict[str, float]] = []
             for r in range(rounds):
+                c0 = cpu_times()
                 alone.append(train_steps(model, opt, steps, x))
+                c1 = cpu_times()
                 handle = ck.save(state, 2 + r, blocking=False)
+                c2 = cpu_times()
                 ours.append(train_steps(model, opt, steps, x))
+                c3 = cpu_times()
                 handle.wait()
+                shutil.rmtree(ck.path_of(2 + r), ignore_errors=True)
+                extra_cpu.append({k: (c3[k] - c2[k]) - (c1[k] - c0[k]) for k in c0})
                 alone.append(train_steps(model, opt, steps, x))
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    fut = dcp.async_save(sd, storage_writer=dcp.FileSystemWriter(os.path.join(work, f"dcp{r}")))
-                    theirs.append(train_steps(model, opt, steps, x))
-                    fut.result()
+                if dcp_mod is not None:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        writer = dcp_mod.FileSystemWriter(os.path.join(work, f"dcp{r}"))
+                        fut = dcp_mod.async_save(sd, storage_writer=writer)
+                        theirs.append(train_steps(model, opt, steps, x))
+                        fut.result()
+                    shutil.rmtree(os.path.join(work, f"dcp{r}"), ignore_errors=True)
             base = statistics.median(alone)
             out = {
                 "train_alone_s": base,
                 "train_alone_spread_s": max(alone) - min(alone),
                 "extra_ours_s": statistics.median(ours) - base,
-                "extra_dcp_async_s": statistics.median(theirs) - base,
+                "extra_dcp_async_s": statistics.median(theirs) - base if theirs else float("nan"),
+                "cpu_beside_ours_s": {k: round(statistics.median(d[k] for d in extra_cpu), 3) for k in CPU_FIELDS},
+                "rate_mb_s": rate / 1e6 if rate else None,
             }
         finally:
             shutil.rmtree(work, ignore_errors=True)
         return out
     finally:
         torch.set_num_threads(old)
+
+
+def _bar(total: int, what: str) -> Any:
+    """A tqdm bar on stderr when it is a terminal, else None."""
+    from preemptible.progress import on_terminal
+
+    if not on_terminal():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=what, unit="run", leave=False, file=sys.stderr)
 
 
 def run_scenario(
@@ -438,12 +494,19 @@ def run_scenario(
         LocalStorage(work).sync_dir(work)
         fns = contenders(state, nbytes, quick=quick)
         results = {k: Result(k, nbytes) for k in fns}
+        bar = _bar(rounds * len(fns), f"bench {name}")
         for r in range(rounds):
             for k, fn in fns.items():
                 gc.collect()
                 os.sync()
+                if bar is not None:
+                    bar.set_postfix_str(k)
                 results[k].samples.append(fn(work))
+                if bar is not None:
+                    bar.update(1)
             log(f"  round {r + 1}/{rounds} done")
+        if bar is not None:
+            bar.close()
         share = checksum_share(state, results["preemptible emergency save"].median())
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -496,6 +559,24 @@ def report(scenario: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def beside_report(b: dict[str, Any]) -> str:
+    where = f"a destination paced to {b['rate_mb_s']:.0f} MB/s" if b.get("rate_mb_s") else "this disk"
+    cpu = b.get("cpu_beside_ours_s") or {}
+    lines = [
+        f"\ntraining beside a background save of the large state to {where} ({b['train_alone_s']:.2f} s of training):",
+        f"  extra time with preemptible async save: {b['extra_ours_s']:.2f} s",
+    ]
+    if not math.isnan(b["extra_dcp_async_s"]):
+        lines.append(f"  extra time with dcp.async_save:          {b['extra_dcp_async_s']:.2f} s")
+    if cpu:
+        lines.append(
+            "  machine CPU beside the save, less alone: "
+            + ", ".join(f"{k} {cpu[k]:+.2f} s" for k in ("nice", "system", "softirq", "iowait", "steal", "user"))
+            + " (nice: the writer thread; system/softirq: the kernel's I/O work)"
+        )
+    return "\n".join(lines)
+
+
 def main(
     *,
     params: float = 100e6,
@@ -504,6 +585,7 @@ def main(
     rounds: int = 3,
     quick: bool = False,
     beside: bool = True,
+    throttle: float | None = None,
     work_dir: str | None = None,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
@@ -514,12 +596,10 @@ def main(
     log(report(out["large"]))
     if beside:
         out["beside"] = training_beside(large)
-        b = out["beside"]
-        log(
-            f"\ntraining beside a background save of the large state ({b['train_alone_s']:.2f} s of training):"
-            f"\n  extra time with preemptible async save: {b['extra_ours_s']:.2f} s"
-            f"\n  extra time with dcp.async_save:          {b['extra_dcp_async_s']:.2f} s"
-        )
+        log(beside_report(out["beside"]))
+        if throttle:
+            out["beside_throttled"] = training_beside(large, rate=throttle, dcp=False)
+            log(beside_report(out["beside_throttled"]))
     del large
     gc.collect()
     small = small_state(small_tensors, small_bytes)

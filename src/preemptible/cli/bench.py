@@ -33,6 +33,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--rounds", type=integer(low=1, high=1000), default=3)
     p.add_argument("--quick", action="store_true", help="fewer contenders (CI smoke run)")
     p.add_argument("--no-beside", action="store_true", help="skip the training-beside-a-save measurement")
+    p.add_argument(
+        "--throttle-mb-s",
+        type=number(low=0, above=True, high=1e6),
+        default=None,
+        help="also measure training beside a background save to a destination paced to this many MB/s "
+        "(a network disk or object store's bandwidth)",
+    )
     p.add_argument("--json", default=None, metavar="FILE", help="also write the figures as JSON")
 
 
@@ -46,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         quick=args.quick,
         beside=not args.no_beside,
+        throttle=args.throttle_mb_s * 1e6 if args.throttle_mb_s else None,
         work_dir=args.dir,
     )
     if args.json:
