@@ -93,7 +93,8 @@ class FileSpec:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * tensor_format.itemsize(self.stored.get(n, t.dtype)) for n, t in self.items)
+        stored = self.stored
+        return sum(t.nbytes if n not in stored else t.numel() * stored[n].itemsize for n, t in self.items)
 
 
 def plan_files(
@@ -115,7 +116,7 @@ def plan_files(
         parts: list[list[tuple[str, torch.Tensor]]] = [[]]
         size = 0
         for item in items:
-            n = item[1].numel() * tensor_format.itemsize(flat.stored_dtype(item[0]))
+            n = flat.stored_bytes(*item)
             if parts[-1] and size + n > target:
                 parts.append([])
                 size = 0
@@ -431,12 +432,15 @@ class Staging:
         self._prepare(specs)
         assert self._arena is not None
         pairs: dict[tuple[torch.device, torch.dtype, torch.dtype], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
-        for name, t in (item for spec in specs for item in spec.items):
-            dst = self._views[name]
-            src = t.detach()
-            bucket = pairs.setdefault((src.device, src.dtype, dst.dtype), ([], []))
-            bucket[0].append(dst)
-            bucket[1].append(src)
+        views = self._views
+        for spec in specs:
+            for name, src in spec.items:  # no detach per tensor: the copies run under no_grad
+                dst = views[name]
+                bucket = pairs.get((src.device, src.dtype, dst.dtype))
+                if bucket is None:
+                    bucket = pairs[(src.device, src.dtype, dst.dtype)] = ([], [])
+                bucket[0].append(dst)
+                bucket[1].append(src)
         cuda_streams: list[torch.cuda.Stream] = []
         for (device, _, _), (dsts, srcs) in pairs.items():
             if device.type == "cuda":
@@ -476,6 +480,7 @@ def _aligned_empty(nbytes: int, *, pin: bool) -> torch.Tensor:
     return raw[skew : skew + nbytes]
 
 
+@torch.no_grad()
 def _copy_all(dsts: list[torch.Tensor], srcs: list[torch.Tensor], *, non_blocking: bool) -> None:
     if len(dsts) > 8 and hasattr(torch, "_foreach_copy_"):
         torch._foreach_copy_(dsts, srcs, non_blocking=non_blocking)

@@ -293,11 +293,13 @@ def _corrupt(where: str, why: str) -> CheckpointCorruptError:
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in seen:
-            raise ValueError(f"duplicate key {k!r}")
-        seen[k] = v
+    seen = dict(pairs)
+    if len(seen) != len(pairs):
+        keys: set[str] = set()
+        for k, _ in pairs:
+            if k in keys:
+                raise ValueError(f"duplicate key {k!r}")
+            keys.add(k)
     return seen
 
 
@@ -458,12 +460,19 @@ def _read_run(
     hasher.update(view)
     targets = [into(e) if into is not None else None for e in run]
     base = run[0].begin
+    dsts, srcs = [], []
     for e, live in zip(run, targets, strict=True):
         a, b = e.begin - base, e.end - base
         # A tensor of its own, not a view into one shared block: each restored tensor owns (and frees) its memory.
         target = live if live is not None else torch.empty(e.shape, dtype=e.dtype)
-        target.view(-1).view(torch.uint8).copy_(buf[a:b])
+        dsts.append(target.view(-1).view(torch.uint8))
+        srcs.append(buf[a:b])
         out[e.name] = target
+    if len(dsts) > 8 and hasattr(torch, "_foreach_copy_"):
+        torch._foreach_copy_(dsts, srcs)  # one dispatch for the run, not one per tiny tensor
+    else:
+        for d, src in zip(dsts, srcs, strict=True):
+            d.copy_(src)
 
 
 def _read_exact(source: Source, n: int, where: str) -> bytes:
