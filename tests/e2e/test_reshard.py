@@ -161,6 +161,31 @@ def test_a_checkpoint_without_piece_checksums_is_read_a_whole_file_at_a_time(roo
     assert events(root, "restored")[2][0]["data_bytes_read"] >= whole  # read whole, then sliced
 
 
+def test_a_compressed_fsdp2_checkpoint_reshards_from_its_frames_and_catches_a_flipped_byte(tmp_path: Path) -> None:
+    """Saved compressed on 2 ranks, restored on 3: each rank decodes only the frames of the files that hold its rows
+    (every frame verified), and the state is the same; a flipped byte in a compressed shard fails the restore."""
+    root, before = saved(tmp_path, 2, "fsdp", "--compress")
+    files = json.loads((root / "step-000000000003" / "COMMIT.json").read_text())["files"]
+    assert {n for n in files if n.startswith(("model-", "optimizer-"))} == {
+        f"{e}-r0000{r}.safetensors.zst" for e in ("model", "optimizer") for r in (0, 1)
+    }
+    after, copy = restore(tmp_path, (root, before), 3, "fsdp")
+    assert_same_state(before, after)
+    stored = sum(f["bytes"] for n, f in files.items() if n.endswith(".zst"))
+    for r, evs in events(copy, "restored").items():
+        assert evs[0]["data_bytes_read"] <= stored, r  # never more than the compressed files
+    bad = tmp_path / "bad"
+    shutil.copytree(root, bad)
+    target = bad / "step-000000000003" / "model-r00001.safetensors.zst"
+    data = bytearray(target.read_bytes())
+    data[len(data) // 4] ^= 0x20  # inside the frames
+    target.write_bytes(bytes(data))
+    code, _, err = launch(bad, 3, "fsdp", "restore", tmp_path / "bad.json")
+    assert code != 0
+    assert "model-r00001.safetensors.zst" in err and "checksum mismatch" in err
+    assert (bad / "step-000000000003" / "INVALID.json").exists()
+
+
 def test_object_store_root_reads_only_each_ranks_byte_ranges(tmp_path: Path) -> None:
     """S3 (moto on loopback): saved on 2, restored on 3 with ranged GETs; each rank's bytes are counted."""
     import s3fs

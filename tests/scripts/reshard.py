@@ -46,6 +46,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--width", type=int, default=37)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--compress", action="store_true", help="save compressed tensor files (.safetensors.zst)")
     args = parser.parse_args()
 
     distributed = "WORLD_SIZE" in os.environ
@@ -75,7 +76,14 @@ def main() -> None:
         module = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     storage_options = json.loads(os.environ.get("RESHARD_STORAGE_OPTIONS", "null"))
-    run = preemptible.Run(args.root, model=model, optimizer=optimizer, save_every=1000, storage_options=storage_options)
+    run = preemptible.Run(
+        args.root,
+        model=model,
+        optimizer=optimizer,
+        save_every=1000,
+        storage_options=storage_options,
+        compress=True if args.compress else "auto",
+    )
     total = args.steps if args.phase == "save" else args.steps + 2
     record: dict[str, Any] = {"world": world, "wrap": args.wrap}
     for step in run.steps(total):

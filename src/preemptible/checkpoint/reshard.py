@@ -24,17 +24,20 @@ before any live tensor changes.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import struct
 import threading
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, cast
 
 import torch
 
-from preemptible.checkpoint.reader import Opened, Reader, open_tensor, read_tensor_header, source_rank
+from preemptible.checkpoint.reader import Opened, Reader, open_tensor, source_rank
 from preemptible.errors import CheckpointCorruptError, StateMismatchError
 from preemptible.state import group_of, is_dtensor, parse_placement, shard_rows
 from preemptible.store import checksum, compress, layout
@@ -91,6 +94,7 @@ class Plan:
     copies: list[Copy] = field(default_factory=list)
     data_offset: dict[str, int] = field(default_factory=dict)  # where each file's tensor data starts
     first_chunk: dict[tuple[str, str], int] = field(default_factory=dict)  # (file, tensor) -> its first piece sum
+    frames: dict[str, compress.Index] = field(default_factory=dict)  # compressed files: their frame index
     resharded: list[str] = field(default_factory=list)  # tensors read as other slices than were stored
 
 
@@ -357,9 +361,15 @@ def _header(reader: Reader, opened: Opened, plan: Plan, name: str) -> list[tenso
     """A file's header by ranged reads, verified against its piece checksums when the manifest has them."""
     rec = opened.manifest.files[name]
     path = reader.storage.join(opened.files_dir, name)
-    if compress.is_compressed(name):  # no ranged reads into compressed files (yet): they are read whole
-        entries, meta = read_tensor_header(reader.storage, path, rec, opened)
-        opened.meta_bytes += meta
+    if compress.is_compressed(name):  # ranged reads decode only the frames they need, each verified
+        try:
+            index = compress.read_index(partial(reader.storage.read_range, path), rec.bytes, where=path)
+            entries = compress.read_header_frame(partial(reader.storage.read_range, path), index, where=path)
+        except CheckpointCorruptError as err:
+            raise opened.bad(str(err)) from err
+        opened.meta_bytes += len(index.tail) + index.frames[0].stored + compress.TAIL_BYTES
+        plan.frames[name] = index
+        plan.data_offset[name] = index.frames[0].decoded
         return entries
     head = _read(reader, opened, path, 0, min(8, rec.bytes))
     if len(head) < 8:
@@ -413,6 +423,9 @@ def read_resharded(reader: Reader, opened: Opened) -> dict[str, Any]:
     def run(c: Copy) -> None:
         dst = tensor_format.byte_view(out[c.name])[c.dst : c.dst + c.nbytes]
         rec = opened.manifest.files[c.piece.file]
+        if c.piece.file in plan.frames:
+            _ranged_frames(reader, opened, c, dst, frames)
+            return
         if rec.chunks is None:  # an older checkpoint: read the file whole once, verifying its checksum
             with lock:
                 tensors = whole.get(c.piece.file)
@@ -424,6 +437,7 @@ def read_resharded(reader: Reader, opened: Opened) -> dict[str, Any]:
             return
         _ranged(reader, opened, c, dst, count=count)
 
+    frames = _Frames(reader, opened, plan.copies, count)
     parallel_map(run, plan.copies, threads=reader.threads, name="preemptible-read")
     opened.data_bytes += counted[0]
     tensors: dict[str, Any] = dict(out)
@@ -506,6 +520,86 @@ def _ranged(reader: Reader, opened: Opened, c: Copy, dst: memoryview, *, count: 
         fetch(lo, scratch)
         a, b = max(start, lo), min(stop, hi)
         dst[a - start : b - start] = scratch[a - lo : b - lo]
+
+
+def _span(plan: Plan, c: Copy) -> tuple[int, int]:
+    """``c``'s bytes as decoded offsets into its file."""
+    lo = plan.data_offset[c.piece.file] + c.piece.entry.begin + c.src
+    return lo, lo + c.nbytes
+
+
+def _frames_of(index: compress.Index, lo: int, hi: int) -> range:
+    """The frames that hold decoded bytes ``[lo, hi)``."""
+    first = bisect.bisect_right(index.decoded_offsets, lo) - 1
+    last = bisect.bisect_left(index.decoded_offsets, hi)
+    return range(max(first, 0), last)
+
+
+class _Frames:
+    """Decoded frames of compressed files, each read and verified once however many copies need it, and dropped
+    once the last copy that needs it has taken its part (memory: the frames in use, not the file)."""
+
+    def __init__(self, reader: Reader, opened: Opened, copies: list[Copy], count: Callable[[int], None]) -> None:
+        self.reader, self.opened, self.count = reader, opened, count
+        plan: Plan = opened.reshard
+        self.users: dict[tuple[str, int], int] = {}
+        for c in copies:
+            if c.piece.file in plan.frames:
+                for i in _frames_of(plan.frames[c.piece.file], *_span(plan, c)):
+                    self.users[(c.piece.file, i)] = self.users.get((c.piece.file, i), 0) + 1
+        self.lock = threading.Lock()
+        self.decoded: dict[tuple[str, int], Future[bytearray]] = {}
+
+    def take(self, file: str, i: int) -> bytearray:
+        key = (file, i)
+        with self.lock:
+            future = self.decoded.get(key)
+            mine = future is None
+            if future is None:
+                future = self.decoded[key] = Future()
+        if mine:
+            try:
+                future.set_result(self._decode(file, i))
+            except BaseException as e:
+                future.set_exception(e)
+        return future.result()
+
+    def done(self, file: str, i: int) -> None:
+        with self.lock:
+            self.users[(file, i)] -= 1
+            if not self.users[(file, i)]:
+                self.decoded.pop((file, i), None)
+
+    def _decode(self, file: str, i: int) -> bytearray:
+        plan: Plan = self.opened.reshard
+        index = plan.frames[file]
+        path = self.reader.storage.join(self.opened.files_dir, file)
+        frame = index.frames[i]
+        stored = bytearray(frame.stored)
+        got = self.reader.storage.read_range(path, index.stored_offsets[i], memoryview(stored))
+        self.count(got)
+        if got != len(stored):
+            raise self.opened.bad(f"{file} ends early: expected {len(stored)} bytes at {index.stored_offsets[i]}")
+        out = bytearray(frame.decoded)
+        try:
+            compress.decode_frame(memoryview(stored), frame, memoryview(out), where=path, at=index.decoded_offsets[i])
+        except CheckpointCorruptError as err:
+            raise self.opened.bad(str(err)) from err
+        return out
+
+
+def _ranged_frames(reader: Reader, opened: Opened, c: Copy, dst: memoryview, frames: _Frames) -> None:
+    """``c``'s bytes from a compressed file: the frames that hold them, decoded (each verified) once, then their
+    part copied out."""
+    plan: Plan = opened.reshard
+    index = plan.frames[c.piece.file]
+    lo, hi = _span(plan, c)
+    for i in _frames_of(index, lo, hi):
+        out = frames.take(c.piece.file, i)
+        at = index.decoded_offsets[i]
+        a, b = max(lo, at), min(hi, at + index.frames[i].decoded)
+        dst[a - lo : b - lo] = memoryview(out)[a - at : b - at]
+        frames.done(c.piece.file, i)
 
 
 def _wrap(plan: Plan, tensors: dict[str, Any]) -> None:
