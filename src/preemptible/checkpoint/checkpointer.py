@@ -389,6 +389,8 @@ class Checkpointer(Lifecycle, Prestaging):
         budget = deadline - self._clock() if deadline is not None else None
         predicted = self.predict(plan.nbytes)
         choice, codec = self._codec(plan, background=not blocking)
+        if choice.on and choice.compressed_s is not None and predicted is not None:
+            predicted = round(choice.compressed_s + self.fixed_s, 3)  # as it will be written: compressed
         job = Job(
             step=step,
             path=path,
