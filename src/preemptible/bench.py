@@ -318,7 +318,8 @@ def contenders(state: dict[str, Any], nbytes: int, *, quick: bool = False) -> di
         raw_read(p)
         return Sample(time.perf_counter() - t)
 
-    read_into = torch.empty(max(1, nbytes), dtype=torch.uint8)  # reused: a restore reads into the state's memory
+    # Reused, and touched once here: a restore reads into the state's memory, whose pages exist already.
+    read_into = torch.zeros(max(1, nbytes), dtype=torch.uint8)
 
     def ceiling_read_into(work: str) -> Sample:
         """The least a warm restore must do: read the bytes into memory the size of the state, on as many threads
