@@ -436,3 +436,36 @@ def test_a_bar_is_drawn_only_when_asked_or_on_a_terminal(capsys: pytest.CaptureF
     with Meter("export", 10_000_000, bar=True) as bar:
         bar.add(5_000_000)
     assert "export" in capsys.readouterr().err
+
+
+def test_an_index_that_claims_a_huge_frame_is_refused_before_anything_is_allocated() -> None:
+    data = packed([("w", torch.randn(5000))], frame_bytes=4096)
+    (n,) = struct.unpack("<Q", data[-16:-8])
+    doc = json.loads(data[-16 - n : -16])
+    doc["frames"][1][0] = 1 << 40  # decoded bytes of one frame, kept consistent with the total
+    doc["frames"][1][3:] = [1 << 38] * 4
+    doc["decoded_bytes"] = sum(f[0] for f in doc["frames"])
+    raw = json.dumps(doc).encode()
+    bad = data[: -16 - n] + raw + struct.pack("<Q", len(raw)) + compress.TAIL_MAGIC
+    with pytest.raises(CheckpointCorruptError, match="more than the"):
+        compress.read_index(_ranges(bad), len(bad), where="f")
+
+
+def test_a_full_disk_during_a_compressed_save_commits_nothing_and_keeps_the_last_checkpoint(tmp_path: Path) -> None:
+    import threading
+
+    from faults import FaultyStorage
+    from preemptible.errors import SaveError
+
+    src = state(0)
+    storage = FaultyStorage(str(tmp_path))
+    ck = Checkpointer(str(tmp_path), storage=storage, compress=True)
+    ck.save(src, 1)
+    storage.fail_after = storage.written + (1 << 20)  # the next save fails a megabyte in
+    before = threading.active_count()
+    with pytest.raises((SaveError, OSError)):
+        ck.save(src, 2)
+    assert [c.step for c in ck.checkpoints()] == [1]
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("step-000000000002")]
+    assert threading.active_count() <= before  # no encoder thread left behind
+    assert Checkpointer(str(tmp_path)).restore(state(1)) == 1

@@ -57,6 +57,9 @@ SAMPLE_BYTES = 64 << 10
 RAW_ABOVE = 0.97
 """A plane whose sample compresses to more than this share of itself is stored raw."""
 MAX_INDEX_BYTES = 64 << 20
+MAX_FRAME_BYTES = 64 << 20
+"""The largest decoded frame a reader accepts (the writer's are at most `FRAME_BYTES`; frame 0, the header, at
+most safetensors' own header limit): a hostile index cannot make a reader allocate more."""
 DEFAULT_LEVEL = 1
 TAIL_BYTES = 16
 
@@ -348,7 +351,7 @@ def parse_index(tail: bytes, size: int, *, where: str) -> Index:
             raise ValueError(f"version {doc.get('version')!r}; this preemptible reads version {VERSION}")
         if doc.get("checksum_algorithm") != checksum.ALGORITHM:
             raise ValueError(f"checksum algorithm {doc.get('checksum_algorithm')!r}, expected {checksum.ALGORITHM}")
-        frames = []
+        frames: list[Frame] = []
         for raw in doc["frames"]:
             decoded, group, digest, *planes = raw
             ints = (decoded, group, *planes)
@@ -358,6 +361,9 @@ def parse_index(tail: bytes, size: int, *, where: str) -> Index:
                 raise ValueError(f"frame {str(raw)[:80]}: {len(planes)} planes for a group of {group}")
             if any(p > decoded // group for p in planes) or not isinstance(digest, str) or len(digest) != 16:
                 raise ValueError(f"frame {str(raw)[:80]}: a plane larger than itself, or a malformed checksum")
+            limit = 8 + tensor_format.MAX_HEADER_BYTES if not frames else MAX_FRAME_BYTES
+            if decoded > limit:
+                raise ValueError(f"frame {len(frames)} decodes to {decoded} bytes, more than the {limit} a frame holds")
             frames.append(Frame(decoded, group, digest, tuple(planes)))
         if not frames or sum(f.decoded for f in frames) != doc["decoded_bytes"]:
             raise ValueError("the frames do not add up to decoded_bytes")
