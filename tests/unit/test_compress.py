@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -469,3 +470,21 @@ def test_a_full_disk_during_a_compressed_save_commits_nothing_and_keeps_the_last
     assert not [n for n in os.listdir(tmp_path) if n.startswith("step-000000000002")]
     assert threading.active_count() <= before  # no encoder thread left behind
     assert Checkpointer(str(tmp_path)).restore(state(1)) == 1
+
+
+@functools.cache
+def fuzz_file() -> bytes:
+    g = torch.Generator().manual_seed(3)
+    items = [("w", torch.randn(3000, generator=g)), ("b", torch.randn(700, generator=g).half())]
+    return packed(items, frame_bytes=2048)
+
+
+@settings(max_examples=200, deadline=None)
+@given(where=st.floats(0, 1, exclude_max=True), bit=st.integers(0, 7))
+def test_any_flipped_bit_is_refused_as_corruption_never_another_error(where: float, bit: int) -> None:
+    """Every byte of a compressed file is covered: the magic, each frame (its checksum), the index (parsed as
+    untrusted), the trailer, and the stored file's checksum. A flipped bit anywhere is a CheckpointCorruptError."""
+    data = bytearray(fuzz_file())
+    data[int(where * len(data))] ^= 1 << bit
+    with pytest.raises(CheckpointCorruptError):
+        decoded(bytes(data))
