@@ -463,7 +463,7 @@ class Drill:
             return None
         if info.manifest is None:
             return None
-        files = {n: f.checksum for n, f in info.manifest.files.items() if n.endswith(".safetensors")}
+        files = _plain_checksums(ck, info)
         state = {k: v for k, v in files.items() if not k.startswith("_rng")}
         state["state.json"] = json.dumps(_without_records({k: v for k, v in tree.items() if not k.startswith("_")}))
         return state
@@ -574,4 +574,27 @@ def _json_leaves(tree: Any, path: str) -> dict[str, Any]:
             out.update(_json_leaves(v, f"{path}/{i}"))
     else:
         out[path] = tree
+    return out
+
+
+def _plain_checksums(ck: Any, info: Any) -> dict[str, str]:
+    """Each tensor file's checksum as a plain safetensors file, by its plain name: a compressed file's decoded bytes
+    are exactly that file, so two runs compare alike whether or not either compressed."""
+    from preemptible.checkpoint.reader import open_tensor
+    from preemptible.store import checksum, layout
+
+    out: dict[str, str] = {}
+    directory = info.manifest.file_dir(ck.storage.join, info.path)
+    for name, rec in info.manifest.files.items():
+        if not layout.is_tensor_file(name):
+            continue
+        if not name.endswith(".zst"):
+            out[name] = rec.checksum
+            continue
+        hasher = checksum.new()
+        buf = memoryview(bytearray(8 << 20))
+        with open_tensor(ck.storage, ck.storage.join(directory, name), rec, None) as (source, _, _):
+            while n := source.readinto(buf):
+                hasher.update(buf[:n])
+        out[name.removesuffix(".zst")] = hasher.hexdigest()
     return out

@@ -488,3 +488,15 @@ def test_any_flipped_bit_is_refused_as_corruption_never_another_error(where: flo
     data[int(where * len(data))] ^= 1 << bit
     with pytest.raises(CheckpointCorruptError):
         decoded(bytes(data))
+
+
+def test_a_drill_compares_a_compressed_and_a_plain_checkpoint_by_their_plain_bytes(tmp_path: Path) -> None:
+    from preemptible.drill import _plain_checksums
+
+    src = state(0)
+    sums = []
+    for setting in (True, False):
+        ck = Checkpointer(str(tmp_path / str(setting)), compress=setting)
+        ck.save(src, 4)
+        sums.append(_plain_checksums(ck, ck.verify(4)))
+    assert sums[0] == sums[1] and set(sums[0]) == {"model.safetensors", "optimizer.safetensors"}
