@@ -500,3 +500,35 @@ def test_a_drill_compares_a_compressed_and_a_plain_checkpoint_by_their_plain_byt
         ck.save(src, 4)
         sums.append(_plain_checksums(ck, ck.verify(4)))
     assert sums[0] == sums[1] and set(sums[0]) == {"model.safetensors", "optimizer.safetensors"}
+
+
+def test_the_paced_proxy_forwards_every_byte_both_ways() -> None:
+    import socket
+    import threading
+
+    from preemptible.store.paced import PacedProxy
+
+    server = socket.create_server(("127.0.0.1", 0))
+    got = bytearray()
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            while len(got) < 3 << 20:
+                chunk = conn.recv(1 << 16)
+                if not chunk:
+                    break
+                got.extend(chunk)
+            conn.sendall(compress.checksum.of_bytes(bytes(got)).encode())
+
+    t = threading.Thread(target=serve)
+    t.start()
+    payload = os.urandom(3 << 20)
+    with PacedProxy(server.getsockname(), 1e10) as proxy, socket.create_connection(("127.0.0.1", proxy.port)) as c:
+        c.sendall(payload)
+        reply = c.recv(64)
+    t.join()
+    server.close()
+    assert bytes(got) == payload
+    assert reply.decode() == compress.checksum.of_bytes(payload)
+    assert proxy.pacer.rate == 1e10
