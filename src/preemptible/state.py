@@ -183,7 +183,30 @@ def flatten(captured: Mapping[str, Any]) -> FlatState:
     flat = FlatState(tree=None)
     seen: dict[tuple[Any, ...], str] = {}
 
+    tensors = flat.tensors
+    strided = torch.strided
+    dtypes = tensor_format.DTYPES
+
     def sink(obj: Any, path: str, is_numpy: bool) -> str:
+        # The common case first, inline: a plain dense CPU/GPU tensor (states hold 10,000s of them).
+        if (
+            type(obj) in _PLAIN_TENSORS
+            and obj.layout is strided
+            and not obj.is_meta
+            and obj.dtype in dtypes
+            and not is_numpy
+        ):
+            ptr = obj.data_ptr()
+            key = (obj.device, ptr, obj.shape, obj.stride(), obj.dtype) if ptr and obj.numel() else None
+            if key is not None:
+                known = seen.get(key)
+                if known is not None:
+                    return known
+            name = _unique(path, tensors)
+            tensors[name] = obj.detach() if obj.requires_grad else obj
+            if key is not None:
+                seen[key] = name
+            return name
         sharded = None
         if is_numpy:
             tensor = _from_numpy(obj, path)
@@ -292,7 +315,12 @@ def parse_placement(text: str) -> Any:
     raise ValueError(f"unsupported DTensor placement {text!r} (expected Shard(dim=N) or Replicate())")
 
 
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
 def _check_tensor(t: torch.Tensor, path: str) -> None:
+    if type(t) in _PLAIN_TENSORS and t.layout is torch.strided and not t.is_meta and t.dtype in tensor_format.DTYPES:
+        return  # the common case, in a few attribute reads: states hold 10,000s of tensors
     if not (type(t) is torch.Tensor or type(t) is torch.nn.Parameter):
         raise UnsupportedStateError(
             f"tensor {path!r} is a {type(t).__name__}; preemptible stores plain (dense) tensors. Convert it "
@@ -327,13 +355,26 @@ def _from_numpy(arr: Any, path: str) -> torch.Tensor:
 
 def _alias_key(t: torch.Tensor) -> tuple[Any, ...] | None:
     """Two tensors are the same stored tensor when they are the same view of the same memory."""
-    if t.numel() == 0:
+    ptr = t.data_ptr()
+    if not ptr or t.numel() == 0:  # no memory of its own to share
         return None
-    return (t.device, t.data_ptr(), tuple(t.shape), t.stride(), t.dtype)
+    return (t.device, ptr, t.shape, t.stride(), t.dtype)
+
+
+_SAFE: dict[str, str] = {}  # key path -> file-safe name: the same paths come back at every save
+
+
+def _safe_name(path: str) -> str:
+    name = _SAFE.get(path)
+    if name is None:
+        if len(_SAFE) > 1 << 20:
+            _SAFE.clear()
+        name = _SAFE[path] = _UNSAFE.sub("_", path) or "tensor"
+    return name
 
 
 def _unique(path: str, taken: Mapping[str, Any]) -> str:
-    base = _UNSAFE.sub("_", path) or "tensor"
+    base = _safe_name(path)
     name, i = base, 1
     while name in taken:
         i += 1

@@ -98,7 +98,11 @@ class FileSpec:
 
 
 def plan_files(
-    flat: FlatState, *, threads: int = DEFAULT_THREADS, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    flat: FlatState,
+    *,
+    threads: int = DEFAULT_THREADS,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    total: int | None = None,
 ) -> list[FileSpec]:
     """Assign every tensor to a file: grouped by top-level entry, large groups split so threads share the work.
 
@@ -108,7 +112,7 @@ def plan_files(
     groups: dict[str, list[tuple[str, torch.Tensor]]] = {}
     for name, t in flat.tensors.items():
         groups.setdefault(group_of(name), []).append((name, t))
-    total = flat.tensor_bytes
+    total = flat.tensor_bytes if total is None else total
     target = min(max_file_bytes, max(MIN_PART_BYTES, total // max(1, 4 * threads)))
     specs: list[FileSpec] = []
     for group, items in groups.items():
@@ -394,7 +398,13 @@ class Staging:
     @staticmethod
     def _layout_key(specs: Sequence[FileSpec]) -> tuple[object, ...]:
         return tuple(
-            (spec.name, tuple((n, tuple(t.shape), spec.stored.get(n, t.dtype)) for n, t in spec.items))
+            (
+                spec.name,
+                tuple([n for n, _ in spec.items]),  # list comprehensions: a state may hold 10,000s of tensors
+                tuple([t.shape for _, t in spec.items]),
+                tuple([t.dtype for _, t in spec.items]),
+                tuple(sorted((n, str(d)) for n, d in spec.stored.items())),
+            )
             for spec in specs
         )
 
@@ -456,7 +466,8 @@ class Staging:
         arena_bytes = memoryview(self._arena.numpy())  # type: ignore[arg-type]
         blobs = {name: arena_bytes[a:b] for name, (a, b) in self._regions.items()}
         # The views already hold the stored dtype, so the staged specs carry no casts.
-        staged_specs = [FileSpec(s.name, tuple((n, self._views[n]) for n, _ in s.items)) for s in specs]
+        views = self._views
+        staged_specs = [FileSpec(s.name, tuple([(n, views[n]) for n, _ in s.items])) for s in specs]
         staged = Staged(
             staged_specs,
             blobs,

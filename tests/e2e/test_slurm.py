@@ -147,8 +147,10 @@ def notice_to_commit(root: Path) -> list[tuple[float, float]]:
     return out
 
 
-PREEMPT = ("--steps", "120", "--step-time", "0.05", "--save-every", "1000")
-PREEMPT_DDP = ("--steps", "80", "--step-time", "0.05", "--save-every", "1000")
+# Long enough that neither low job can finish before the other has started and reached step 20 (torchrun's start
+# on a loaded 2-core machine took longer than the single job's 120 steps once), when the high job preempts both.
+PREEMPT = ("--steps", "300", "--step-time", "0.05", "--save-every", "1000")
+PREEMPT_DDP = ("--steps", "160", "--step-time", "0.05", "--save-every", "1000")
 TIMELIMIT = ("--steps", "140", "--step-time", "0.25", "--save-every", "1000")  # 35 s: past t=30 s, the latest USR1
 CANCEL = ("--steps", "400", "--step-time", "0.05", "--save-every", "1000")
 MODES = {"batch": ("--signal=B:USR1@30", "exec srun"), "step": ("--signal=USR1@30", "recipes/slurm/train.sbatch")}

@@ -133,8 +133,9 @@ def plan_share(
         cast_moments(state, flat, moments_dtype)
     world, me = split_.world, split_.rank
     if world == 1:
-        specs = plan_files(flat, threads=threads, max_file_bytes=max_file_bytes)
-        return SavePlan(specs, {layout.STATE: state_json(flat)}, flat.tensor_bytes, flat.tensor_bytes)
+        total = flat.tensor_bytes
+        specs = plan_files(flat, threads=threads, max_file_bytes=max_file_bytes, total=total)
+        return SavePlan(specs, {layout.STATE: state_json(flat)}, total, total)
     shared = select(flat, set(state) - split_.own)
     mine_flat = select(flat, set(split_.own))
     specs = plan_files(shared, threads=threads * world, max_file_bytes=max_file_bytes)

@@ -51,6 +51,9 @@ def _numpy() -> Any:
     return numpy
 
 
+_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
+
+
 def key_str(key: Any) -> str:
     """How a dict key appears in a key path (``optimizer/state/3/exp_avg``)."""
     return key if isinstance(key, str) else repr(key) if isinstance(key, tuple) else str(key)
@@ -70,6 +73,8 @@ def encode(obj: Any, sink: TensorSink, path: str = "", depth: int = 0) -> JSON:
             key=path,
         )
     depth += 1
+    if type(obj) in _TENSORS:  # first: the most common leaf of a large state
+        return {"$tensor": sink(obj, path, False)}
     if obj is None or isinstance(obj, (bool, str)):
         return obj
     if isinstance(obj, int):
@@ -137,6 +142,10 @@ def decode(doc: JSON, source: TensorSource, path: str = "", depth: int = 0) -> A
     Raises:
         CheckpointCorruptError: an unknown or malformed tag, or nesting deeper than `MAX_DEPTH`.
     """
+    if type(doc) is dict and len(doc) == 1:
+        name = doc.get("$tensor")
+        if type(name) is str:  # the most common node of a large state, first
+            return source(name, False)
     if not isinstance(doc, (list, dict)):
         return doc
     if depth > MAX_DEPTH:
