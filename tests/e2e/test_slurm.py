@@ -220,7 +220,8 @@ def test_partition_preemption_requeues_and_resumes_bit_identical(
         assert digest(out.read_text()) == refs.digest(*args)
         requeues = events(root, "requeue")
         assert requeues and requeues[0]["ok"] is True and {e["rank"] for e in requeues} == {0}  # rank 0 alone
-        assert {e["detail"] for e in events(root, "notice")} == {"SIGTERM"}
+        # Slurm signals every task; under torchrun a rank may first hear of it from another ("SIGTERM (seen by rank 1)")
+        assert all(e["detail"].startswith("SIGTERM") for e in events(root, "notice"))
         print(f"{name}: notice->commit (s, window s):", notice_to_commit(root))
 
 
