@@ -5,11 +5,15 @@ The handler only records the notice. Previous handlers are kept and put back on 
 or SIGUSR1 is recorded and otherwise ignored, so it cannot interrupt a save already under way; a second SIGINT
 raises ``KeyboardInterrupt`` at once ("Ctrl-C twice means exit now": the save in progress is abandoned, never
 committed, and the previous checkpoint stays the newest).
+
+Inside a Slurm job, a SIGUSR1 that came before any source listened was held by ``_preemptible_early`` (installed
+with the package, run at interpreter start); `SignalSource.start` takes it over as a notice dated when it came.
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -106,9 +110,14 @@ class SignalSource:
                 "sources without 'signal' and relay notices with guard.trigger()"
             )
         self._sink = sink
+        early = sys.modules.get("_preemptible_early")  # src/_preemptible_early.py, when Python started under Slurm
         for sig in self.signals:
-            self._previous[sig] = signal.getsignal(sig)
+            previous = signal.getsignal(sig)
+            self._previous[sig] = previous
             signal.signal(sig, self._handle)
+            if early is not None and previous == early.hold:
+                for arrived in early.take(sig):  # came during start-up: a notice dated when it came
+                    self._record(sig, arrived)
 
     def close(self) -> None:
         for sig, previous in self._previous.items():
@@ -120,7 +129,9 @@ class SignalSource:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         # IMPORTANT: runs as a signal handler: record and return. No I/O, no logging, no locks.
-        sig = signal.Signals(signum)
+        self._record(signal.Signals(signum), self._clock())
+
+    def _record(self, sig: signal.Signals, now: float) -> None:
         count = self.received.get(sig, 0) + 1
         self.received[sig] = count
         if sig == signal.SIGINT and count > 1:
@@ -129,9 +140,7 @@ class SignalSource:
         if sink is not None:
             grace = self.grace_by_signal.get(sig, self.grace)
             try:
-                notice = Notice.at(
-                    source=self.name, kind=NoticeKind.TERMINATE, now=self._clock(), grace=grace, detail=sig.name
-                )
+                notice = Notice.at(source=self.name, kind=NoticeKind.TERMINATE, now=now, grace=grace, detail=sig.name)
             except (ValueError, OverflowError):  # IMPORTANT: a handler never raises: an unknown deadline instead
                 notice = Notice(
                     source=self.name,
