@@ -346,6 +346,8 @@ class SavePlan:
     docs: dict[str, bytes]
     nbytes: int
     total_bytes: int  # tensor bytes of the whole checkpoint (all ranks)
+    layout_token: object = None
+    """Set by `checkpoint.steady`: plans with the same token have the same staging layout."""
 
 
 @dataclass
@@ -359,6 +361,9 @@ class Staged:
     step: int | None = None
     staged_at: float = 0.0
     seconds: float = 0.0
+
+
+_Bucket = tuple[tuple[torch.device, torch.dtype, torch.dtype], list[torch.Tensor], list[int]]
 
 
 class Staging:
@@ -386,6 +391,9 @@ class Staging:
         self.busy = threading.Lock()
         self._arena: torch.Tensor | None = None
         self._key: tuple[object, ...] | None = None
+        self._token: object = None
+        self._buckets: tuple[list[_Bucket], list[FileSpec]] | None = None
+        self._buckets_token: object = None
         self._views: dict[str, torch.Tensor] = {}
         self._regions: dict[str, tuple[int, int]] = {}
         self.allocations = 0
@@ -408,11 +416,17 @@ class Staging:
             for spec in specs
         )
 
-    def fits(self, specs: Sequence[FileSpec]) -> bool:
+    def fits(self, specs: Sequence[FileSpec], token: object = None) -> bool:
         """True when the arena already has this layout: staging into it allocates nothing."""
+        if self._arena is not None and token is not None and token is self._token:
+            return True
         return self._arena is not None and self._layout_key(specs) == self._key
 
-    def _prepare(self, specs: Sequence[FileSpec]) -> None:
+    def _prepare(self, specs: Sequence[FileSpec], token: object = None) -> None:
+        if token is not None and token is self._token and self._arena is not None:
+            return  # the same steady-state template as last time: the same layout
+        self._token = token
+        self._buckets_token = None
         key = self._layout_key(specs)
         if key == self._key:
             return
@@ -435,22 +449,39 @@ class Staging:
             views[e.name] = arena[start : start + e.nbytes].view(e.dtype).view(e.shape)
         self._arena, self._views, self._regions, self._key = arena, views, regions, key
 
+    def _bucket(self, specs: Sequence[FileSpec]) -> tuple[list[_Bucket], list[FileSpec]]:
+        """The copies of a layout, grouped by (device, source dtype, stored dtype), and the specs of the staged
+        bytes. The same for every save of one steady-state template."""
+        views = self._views
+        groups: dict[tuple[torch.device, torch.dtype, torch.dtype], tuple[list[torch.Tensor], list[int]]] = {}
+        i = 0
+        for spec in specs:
+            for name, src in spec.items:
+                dst = views[name]
+                group = groups.setdefault((src.device, src.dtype, dst.dtype), ([], []))
+                group[0].append(dst)
+                group[1].append(i)
+                i += 1
+        # The views already hold the stored dtype, so the staged specs carry no casts.
+        staged_specs = [FileSpec(s.name, tuple([(n, views[n]) for n, _ in s.items])) for s in specs]
+        return [(key, dsts, idx) for key, (dsts, idx) in groups.items()], staged_specs
+
     def stage(self, plan: SavePlan, *, step: int | None = None) -> Staged:
         """Copy every tensor of the plan into the arena (the caller holds ``busy``). Returns what to write."""
         t0 = self._monotonic()
         specs = plan.specs
-        self._prepare(specs)
+        self._prepare(specs, plan.layout_token)
         assert self._arena is not None
-        pairs: dict[tuple[torch.device, torch.dtype, torch.dtype], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
-        views = self._views
-        for spec in specs:
-            for name, src in spec.items:  # no detach per tensor: the copies run under no_grad
-                dst = views[name]
-                bucket = pairs.get((src.device, src.dtype, dst.dtype))
-                if bucket is None:
-                    bucket = pairs[(src.device, src.dtype, dst.dtype)] = ([], [])
-                bucket[0].append(dst)
-                bucket[1].append(src)
+        token = plan.layout_token
+        cached = self._buckets if token is not None and token is self._buckets_token else None
+        if cached is None:
+            cached = self._bucket(specs)
+            self._buckets, self._buckets_token = cached, token
+        buckets, staged_specs = cached
+        srcs_all = [t for spec in specs for _, t in spec.items]
+        # no detach per tensor: the copies run under no_grad
+        one = len(buckets) == 1
+        pairs = {key: (dsts, srcs_all if one else [srcs_all[i] for i in idx]) for key, dsts, idx in buckets}
         cuda_streams: list[torch.cuda.Stream] = []
         for (device, _, _), (dsts, srcs) in pairs.items():
             if device.type == "cuda":
@@ -465,9 +496,6 @@ class Staging:
             stream.synchronize()
         arena_bytes = memoryview(self._arena.numpy())  # type: ignore[arg-type]
         blobs = {name: arena_bytes[a:b] for name, (a, b) in self._regions.items()}
-        # The views already hold the stored dtype, so the staged specs carry no casts.
-        views = self._views
-        staged_specs = [FileSpec(s.name, tuple([(n, views[n]) for n, _ in s.items])) for s in specs]
         staged = Staged(
             staged_specs,
             blobs,

@@ -29,6 +29,7 @@ from preemptible.checkpoint.partition import split as split_state
 from preemptible.checkpoint.prestage import Prestaging
 from preemptible.checkpoint.reader import Reader
 from preemptible.checkpoint.restore import Candidate, Restorer
+from preemptible.checkpoint.steady import SteadyPlans
 from preemptible.errors import (
     CheckpointCorruptError,
     CheckpointNotFoundError,
@@ -171,6 +172,8 @@ class Checkpointer(Lifecycle, Prestaging):
         self.fixed_s = 0.05  # directory creation, fsyncs and the commit marker: refined by every save
         self._inflight: SaveHandle | None = None
         self._staging: Staging | None = None
+        self.steady = SteadyPlans()
+        """The steady state's plans (see `preemptible.checkpoint.steady`): ``steady.hits`` saves reused one."""
         self._coordinator: Any = _UNSET
         self.markers = Markers(self.storage)
         self.reader = Reader(self.storage, self.root, threads=threads)
@@ -439,7 +442,11 @@ class Checkpointer(Lifecycle, Prestaging):
         if not any(t.device.type != "cpu" for spec in plan.specs for _, t in spec.items):
             return None
         staging = self._staging
-        if staging is None or not staging.fits(plan.specs) or not staging.busy.acquire(blocking=False):
+        if (
+            staging is None
+            or not staging.fits(plan.specs, plan.layout_token)
+            or not staging.busy.acquire(blocking=False)
+        ):
             return None
         try:
             return staging.stage(plan, step=step)
@@ -451,18 +458,28 @@ class Checkpointer(Lifecycle, Prestaging):
         """This rank's share of the save, after checking that replicated state is the same on every rank."""
         coord = self.coordinator
         world, me = (coord.world, coord.rank) if coord is not None else (1, 0)
-        flat = flatten(capture(state))
-        split = split_state(flat, state, self.per_rank, world=world, rank=me)
-        if coord is not None:
-            split = check_replicated(coord, flat, set(state), split, key=key, reason=reason, events=self.events)
-        return plan_share(
-            state,
-            flat,
-            split,
-            threads=self.threads,
-            max_file_bytes=self.max_file_bytes,
-            moments_dtype=self.moments_dtype,
-        )
+        captured = capture(state)
+
+        def general(tree: Mapping[str, Any]) -> SavePlan:
+            flat = flatten(tree)
+            split = split_state(flat, state, self.per_rank, world=world, rank=me)
+            if coord is not None:
+                split = check_replicated(coord, flat, set(state), split, key=key, reason=reason, events=self.events)
+            return plan_share(
+                state,
+                flat,
+                split,
+                threads=self.threads,
+                max_file_bytes=self.max_file_bytes,
+                moments_dtype=self.moments_dtype,
+            )
+
+        if world == 1:  # the steady state of one process: the plan of the last save, refilled
+            config = (self.threads, self.max_file_bytes, self.moments_dtype, [(k, type(v)) for k, v in state.items()])
+            plan = self.steady.plan(state, captured, config, general)
+            if plan is not None:
+                return plan
+        return general(captured)
 
     def _codec(self, plan: SavePlan, *, background: bool) -> tuple[compress_mod.Choice, compress_mod.Codec | None]:
         """Whether this save compresses (see `compress_mod.choose`), and the codec that does it."""

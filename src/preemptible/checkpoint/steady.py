@@ -1,0 +1,255 @@
+"""The steady state of a training run: the same structure saved again and again, only the numbers changing.
+
+Between two saves of a run, the captured ``state_dict()`` trees almost always have the same keys, the same tensors
+(the same memory, shapes and dtypes) and mostly the same non-tensor leaves (a learning rate may change). Turning a
+state of 10,000s of tensors into tensor names, files and ``state.json`` costs Python work per tensor (about 8 us
+here), more than copying a small tensor's bytes. `SteadyPlans` does that work once per structure:
+
+1. `scan` walks the captured tree in the order `tagged_json.encode` does, and returns its *shape* (container types
+   and keys), its tensors and its other leaves, or None for anything but plain dicts, lists, tuples, tensors and
+   JSON scalars (NumPy, DTensors, custom leaves: those saves take the general path, every time).
+2. The first save of a shape flattens and plans a *marked* copy of the tree, its leaves replaced by unique marker
+   strings, with the general code (`flatten`, `plan_share`). That gives a template: the file specs by tensor
+   position, and ``state.json`` cut at the markers.
+3. Every save of that shape (the first included) fills the template: the live tensors into the specs, the leaves'
+   JSON between the cut pieces. A tensor whose memory, dtype, shape or strides changed, or a key or leaf type
+   that changed, is a new shape: step 2 again.
+
+The bytes written are those of the general path (the tests compare them, save by save).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from preemptible.store import tagged_json
+from preemptible.writer import FileSpec, SavePlan
+
+_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
+_SCALARS = frozenset({type(None), bool, int, float, str})
+_DICTS = frozenset({dict, OrderedDict})
+_TENSOR = "tensor"  # the shape's mark for a tensor leaf
+
+
+@dataclass
+class Scan:
+    """What `scan` saw: two scans with equal ``shape`` and ``meta`` flatten to the same names and files."""
+
+    shape: list[Any]
+    tensors: list[torch.Tensor]
+    leaves: list[Any]
+    meta: list[tuple[Any, ...]] | None = None
+
+    def tensor_meta(self) -> list[tuple[Any, ...]]:
+        """Per tensor: its memory, dtype, shape, strides, device (they decide its name, aliases and bytes) and
+        whether it requires grad (then it is written detached)."""
+        if self.meta is None:
+            self.meta = [(t.data_ptr(), t.dtype, t.shape, t.stride(), t.device, t.requires_grad) for t in self.tensors]
+        return self.meta
+
+
+def scan(captured: Mapping[str, Any]) -> Scan | None:
+    """The shape, tensors and scalar leaves of a captured state, in encoding order; None if it holds anything else
+    (then the general path is taken)."""
+    out = Scan([], [], [])
+    try:
+        return out if _scan(captured, out.shape, out.tensors, out.leaves) else None
+    except RuntimeError:  # a tensor without strides or memory (sparse, meta): the general path says what is wrong
+        return None
+
+
+def _scan(obj: Any, shape: list[Any], tensors: list[torch.Tensor], leaves: list[Any]) -> bool:
+    kind = type(obj)
+    if kind in _DICTS:
+        # A module's state_dict() carries per-module versions in _metadata: part of the shape (compared by value).
+        shape.append((kind, tuple(obj), getattr(obj, "_metadata", None)))
+        values: Any = obj.values()
+    elif kind is list or kind is tuple:
+        shape.append((kind, len(obj)))
+        values = obj
+    else:
+        return False
+    for v in values:
+        t = type(v)
+        if t in _TENSORS:
+            shape.append(_TENSOR)
+            tensors.append(v)
+        elif t in _SCALARS:
+            shape.append(t)
+            leaves.append(v)
+        elif not _scan(v, shape, tensors, leaves):
+            return False
+    return True
+
+
+def _marked(obj: Any, marks: list[str], counter: list[int]) -> Any:
+    """A copy of the tree with every scalar leaf replaced by its marker string (in `scan` order)."""
+    kind = type(obj)
+    if kind in _DICTS:
+        copy = kind((k, _marked_leaf(v, marks, counter)) for k, v in obj.items())
+        meta = getattr(obj, "_metadata", None)
+        if meta is not None:
+            copy._metadata = meta  # type: ignore[attr-defined]
+        return copy
+    return kind(_marked_leaf(v, marks, counter) for v in obj)
+
+
+def _marked_leaf(v: Any, marks: list[str], counter: list[int]) -> Any:
+    t = type(v)
+    if t in _TENSORS:
+        return v
+    if t in _SCALARS:
+        counter[0] += 1
+        return marks[counter[0] - 1]
+    return _marked(v, marks, counter)
+
+
+def _refuse(obj: Any, path: str, is_numpy: bool) -> str:  # pragma: no cover - scalars hold no tensors
+    raise AssertionError("a scalar leaf holds no tensor")
+
+
+def leaf_json(value: Any) -> str:
+    """A scalar leaf as ``state.json`` writes it (`writer.state_json`'s separators, tags for inf and nan)."""
+    return json.dumps(tagged_json.encode(value, _refuse), separators=(",", ":"), allow_nan=False)
+
+
+@dataclass
+class Template:
+    """One shape's plan, by tensor position; ``state.json`` cut at its leaves."""
+
+    shape: list[Any]
+    meta: list[tuple[Any, ...]]
+    specs: list[tuple[str, tuple[tuple[str, int], ...], dict[str, torch.dtype]]]
+    """Per file: its name, (tensor name, tensor position) per item, and the tensors it casts."""
+    pieces: dict[str, tuple[list[str], list[int]]]
+    """Per document: the text between leaves, and which leaf goes after each piece but the last."""
+    leaves: list[Any]
+    leaf_text: list[str]
+    floats: list[int]
+    """Positions of float leaves: 0.0 equals -0.0, but they are written differently."""
+    grad: list[int]
+    """Positions of tensors that require grad: written detached."""
+    nbytes: int
+    total_bytes: int
+    token: object
+
+    def fill(self, now: Scan) -> SavePlan:
+        tensors = now.tensors
+        text = self.leaf_text
+        if now.leaves != self.leaves:
+            old = self.leaves
+            for i, (a, b) in enumerate(zip(old, now.leaves, strict=True)):
+                if a != b:
+                    text[i] = leaf_json(b)
+            self.leaves = list(now.leaves)
+        for i in self.floats:
+            v = now.leaves[i]
+            if v == 0.0:  # equal to the remembered 0.0 or -0.0 either way: written by its sign
+                text[i] = leaf_json(v)
+        if self.grad:
+            tensors = list(tensors)
+            for i in self.grad:
+                tensors[i] = tensors[i].detach()
+        specs = [
+            FileSpec(name, tuple([(n, tensors[i]) for n, i in items]), stored) for name, items, stored in self.specs
+        ]
+        docs = {}
+        for doc, (cuts, order) in self.pieces.items():
+            parts = [cuts[0]]
+            for piece, i in zip(cuts[1:], order, strict=True):
+                parts.append(text[i])
+                parts.append(piece)
+            docs[doc] = "".join(parts).encode()
+        return SavePlan(specs, docs, self.nbytes, self.total_bytes, layout_token=self.token)
+
+
+class SteadyPlans:
+    """Plans of a one-process save, remembered per shape (see the module docs). ``hits``/``misses`` count saves
+    that filled a remembered template and saves that had to make one."""
+
+    def __init__(self) -> None:
+        self._template: Template | None = None
+        self._config: object = None
+        self.hits = 0
+        self.misses = 0
+
+    def plan(
+        self,
+        state: Mapping[str, Any],
+        captured: Mapping[str, Any],
+        config: object,
+        general: Callable[[Mapping[str, Any]], SavePlan],
+    ) -> SavePlan | None:
+        """This save's plan, or None when the state has parts only the general path handles (``general`` then
+        runs on the real tree, by the caller). ``general(tree)`` flattens and plans a captured tree; ``config``:
+        everything else a plan depends on (threads, file size, casts, the types of the state's objects)."""
+        now = scan(captured)
+        if now is None:
+            self._template = None
+            return None
+        t = self._template
+        if t is None or config != self._config or now.shape != t.shape or now.tensor_meta() != t.meta:
+            t = self._make(now, captured, general)
+            if t is None:
+                self._template = None
+                return None
+            self._template, self._config = t, config
+            self.misses += 1
+        else:
+            self.hits += 1
+        return t.fill(now)
+
+    def _make(
+        self, now: Scan, captured: Mapping[str, Any], general: Callable[[Mapping[str, Any]], SavePlan]
+    ) -> Template | None:
+        nonce = secrets.token_hex(8)
+        marks = [f"\0{nonce}:{i}\0" for i in range(len(now.leaves))]
+        marked = _marked(captured, marks, [0])
+        plan = general(marked)
+        position: dict[int, int] = {}  # tensor object (as flattened) -> its position in scan order
+        by_memory: dict[tuple[Any, ...], int] = {}  # for tensors flatten detached (requires_grad)
+        for i, (t, m) in enumerate(zip(now.tensors, now.tensor_meta(), strict=True)):
+            position.setdefault(id(t), i)
+            by_memory.setdefault(m, i)
+        specs = []
+        for spec in plan.specs:
+            items = []
+            for name, t in spec.items:
+                i = position.get(id(t), -1)
+                if i < 0:  # flatten detached it: find it by its memory
+                    i = by_memory.get((t.data_ptr(), t.dtype, t.shape, t.stride(), t.device, True), -1)
+                if i < 0:
+                    return None
+                items.append((name, i))
+            specs.append((spec.name, tuple(items), dict(spec.stored)))
+        cut = re.compile(re.escape(json.dumps(f"\0{nonce}:")[:-1]) + r"(\d+)" + re.escape(json.dumps("\0")[1:]))
+        pieces: dict[str, tuple[list[str], list[int]]] = {}
+        seen = 0
+        for doc, data in plan.docs.items():
+            split = cut.split(data.decode())
+            pieces[doc] = (split[0::2], [int(i) for i in split[1::2]])
+            seen += len(split) // 2
+        if seen != len(marks):  # every leaf is in exactly one document, once: otherwise no template
+            return None
+        leaves = list(now.leaves)
+        return Template(
+            shape=now.shape,
+            meta=now.tensor_meta(),
+            specs=specs,
+            pieces=pieces,
+            leaves=leaves,
+            leaf_text=[leaf_json(v) for v in leaves],
+            floats=[i for i, v in enumerate(leaves) if type(v) is float],
+            grad=[i for i, m in enumerate(now.tensor_meta()) if m[-1]],
+            nbytes=plan.nbytes,
+            total_bytes=plan.total_bytes,
+            token=object(),
+        )

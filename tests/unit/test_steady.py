@@ -1,0 +1,186 @@
+"""The steady-state plan (`preemptible.checkpoint.steady`): a save that refills the last save's template writes
+exactly the bytes the general path writes, save after save, whatever changed in between."""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from preemptible import Checkpointer
+from preemptible.checkpoint import steady
+from preemptible.store import layout
+
+
+def written(ck: Checkpointer, step: int) -> dict[str, bytes]:
+    """Every file of a checkpoint but COMMIT.json (which records times)."""
+    d = Path(ck.path_of(step))
+    return {p.name: p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file() and p.name != layout.COMMIT}
+
+
+def general_only(ck: Checkpointer) -> Checkpointer:
+    ck.steady.plan = lambda *a, **k: None  # type: ignore[method-assign]
+    return ck
+
+
+SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0.0, -0.0]),
+    st.text(max_size=6),
+)
+
+
+class Tree:
+    """A random state: nested dicts (str and int keys), lists and tuples of scalars and tensors, some tensors
+    aliased (the same memory twice), some requiring grad."""
+
+    def __init__(self, draw: Any) -> None:
+        self.draw = draw
+        self.pool: list[torch.Tensor] = []
+
+    def tensor(self) -> torch.Tensor:
+        if self.pool and self.draw(st.booleans()):
+            return self.draw(st.sampled_from(self.pool))  # an alias
+        n = self.draw(st.integers(0, 5))
+        t = torch.randn(n, dtype=self.draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float64])))
+        if t.is_floating_point() and self.draw(st.booleans()):
+            t.requires_grad_(True)
+        self.pool.append(t)
+        return t
+
+    def node(self, depth: int) -> Any:
+        kind = self.draw(st.sampled_from(["scalar", "tensor", "dict", "list", "tuple"] if depth < 3 else ["scalar"]))
+        if kind == "scalar":
+            return self.draw(SCALARS)
+        if kind == "tensor":
+            return self.tensor()
+        n = self.draw(st.integers(0, 3))
+        if kind == "dict":
+            keys = self.draw(
+                st.lists(st.one_of(st.text(min_size=1, max_size=4), st.integers(0, 9)), max_size=n, unique=True)
+            )
+            return {k: self.node(depth + 1) for k in keys}
+        items = [self.node(depth + 1) for _ in range(n)]
+        return items if kind == "list" else tuple(items)
+
+
+def rescalar(obj: Any, draw: Any) -> Any:
+    """The same tree with every scalar leaf maybe changed (a learning rate moving, a counter, a sign of zero)."""
+    if isinstance(obj, dict):
+        return type(obj)((k, rescalar(v, draw)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(rescalar(v, draw) for v in obj)
+    if isinstance(obj, torch.Tensor):
+        return obj
+    return draw(SCALARS) if draw(st.booleans()) else obj
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_every_save_writes_the_bytes_of_the_general_path(tmp_path_factory: pytest.TempPathFactory, data: Any) -> None:
+    tree = Tree(data.draw)
+    state: dict[str, Any] = {"a": {"x": tree.node(0), "y": tree.node(0)}, "b": {"z": tree.node(0)}}
+    tmp = tmp_path_factory.mktemp("steady")
+    fast, slow = Checkpointer(tmp / "fast", keep=10), general_only(Checkpointer(tmp / "slow", keep=10))
+    for step in range(1, 4):
+        for blocking in (True, False):
+            s = step * 2 + blocking
+            fast.save(state, s, blocking=blocking).wait()
+            slow.save(state, s, blocking=blocking).wait()
+            assert written(fast, s) == written(slow, s)
+        for t in tree.pool:  # the numbers change in place between saves: the template stays
+            with torch.no_grad():
+                t.add_(1)
+        state = {k: rescalar(v, data.draw) for k, v in state.items()}
+    assert fast.steady.hits + fast.steady.misses == 6
+
+
+def model_state(hidden: int = 8) -> dict[str, Any]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    return {"model": model, "optimizer": opt, "scheduler": sched, "extras": {"seen": 0}}
+
+
+def train(state: dict[str, Any], steps: int) -> None:
+    model, opt = state["model"], state["optimizer"]
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.randn(3, 4)).pow(2).sum().backward()
+        opt.step()
+        state["scheduler"].step()
+        state["extras"]["seen"] += 3
+
+
+def test_a_training_run_reuses_its_plan_and_restores_bit_exact(tmp_path: Path) -> None:
+    state = model_state()
+    train(state, 1)  # AdamW's state exists from the first step on
+    fast, slow = Checkpointer(tmp_path / "fast", keep=10), general_only(Checkpointer(tmp_path / "slow", keep=10))
+    for step in range(2, 6):
+        train(state, 1)  # the learning rate halves, the counter moves: leaves change, the shape does not
+        fast.save(state, step, blocking=step % 2 == 0).wait()
+        slow.save(state, step).wait()
+        assert written(fast, step) == written(slow, step)
+    assert (fast.steady.misses, fast.steady.hits) == (1, 3)
+    other = model_state()
+    assert fast.restore(other) == 5
+    for a, b in zip(state["model"].parameters(), other["model"].parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert other["optimizer"].param_groups[0]["lr"] == state["optimizer"].param_groups[0]["lr"]
+    assert other["extras"] == state["extras"]
+
+
+def test_new_memory_a_new_key_or_a_new_dtype_makes_a_new_template(tmp_path: Path) -> None:
+    state = model_state()
+    train(state, 1)
+    ck = Checkpointer(tmp_path / "ck", keep=10)
+    slow = general_only(Checkpointer(tmp_path / "slow", keep=10))
+    changes = [
+        lambda: None,  # the first save: a template is made
+        lambda: None,  # nothing changed: it is refilled
+        lambda: setattr(state["model"][0], "weight", torch.nn.Parameter(torch.zeros(8, 4))),  # new memory
+        lambda: state["extras"].update(more=1),  # a new key
+        lambda: state["model"].to(torch.float64),  # new dtypes (and memory)
+        lambda: state["extras"].update(more=2.5),  # a leaf's type changes
+    ]
+    misses = []
+    for step, change in enumerate(changes, start=1):
+        change()
+        ck.save(state, step).wait()
+        slow.save(state, step).wait()
+        assert written(ck, step) == written(slow, step)
+        misses.append(ck.steady.misses)
+    assert misses == [1, 1, 2, 3, 4, 5]
+
+
+def test_a_state_the_scan_does_not_know_takes_the_general_path(tmp_path: Path) -> None:
+    np = pytest.importorskip("numpy")
+    ck = Checkpointer(tmp_path, keep=10)
+    state = {"extras": {"arr": np.arange(3), "t": torch.ones(2)}}
+    for step in (1, 2):
+        ck.save(state, step).wait()
+    assert (ck.steady.hits, ck.steady.misses) == (0, 0)
+    assert steady.scan({"x": {"y": [np.float64(1.0)]}}) is None
+    assert steady.scan({"x": OrderedDict(a=torch.ones(1), b=(1, 2.0, "s", None))}) is not None
+
+
+def test_zero_and_minus_zero_are_written_apart(tmp_path: Path) -> None:
+    ck = Checkpointer(tmp_path, keep=10)
+    state: dict[str, Any] = {"e": {"v": 0.0, "t": torch.ones(1)}}
+    ck.save(state, 1).wait()
+    state["e"]["v"] = -0.0
+    ck.save(state, 2).wait()
+    assert ck.steady.hits == 1
+    out: dict[str, Any] = {"e": {"v": None, "t": torch.zeros(1)}}
+    assert ck.restore(out) == 2
+    assert out["e"]["v"] == 0.0 and math.copysign(1.0, out["e"]["v"]) == -1.0
