@@ -90,6 +90,9 @@ class FileSpec:
     name: str
     items: tuple[tuple[str, torch.Tensor], ...]
     stored: dict[str, torch.dtype] = field(default_factory=dict)
+    prepared: list[Any] | None = field(default=None, compare=False, repr=False)
+    """Shared by the specs of one steady-state file, save after save: its safetensors layout and header, made
+    once (see `tensor_format.encode`)."""
 
     @property
     def nbytes(self) -> int:
@@ -194,7 +197,9 @@ def write_tensor_file(
     try:
         if codec is None:
             sink = _Sink(stream, progress, _coalesce_buffer())
-            nbytes, digest, chunks = tensor_format.write(sink, spec.items, METADATA, stored=spec.stored, blob=blob)
+            nbytes, digest, chunks = tensor_format.write(
+                sink, spec.items, METADATA, stored=spec.stored, blob=blob, prepared=spec.prepared
+            )
             sink.flush()
         else:
             sink = _Sink(stream, None, _coalesce_buffer())
@@ -463,7 +468,15 @@ class Staging:
                 group[1].append(i)
                 i += 1
         # The views already hold the stored dtype, so the staged specs carry no casts.
-        staged_specs = [FileSpec(s.name, tuple([(n, views[n]) for n, _ in s.items])) for s in specs]
+        # Their safetensors layout is the live specs' (the same names, stored dtypes and shapes): one box for both.
+        staged_specs = [
+            FileSpec(
+                s.name,
+                tuple([(n, views[n]) for n, _ in s.items]),
+                prepared=s.prepared if s.prepared is not None else [],
+            )
+            for s in specs
+        ]
         return [(key, dsts, idx) for key, (dsts, idx) in groups.items()], staged_specs
 
     def stage(self, plan: SavePlan, *, step: int | None = None) -> Staged:

@@ -140,6 +140,8 @@ class Template:
     nbytes: int
     total_bytes: int
     token: object
+    prepared: list[list[Any]]
+    """Per file: its safetensors layout and header, made at its first write (`tensor_format.encode`)."""
 
     def fill(self, now: Scan) -> SavePlan:
         tensors = now.tensors
@@ -159,7 +161,8 @@ class Template:
             for i in self.grad:
                 tensors[i] = tensors[i].detach()
         specs = [
-            FileSpec(name, tuple([(n, tensors[i]) for n, i in items]), stored) for name, items, stored in self.specs
+            FileSpec(name, tuple([(n, tensors[i]) for n, i in items]), stored, prepared=box)
+            for (name, items, stored), box in zip(self.specs, self.prepared, strict=True)
         ]
         docs = {}
         for doc, (cuts, order) in self.pieces.items():
@@ -252,4 +255,5 @@ class SteadyPlans:
             nbytes=plan.nbytes,
             total_bytes=plan.total_bytes,
             token=object(),
+            prepared=[[] for _ in specs],
         )

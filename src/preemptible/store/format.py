@@ -187,6 +187,7 @@ def encode(
     stored: Mapping[str, torch.dtype] | None = None,
     blob: memoryview | None = None,
     chunk: int = CHUNK_BYTES,
+    prepared: list[Any] | None = None,
 ) -> tuple[list[Entry], bytes, Iterable[memoryview]]:
     """A safetensors file of ``items`` as its entries, its header bytes and its data in pieces (in file order).
 
@@ -194,11 +195,19 @@ def encode(
     (GPU, strided, or cast to a ``stored`` dtype) through a temporary of that one tensor. With ``blob``, the
     tensor data is already laid out in file order in one buffer (a staging arena) and goes out in large pieces.
 
+    ``prepared``: a box (a list) shared by files of the same names, dtypes and shapes (one steady-state file, save
+    after save): its layout and header are computed once, kept in the box and reused.
+
     IMPORTANT: a piece may live in a reused buffer: the consumer must be done with it before taking the next.
     """
     by_name = dict(items)
-    entries = layout(items, stored)
-    head = header_bytes(entries, metadata)
+    if prepared:
+        entries, head = prepared[0], prepared[1]
+    else:
+        entries = layout(items, stored)
+        head = header_bytes(entries, metadata)
+        if prepared is not None:
+            prepared[:] = [entries, head]
     if blob is not None:
         if len(blob) != (entries[-1].end if entries else 0):
             raise ValueError(f"staged blob holds {len(blob)} bytes, the layout needs {entries[-1].end}")
@@ -216,6 +225,7 @@ def write(
     stored: Mapping[str, torch.dtype] | None = None,
     blob: memoryview | None = None,
     chunk: int = CHUNK_BYTES,
+    prepared: list[Any] | None = None,
 ) -> tuple[int, str, Chunks]:
     """Stream a safetensors file of ``items`` to ``sink`` (see `encode`), hashing on the way (the whole file, and
     its `Chunks`).
@@ -223,12 +233,18 @@ def write(
     Returns:
         ``(bytes written, checksum, chunk checksums)``.
     """
-    entries, head, pieces = encode(items, metadata, stored=stored, blob=blob, chunk=chunk)
+    entries, head, pieces = encode(items, metadata, stored=stored, blob=blob, chunk=chunk, prepared=prepared)
     hasher = checksum.new()
     hasher.update(head)
     data_bytes = entries[-1].end if entries else 0
     size = sum_chunk_bytes(data_bytes)
-    pieces_hasher = _ChunkHasher(chunk_spans(entries, size))
+    if prepared is not None and len(prepared) > 2:
+        spans = prepared[2]
+    else:
+        spans = chunk_spans(entries, size)
+        if prepared is not None:
+            prepared.append(spans)
+    pieces_hasher = _ChunkHasher(spans)
     sink.write(memoryview(head))
     total = len(head)
     for piece in pieces:
