@@ -184,3 +184,14 @@ def test_zero_and_minus_zero_are_written_apart(tmp_path: Path) -> None:
     out: dict[str, Any] = {"e": {"v": None, "t": torch.zeros(1)}}
     assert ck.restore(out) == 2
     assert out["e"]["v"] == 0.0 and math.copysign(1.0, out["e"]["v"]) == -1.0
+
+
+def test_keys_that_compare_equal_but_are_written_apart_make_a_new_template(tmp_path: Path) -> None:
+    ck, slow = Checkpointer(tmp_path / "ck", keep=10), general_only(Checkpointer(tmp_path / "slow", keep=10))
+    t = torch.ones(2)
+    for step, key in enumerate([1, True, 1.0, 1], start=1):
+        state = {"e": {key: t, "lr": 0.5}}
+        ck.save(state, step).wait()
+        slow.save(state, step).wait()
+        assert written(ck, step) == written(slow, step)
+    assert (ck.steady.misses, ck.steady.hits) == (4, 0)

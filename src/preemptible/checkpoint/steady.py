@@ -70,7 +70,9 @@ def _scan(obj: Any, shape: list[Any], tensors: list[torch.Tensor], leaves: list[
     kind = type(obj)
     if kind in _DICTS:
         # A module's state_dict() carries per-module versions in _metadata: part of the shape (compared by value).
-        shape.append((kind, tuple(obj), getattr(obj, "_metadata", None)))
+        # Keys compare equal across types (1 == 1.0 == True) but are written apart: their types are part of it too.
+        keys = tuple(obj)
+        shape.append((kind, keys, tuple(map(type, keys)), getattr(obj, "_metadata", None)))
         values: Any = obj.values()
     elif kind is list or kind is tuple:
         shape.append((kind, len(obj)))
