@@ -344,6 +344,25 @@ def test_slurm_requeue_after_a_successful_save(tmp_path: Path, monkeypatch: pyte
     assert not calls.exists()
 
 
+def test_slurm_requeue_survives_the_sigterm_that_ends_its_own_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The requeue ends the step scontrol runs in: slurmstepd's SIGTERM may reach scontrol before it returns."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text('#!/bin/sh\nkill -TERM $$\necho "requeued $2"\n')  # the step's SIGTERM, then the reply
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("PREEMPTIBLE_SLURM_REQUEUE", "1")
+    run = Run(tmp_path / "ckpt", exit_on_notice=False, **parts())
+    for step in run.steps(5):
+        if step == 1:
+            run.guard.trigger(source="signal")
+    assert [e for e in journal(tmp_path / "ckpt") if e["event"] == "requeue"][0]["ok"] is True
+
+
 # One line of `scontrol show job -o` from a real Slurm 22.05 job (scripts/slurm_cluster.py), cut after Partition.
 SHOW_JOB = (
     "JobId=5 JobName=probe.sh UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901755 Nice=0 Account=(null) "

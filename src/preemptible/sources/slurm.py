@@ -96,8 +96,15 @@ def requeue(env: Mapping[str, str] | None = None, *, timeout: float = 15.0) -> b
     if scontrol is None:
         log.warning("requeue asked for, but scontrol is not on PATH; requeue job %s by hand", job)
         return False
+    argv = [scontrol, "requeue", job]
+    sh = shutil.which("sh")
+    if sh is not None:
+        # The requeue ends the job step scontrol runs in, and slurmstepd's SIGTERM to the step's processes can reach
+        # scontrol before it has read the controller's reply (seen: "exited -15" for a requeue that happened). An
+        # ignored signal stays ignored across exec: scontrol finishes; SIGKILL after KillWait still applies.
+        argv = [sh, "-c", 'trap "" TERM INT HUP; exec "$0" "$@"', *argv]
     try:
-        done = subprocess.run([scontrol, "requeue", job], capture_output=True, text=True, timeout=timeout, check=False)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
         log.warning("scontrol requeue %s failed: %s", job, e)
         return False
