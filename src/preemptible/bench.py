@@ -183,8 +183,13 @@ class Result:
 Contender = Callable[[str], Sample]
 
 
-def contenders(state: dict[str, Any], nbytes: int, *, quick: bool = False) -> dict[str, Contender]:
-    """The same bytes written, read and copied by every contender; ``name -> fn(workdir) -> Sample``."""
+def contenders(
+    state: dict[str, Any], nbytes: int, *, quick: bool = False, same_bytes: dict[str, Any] | None = None
+) -> dict[str, Contender]:
+    """The same bytes written, read and copied by every contender; ``name -> fn(workdir) -> Sample``.
+
+    ``same_bytes``: a state of the same bytes in a few large tensors (for a state of many small ones): its emergency
+    saves, cold and after a periodic save, are the reference for the small tensors' throughput."""
     sd = plain(state)
     tensors = flat_tensors(state)
     mirror = {k: torch.empty_like(v) for k, v in tensors.items()}  # reused memcpy destinations
@@ -215,6 +220,29 @@ def contenders(state: dict[str, Any], nbytes: int, *, quick: bool = False) -> di
         assert not result.skipped
         shutil.rmtree(d)
         return Sample(s, {"peak_mb": mem.peak / 1e6})
+
+    def emergency_of(what: dict[str, Any], *, warm: bool) -> Contender:
+        def fn(work: str) -> Sample:
+            d = os.path.join(work, "ours-ref")
+            ck = Checkpointer(d, keep=2)
+            if warm:
+                ck.save(what, 1, blocking=False).wait()
+            t = time.perf_counter()
+            result = ck.save(what, 2).wait()
+            s = time.perf_counter() - t
+            assert not result.skipped
+            shutil.rmtree(d)
+            return Sample(s)
+
+        return fn
+
+    flat_src = torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors.values()])
+    flat_dst = torch.empty_like(flat_src)
+
+    def ceiling_memcpy_one(work: str) -> Sample:
+        t = time.perf_counter()
+        flat_dst.copy_(flat_src)
+        return Sample(time.perf_counter() - t)
 
     def ours_async_save(work: str) -> Sample:
         d = os.path.join(work, "ours-async")
@@ -388,7 +416,11 @@ def contenders(state: dict[str, Any], nbytes: int, *, quick: bool = False) -> di
         "ceiling: read into the state's memory (warm)": ceiling_read_into,
         "ceiling: read (cold)": lambda w: ceiling_read(w, cold=True),
         "ceiling: memcpy into reused buffers": ceiling_memcpy,
+        "ceiling: memcpy into one buffer": ceiling_memcpy_one,
     }
+    if same_bytes is not None:
+        out["emergency save, the same bytes in a few tensors"] = emergency_of(same_bytes, warm=False)
+        out["... after a periodic save"] = emergency_of(same_bytes, warm=True)
     if quick:
         for name in ("dcp.save thread_count=2", "ceiling: read (cold)", "preemptible restore (cold)"):
             out.pop(name)
@@ -534,6 +566,7 @@ def run_scenario(
     quick: bool = False,
     work_dir: str | None = None,
     log: Callable[[str], None] = print,
+    same_bytes: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     nbytes = flatten(capture(state)).tensor_bytes
     ntensors = len(flatten(capture(state)).tensors)
@@ -541,7 +574,7 @@ def run_scenario(
     log(f"scenario {name}: {nbytes / 1e9:.3f} GB in {ntensors} tensors, {rounds} rounds, under {work}")
     try:
         LocalStorage(work).sync_dir(work)
-        fns = contenders(state, nbytes, quick=quick)
+        fns = contenders(state, nbytes, quick=quick, same_bytes=same_bytes)
         results = {k: Result(k, nbytes) for k in fns}
         bar = _bar(rounds * len(fns), f"bench {name}")
         for r in range(rounds):
@@ -568,7 +601,7 @@ def report(scenario: dict[str, Any]) -> str:
     ceil_w = res["ceiling: fsync'd write"].median()
     lines = [
         f"\n{scenario['name']}: {nbytes / 1e9:.3f} GB in {scenario['tensors']} tensors (median seconds)",
-        f"  {'contender':<38}{'s':>8}{'GB/s':>8}{'peak MB':>9}{'stall s':>9}",
+        f"  {'contender':<52}{'s':>8}{'GB/s':>8}{'peak MB':>9}{'stall s':>9}",
     ]
     for k, r in res.items():
         s = r.median()
@@ -576,7 +609,7 @@ def report(scenario: dict[str, Any]) -> str:
         peak = r.median("peak_mb")
         peak_s = "" if math.isnan(peak) else f"{peak:.0f}"
         stall_s = "" if math.isnan(stall) else f"{stall:.3f}"
-        lines.append(f"  {k:<38}{s:>8.3f}{nbytes / s / 1e9:>8.2f}{peak_s:>9}{stall_s:>9}")
+        lines.append(f"  {k:<52}{s:>8.3f}{nbytes / s / 1e9:>8.2f}{peak_s:>9}{stall_s:>9}")
     ours = res["preemptible emergency save"].median()
     ceil_d = res["ceiling: O_DIRECT write"].median() if "ceiling: O_DIRECT write" in res else float("nan")
     ratios = {
@@ -605,6 +638,17 @@ def report(scenario: dict[str, Any]) -> str:
         * res["preemptible emergency save"].median()
         / res["preemptible restore (warm)"].median(),
     }
+    ratios["async stall / memcpy of the same bytes into one buffer"] = (
+        res["preemptible async save"].median("stall") / res["ceiling: memcpy into one buffer"].median()
+    )
+    if "emergency save, the same bytes in a few tensors" in res:
+        ratios["emergency save / the same bytes in a few tensors (throughput)"] = (
+            res["emergency save, the same bytes in a few tensors"].median() / ours
+        )
+        ratios["... both after a periodic save"] = (
+            res["... after a periodic save"].median()
+            / res["preemptible emergency save (after a periodic save)"].median()
+        )
     if "dcp.save thread_count=2" in res:
         ratios["emergency save speed vs dcp.save (2 threads)"] = res["dcp.save thread_count=2"].median() / ours
     if "preemptible restore (cold)" in res:
@@ -612,7 +656,7 @@ def report(scenario: dict[str, Any]) -> str:
             res["ceiling: read (cold)"].median() / res["preemptible restore (cold)"].median()
         )
     lines.append("  ratios:")
-    lines += [f"    {k:<56}{v:>8.2f}" for k, v in ratios.items()]
+    lines += [f"    {k:<62}{v:>8.2f}" for k, v in ratios.items()]
     scenario["ratios"] = ratios
     return "\n".join(lines)
 
@@ -661,7 +705,8 @@ def main(
     del large
     gc.collect()
     small = small_state(small_tensors, small_bytes)
-    out["small"] = run_scenario("small", small, rounds=rounds, quick=quick, work_dir=work_dir, log=log)
+    same = small_state(4, small_bytes)  # one parameter and its AdamW state: the same bytes in 4 tensors
+    out["small"] = run_scenario("small", small, rounds=rounds, quick=quick, work_dir=work_dir, log=log, same_bytes=same)
     log(report(out["small"]))
     for what, key in (("", "small_vs_large"), (" (after a periodic save)", "small_vs_large_warm")):
         name = f"preemptible emergency save{what}"

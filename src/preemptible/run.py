@@ -219,6 +219,7 @@ class Run:
         self._last_save_time = 0.0
         self._entered = False
         self._advisory_done = False
+        self._prepared = False
         self._pending: SaveHandle | None = None
         self.emergency = Emergency(
             self.checkpointer,
@@ -413,9 +414,25 @@ class Run:
                 return True
         elif self.prestage_every is not None and completed % self.prestage_every == 0:
             self.checkpointer.prestage(self.state, completed)
+        elif not self._prepared:
+            self._prepare()
         if self._pending is not None:
             self._reap()
         return False
+
+    def _prepare(self) -> None:
+        """After the first step of this process (the optimizer's state exists by then): make the plan of a save
+        ahead of any notice, so the emergency save only refills it (`Checkpointer.prepare`)."""
+        self._prepared = True
+        t = self._monotonic()
+        self._meta.clear()
+        self._meta.update({"step": self.step, "saved_by": __version__})  # as a save sets it: the same shape
+        try:
+            ready = self.checkpointer.prepare(self.state)
+        except Exception as e:  # the first save will say what is wrong, with its own error
+            log.debug("preparing the save plan failed: %r", e)
+            return
+        log.debug("save plan prepared (%s) in %.3f s", "ready" if ready else "general path", self._monotonic() - t)
 
     # epoch-structured loops ------------------------------------------------------------------------------------
     def epochs(self, total: int) -> Iterator[int]:

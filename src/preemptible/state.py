@@ -209,7 +209,7 @@ def flatten(captured: Mapping[str, Any]) -> FlatState:
             return name
         sharded = None
         if is_numpy:
-            tensor = _from_numpy(obj, path)
+            tensor = from_numpy(obj, path)
         elif is_dtensor(obj):
             sharded = obj
             tensor = obj.to_local()  # this rank's shard, sharing the DTensor's memory
@@ -340,7 +340,7 @@ def _check_tensor(t: torch.Tensor, path: str) -> None:
     tensor_format.check_dtype(t, path)
 
 
-def _from_numpy(arr: Any, path: str) -> torch.Tensor:
+def from_numpy(arr: Any, path: str) -> torch.Tensor:
     import numpy as np
 
     try:

@@ -44,6 +44,7 @@ from preemptible.progress import Meter
 from preemptible.state import capture, check_state, flatten, gc_paused
 from preemptible.store import compress as compress_mod
 from preemptible.store import deletion, layout
+from preemptible.store import format as tensor_format
 from preemptible.store.io import Storage, storage_for
 from preemptible.store.layout import CheckpointInfo
 from preemptible.store.markers import Markers, State, Transition
@@ -51,6 +52,7 @@ from preemptible.validate import DEFAULT_RTOL, Probe, run_probe
 from preemptible.writer import (
     DEFAULT_MAX_FILE_BYTES,
     DEFAULT_THREADS,
+    METADATA,
     FileSpec,
     Progress,
     SavePlan,
@@ -557,6 +559,23 @@ class Checkpointer(Lifecycle, Prestaging):
                 waited,
                 handle.step,
             )
+
+    def prepare(self, state: Mapping[str, Any]) -> bool:
+        """Make the plan of a save of ``state`` ahead of it, writing nothing: its tensor names and files and each
+        file's safetensors header (`preemptible.checkpoint.steady`), so that a save soon after, while the state
+        keeps its shape, only refills it. `Run` calls it after its first step, so that even an emergency save
+        before any periodic one starts from a made plan. One process only (False under several ranks, and for
+        states only the general path handles). Raises what a save would (`UnsupportedStateError`)."""
+        if self.coordinator is not None:  # the steady state's plans are one process's
+            return False
+        check_state(state)
+        with gc_paused():
+            plan = self._plan(state, key="prepare", reason="prepare")
+            if plan.layout_token is None:
+                return False
+            for spec in plan.specs:
+                tensor_format.prepare(spec.items, METADATA, stored=spec.stored, prepared=spec.prepared)
+        return True
 
     def predict(self, nbytes: int) -> float | None:
         """Seconds a save of ``nbytes`` should take from here, by the bandwidth recent saves measured."""

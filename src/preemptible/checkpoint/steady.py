@@ -28,15 +28,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy
 import torch
 
+from preemptible.state import from_numpy
 from preemptible.store import tagged_json
 from preemptible.writer import FileSpec, SavePlan
 
 _TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
 _SCALARS = frozenset({type(None), bool, int, float, str})
 _DICTS = frozenset({dict, OrderedDict})
-_TENSOR = "tensor"  # the shape's mark for a tensor leaf
+_TENSOR = "tensor"  # the shape's marks for a tensor leaf, an array leaf
+_ARRAY = "ndarray"
+_NDARRAY = numpy.ndarray
 
 
 @dataclass
@@ -44,29 +48,59 @@ class Scan:
     """What `scan` saw: two scans with equal ``shape`` and ``meta`` flatten to the same names and files."""
 
     shape: list[Any]
-    tensors: list[torch.Tensor]
+    tensors: list[Any]
+    """Tensors and NumPy arrays, in encoding order."""
     leaves: list[Any]
+    arrays: list[int]
+    """Positions in ``tensors`` of NumPy arrays (stored as tensors, converted at every save)."""
     meta: list[tuple[Any, ...]] | None = None
 
     def tensor_meta(self) -> list[tuple[Any, ...]]:
         """Per tensor: its memory, dtype, shape, strides, device (they decide its name, aliases and bytes) and
-        whether it requires grad (then it is written detached)."""
+        whether it requires grad (then it is written detached). Per array: its memory, dtype and shape."""
         if self.meta is None:
-            self.meta = [(t.data_ptr(), t.dtype, t.shape, t.stride(), t.device, t.requires_grad) for t in self.tensors]
+            tensors = self.tensors
+            if self.arrays:
+                tensors = list(tensors)
+                for i in self.arrays:
+                    tensors[i] = _ArrayMeta(tensors[i])
+            self.meta = [(t.data_ptr(), t.dtype, t.shape, t.stride(), t.device, t.requires_grad) for t in tensors]
         return self.meta
+
+
+class _ArrayMeta:
+    """A NumPy array seen through the tensor attributes `Scan.tensor_meta` reads (an array is never aliased)."""
+
+    __slots__ = ("_ptr", "dtype", "requires_grad", "shape")
+
+    def __init__(self, arr: Any) -> None:
+        self._ptr = arr.__array_interface__["data"][0]
+        self.dtype = arr.dtype.str
+        self.shape = arr.shape
+        self.requires_grad = False
+
+    def data_ptr(self) -> int:
+        return int(self._ptr)
+
+    def stride(self) -> None:
+        return None
+
+    @property
+    def device(self) -> str:
+        return "numpy"
 
 
 def scan(captured: Mapping[str, Any]) -> Scan | None:
     """The shape, tensors and scalar leaves of a captured state, in encoding order; None if it holds anything else
     (then the general path is taken)."""
-    out = Scan([], [], [])
+    out = Scan([], [], [], [])
     try:
-        return out if _scan(captured, out.shape, out.tensors, out.leaves) else None
+        return out if _scan(captured, out.shape, out.tensors, out.leaves, out.arrays) else None
     except RuntimeError:  # a tensor without strides or memory (sparse, meta): the general path says what is wrong
         return None
 
 
-def _scan(obj: Any, shape: list[Any], tensors: list[torch.Tensor], leaves: list[Any]) -> bool:
+def _scan(obj: Any, shape: list[Any], tensors: list[Any], leaves: list[Any], arrays: list[int]) -> bool:
     kind = type(obj)
     if kind in _DICTS:
         # A module's state_dict() carries per-module versions in _metadata: part of the shape (compared by value).
@@ -87,7 +121,11 @@ def _scan(obj: Any, shape: list[Any], tensors: list[torch.Tensor], leaves: list[
         elif t in _SCALARS:
             shape.append(t)
             leaves.append(v)
-        elif not _scan(v, shape, tensors, leaves):
+        elif t is _NDARRAY and not v.dtype.hasobject:  # e.g. NumPy's random state
+            shape.append(_ARRAY)
+            arrays.append(len(tensors))
+            tensors.append(v)
+        elif not _scan(v, shape, tensors, leaves, arrays):
             return False
     return True
 
@@ -106,7 +144,7 @@ def _marked(obj: Any, marks: list[str], counter: list[int]) -> Any:
 
 def _marked_leaf(v: Any, marks: list[str], counter: list[int]) -> Any:
     t = type(v)
-    if t in _TENSORS:
+    if t in _TENSORS or t is _NDARRAY:
         return v
     if t in _SCALARS:
         counter[0] += 1
@@ -139,11 +177,29 @@ class Template:
     """Positions of float leaves: 0.0 equals -0.0, but they are written differently."""
     grad: list[int]
     """Positions of tensors that require grad: written detached."""
+    arrays: list[int]
+    """Positions of NumPy arrays: converted to tensors at every save."""
+    single: list[bool]
+    """Per position: no other position shares its memory (its memory may change between saves)."""
+    distinct: int
+    """How many tensors are stored (positions that share memory are stored once)."""
     nbytes: int
     total_bytes: int
     token: object
     prepared: list[list[Any]]
     """Per file: its safetensors layout and header, made at its first write (`tensor_format.encode`)."""
+
+    def matches(self, meta: list[tuple[Any, ...]]) -> bool:
+        """Whether tensors of this ``meta`` flatten to the template's names: each the same dtype, shape, strides
+        and device, and the same ones sharing memory. Tensors made anew at every ``state_dict()`` (RNG states,
+        NumPy arrays) have new memory each time: fine while they share it with no other."""
+        if meta == self.meta:
+            return True
+        single = self.single
+        for i, (a, b) in enumerate(zip(meta, self.meta, strict=True)):
+            if a != b and (a[1:] != b[1:] or not single[i]):
+                return False
+        return _distinct(meta) == self.distinct
 
     def fill(self, now: Scan) -> SavePlan:
         tensors = now.tensors
@@ -158,10 +214,12 @@ class Template:
             v = now.leaves[i]
             if v == 0.0:  # equal to the remembered 0.0 or -0.0 either way: written by its sign
                 text[i] = leaf_json(v)
-        if self.grad:
+        if self.grad or self.arrays:
             tensors = list(tensors)
             for i in self.grad:
                 tensors[i] = tensors[i].detach()
+            for i in self.arrays:
+                tensors[i] = from_numpy(tensors[i], "")
         specs = [
             FileSpec(name, tuple([(n, tensors[i]) for n, i in items]), stored, prepared=box)
             for (name, items, stored), box in zip(self.specs, self.prepared, strict=True)
@@ -201,7 +259,7 @@ class SteadyPlans:
             self._template = None
             return None
         t = self._template
-        if t is None or config != self._config or now.shape != t.shape or now.tensor_meta() != t.meta:
+        if t is None or config != self._config or now.shape != t.shape or not t.matches(now.tensor_meta()):
             t = self._make(now, captured, general)
             if t is None:
                 self._template = None
@@ -221,18 +279,23 @@ class SteadyPlans:
         plan = general(marked)
         position: dict[int, int] = {}  # tensor object (as flattened) -> its position in scan order
         by_memory: dict[tuple[Any, ...], int] = {}  # for tensors flatten detached (requires_grad)
+        arrays: dict[int, int] = {}  # an array's memory -> its position (flatten wraps it in a tensor, no copy)
         for i, (t, m) in enumerate(zip(now.tensors, now.tensor_meta(), strict=True)):
             position.setdefault(id(t), i)
             by_memory.setdefault(m, i)
+            if m[4] == "numpy":
+                arrays[m[0]] = i
         specs = []
         for spec in plan.specs:
             items = []
             for name, t in spec.items:
                 i = position.get(id(t), -1)
-                if i < 0:  # flatten detached it: find it by its memory
+                if i < 0:  # flatten detached it, or wrapped an array: find it by its memory
                     i = by_memory.get((t.data_ptr(), t.dtype, t.shape, t.stride(), t.device, True), -1)
-                if i < 0:
-                    return None
+                    if i < 0:
+                        i = arrays.get(t.data_ptr(), -1)
+                if i < 0 or tuple(t.shape) != tuple(now.tensors[i].shape):
+                    return None  # not found as flatten saw it (a copied array): the general path, every save
                 items.append((name, i))
             specs.append((spec.name, tuple(items), dict(spec.stored)))
         cut = re.compile(re.escape(json.dumps(f"\0{nonce}:")[:-1]) + r"(\d+)" + re.escape(json.dumps("\0")[1:]))
@@ -254,8 +317,33 @@ class SteadyPlans:
             leaf_text=[leaf_json(v) for v in leaves],
             floats=[i for i, v in enumerate(leaves) if type(v) is float],
             grad=[i for i, m in enumerate(now.tensor_meta()) if m[-1]],
+            arrays=list(now.arrays),
+            single=_single(now.tensor_meta()),
+            distinct=_distinct(now.tensor_meta()),
             nbytes=plan.nbytes,
             total_bytes=plan.total_bytes,
             token=object(),
             prepared=[[] for _ in specs],
         )
+
+
+def _alias_key(m: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """As `state.flatten` tells aliases apart: memory, dtype, shape, strides, device; none for empty tensors, and
+    for arrays (never shared)."""
+    if not m[0] or m[4] == "numpy" or 0 in m[2]:
+        return None
+    return m[:5]
+
+
+def _distinct(meta: list[tuple[Any, ...]]) -> int:
+    keys = [_alias_key(m) for m in meta]
+    return len({k for k in keys if k is not None}) + keys.count(None)
+
+
+def _single(meta: list[tuple[Any, ...]]) -> list[bool]:
+    keys = [_alias_key(m) for m in meta]
+    count: dict[Any, int] = {}
+    for k in keys:
+        if k is not None:
+            count[k] = count.get(k, 0) + 1
+    return [k is None or count[k] == 1 for k in keys]

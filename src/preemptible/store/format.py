@@ -176,6 +176,25 @@ def header_bytes(entries: Iterable[Entry], metadata: Mapping[str, str] | None = 
     return struct.pack("<Q", len(raw)) + raw
 
 
+def prepare(
+    items: Sequence[tuple[str, torch.Tensor]],
+    metadata: Mapping[str, str] | None = None,
+    *,
+    stored: Mapping[str, torch.dtype] | None = None,
+    prepared: list[Any] | None = None,
+) -> tuple[list[Entry], bytes, list[tuple[int, int]]]:
+    """A file's layout, header and checksum spans: Python work per tensor, the same for every file of the same
+    names, dtypes and shapes. Taken from the box ``prepared`` when it holds them, else made (and kept there)."""
+    if prepared:
+        return prepared[0], prepared[1], prepared[2]
+    entries = layout(items, stored)
+    head = header_bytes(entries, metadata)
+    spans = chunk_spans(entries, sum_chunk_bytes(entries[-1].end if entries else 0))
+    if prepared is not None:
+        prepared[:] = [entries, head, spans]
+    return entries, head, spans
+
+
 def itemsize(dtype: torch.dtype) -> int:
     return dtype.itemsize
 
@@ -201,13 +220,11 @@ def encode(
     IMPORTANT: a piece may live in a reused buffer: the consumer must be done with it before taking the next.
     """
     by_name = dict(items)
-    if prepared:
-        entries, head = prepared[0], prepared[1]
+    if prepared is not None:
+        entries, head, _ = prepare(items, metadata, stored=stored, prepared=prepared)
     else:
         entries = layout(items, stored)
         head = header_bytes(entries, metadata)
-        if prepared is not None:
-            prepared[:] = [entries, head]
     if blob is not None:
         if len(blob) != (entries[-1].end if entries else 0):
             raise ValueError(f"staged blob holds {len(blob)} bytes, the layout needs {entries[-1].end}")
@@ -233,17 +250,13 @@ def write(
     Returns:
         ``(bytes written, checksum, chunk checksums)``.
     """
-    entries, head, pieces = encode(items, metadata, stored=stored, blob=blob, chunk=chunk, prepared=prepared)
+    box = prepared if prepared is not None else []
+    entries, head, spans = prepare(items, metadata, stored=stored, prepared=box)
+    pieces = encode(items, metadata, stored=stored, blob=blob, chunk=chunk, prepared=box)[2]
     hasher = checksum.new()
     hasher.update(head)
     data_bytes = entries[-1].end if entries else 0
     size = sum_chunk_bytes(data_bytes)
-    if prepared is not None and len(prepared) > 2:
-        spans = prepared[2]
-    else:
-        spans = chunk_spans(entries, size)
-        if prepared is not None:
-            prepared.append(spans)
     pieces_hasher = _ChunkHasher(spans)
     sink.write(memoryview(head))
     total = len(head)
