@@ -320,27 +320,34 @@ def test_kubernetes_default_exit_code_is_143(tmp_path: Path, monkeypatch: pytest
     assert info.value.code == 143
 
 
-def test_slurm_requeue_after_a_successful_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def fake_scontrol(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> None:
+    """An ``scontrol`` first on PATH running ``body``, in a Slurm job that asks to be requeued."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    calls = tmp_path / "scontrol-calls"
     scontrol = bin_dir / "scontrol"
-    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    scontrol.write_text(f"#!/bin/sh\n{body}\n")
     scontrol.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     monkeypatch.setenv("PREEMPTIBLE_SLURM_REQUEUE", "1")
-    run = Run(tmp_path / "ckpt", exit_on_notice=False, **parts())
+
+
+def notice_at_step_1(root: Path, **kw: Any) -> list[dict[str, Any]]:
+    """A run that gets a notice during step 1; its requeue events."""
+    run = Run(root, exit_on_notice=False, **kw, **parts())
     for step in run.steps(5):
         if step == 1:
             run.guard.trigger(source="signal")
+    return [e for e in journal(root) if e["event"] == "requeue"]
+
+
+def test_slurm_requeue_after_a_successful_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = tmp_path / "scontrol-calls"
+    fake_scontrol(tmp_path, monkeypatch, f'echo "$@" >> {calls}')
+    assert notice_at_step_1(tmp_path / "ckpt")[0]["ok"] is True
     assert calls.read_text().split() == ["requeue", "4242"]
-    assert [e for e in journal(tmp_path / "ckpt") if e["event"] == "requeue"][0]["ok"] is True
     calls.unlink()
-    run = Run(tmp_path / "ckpt2", requeue=False, exit_on_notice=False, **parts())
-    for step in run.steps(5):
-        if step == 1:
-            run.guard.trigger(source="signal")
+    notice_at_step_1(tmp_path / "ckpt2", requeue=False)
     assert not calls.exists()
 
 
@@ -348,19 +355,8 @@ def test_slurm_requeue_survives_the_sigterm_that_ends_its_own_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The requeue ends the step scontrol runs in: slurmstepd's SIGTERM may reach scontrol before it returns."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    scontrol = bin_dir / "scontrol"
-    scontrol.write_text('#!/bin/sh\nkill -TERM $$\necho "requeued $2"\n')  # the step's SIGTERM, then the reply
-    scontrol.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
-    monkeypatch.setenv("SLURM_JOB_ID", "4242")
-    monkeypatch.setenv("PREEMPTIBLE_SLURM_REQUEUE", "1")
-    run = Run(tmp_path / "ckpt", exit_on_notice=False, **parts())
-    for step in run.steps(5):
-        if step == 1:
-            run.guard.trigger(source="signal")
-    assert [e for e in journal(tmp_path / "ckpt") if e["event"] == "requeue"][0]["ok"] is True
+    fake_scontrol(tmp_path, monkeypatch, 'kill -TERM $$\necho "requeued $2"')  # the step's SIGTERM, then the reply
+    assert notice_at_step_1(tmp_path / "ckpt")[0]["ok"] is True
 
 
 # One line of `scontrol show job -o` from a real Slurm 22.05 job (scripts/slurm_cluster.py), cut after Partition.
