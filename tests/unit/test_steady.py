@@ -3,6 +3,7 @@ exactly the bytes the general path writes, save after save, whatever changed in 
 
 from __future__ import annotations
 
+import json
 import math
 from collections import OrderedDict
 from pathlib import Path
@@ -232,6 +233,10 @@ def test_a_run_prepares_the_plan_after_its_first_step_so_the_emergency_save_only
             assert boxes and all(len(box) == 3 for box in boxes)  # headers made too
             run.guard.trigger(source="signal")
     assert (run.checkpointer.steady.misses, run.checkpointer.steady.hits) == (1, 1)  # the emergency save refilled it
+    lines = [
+        json.loads(line) for f in sorted((tmp_path / "journal").glob("*.jsonl")) for line in f.read_text().splitlines()
+    ]
+    assert [(e["reason"], e["plan"]) for e in lines if e["event"] == "save_started"] == [("emergency", "refilled")]
     other = make_model(seed=1)
     other_opt = torch.optim.AdamW(other.parameters(), lr=1e-3)
     assert Checkpointer(tmp_path).restore({"model": other, "optimizer": other_opt}) == 2

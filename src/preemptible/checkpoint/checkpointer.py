@@ -422,6 +422,7 @@ class Checkpointer(Lifecycle, Prestaging):
             bytes=plan.nbytes,
             predicted_s=predicted,
             compress=choice.to_json(),
+            plan=self.steady.last,
         )
         job.timings["capture"] = self._monotonic() - start
         staged = self._stage_device_tensors(plan, step)
@@ -481,6 +482,7 @@ class Checkpointer(Lifecycle, Prestaging):
             plan = self.steady.plan(state, captured, config, general)
             if plan is not None:
                 return plan
+        self.steady.last = "general"
         return general(captured)
 
     def _codec(self, plan: SavePlan, *, background: bool) -> tuple[compress_mod.Choice, compress_mod.Codec | None]:
@@ -611,6 +613,7 @@ class Checkpointer(Lifecycle, Prestaging):
             stall_s=round(job.timings["stall"], 6),
             predicted_s=job.extra.get("predicted_save_s"),
             compress=job.choice.to_json() if job.choice is not None else None,
+            plan=self.steady.last,
         )
         return self._spawn(job, staged)
 

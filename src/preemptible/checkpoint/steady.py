@@ -243,6 +243,9 @@ class SteadyPlans:
         self._config: object = None
         self.hits = 0
         self.misses = 0
+        self.last = "general"
+        """How the last plan was had: ``made`` (a new template), ``refilled``, or ``general`` (journaled with each
+        ``save_started``)."""
 
     def plan(
         self,
@@ -266,8 +269,10 @@ class SteadyPlans:
                 return None
             self._template, self._config = t, config
             self.misses += 1
+            self.last = "made"
         else:
             self.hits += 1
+            self.last = "refilled"
         return t.fill(now)
 
     def _make(
