@@ -164,7 +164,9 @@ def probe(
 
     threads = DEFAULT_THREADS if threads is None else threads
     storage = storage or storage_for(root)
-    storage.makedirs(storage.root)
+    if storage.kind == "local" and not os.path.isdir(storage.root):
+        # A root that does not exist yet is not created by a plan: measure the file system it will be made on.
+        storage = storage_for(_nearest_existing(storage.root))
     tmp = storage.join(storage.root, f".preemptible-probe-{os.getpid()}-{time.monotonic_ns()}")
     block = os.urandom(1 << 20)
     data = memoryview(bytearray(block * 16))  # 16 MiB pieces, as the writer sends them
@@ -191,6 +193,17 @@ def probe(
     finally:
         storage.remove_tree(tmp)
     return Bandwidth(nbytes / (t2 - t1), (t1 - t0) + (t3 - t2), nbytes, storage.root)
+
+
+def _nearest_existing(path: str) -> str:
+    """``path`` or its nearest ancestor that exists (a directory), for a probe that must not create ``path``."""
+    here = os.path.abspath(path)
+    while not os.path.isdir(here):
+        parent = os.path.dirname(here)
+        if parent == here or (os.path.exists(here) and not os.path.isdir(here)):
+            raise NotADirectoryError(f"expected a directory or a path one can create, found {path!r}")
+        here = parent
+    return here
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -226,6 +239,19 @@ class Plan:
         doc["recommendations"] = [asdict(r) for r in self.recommendations]
         doc["size"] = asdict(self.size) if self.size else None
         return doc
+
+    def __repr__(self) -> str:
+        verdict = "fits" if self.fits else "does not fit"
+        return (
+            f"<Plan: {verdict}: {self.state_bytes / 1e9:.2f} GB predicted {self.predicted_save_s:.1f} s in a "
+            f"{self.window_s:.0f} s window ({self.margin_s:+.1f} s) at {self.bandwidth_bytes_per_s / 1e9:.2f} GB/s; "
+            f"{len(self.recommendations)} recommendation(s); print() it for the table>"
+        )
+
+    def __str__(self) -> str:
+        from preemptible.cli.plan import render
+
+        return render(self)
 
     @property
     def summary(self) -> str:
@@ -368,6 +394,8 @@ def evaluate(
             f"the step alone ({step_time:.1f} s) and fixed costs use the whole {win:.0f} s window",
             total,
         )
+    if fits and total <= HEADROOM * win / 2:
+        recs.clear()  # fits with a wide margin: nothing to change (striping, bf16 moments would be noise)
     periodic = young_daly(nbytes / bw + fixed, mtbf_hours * 3600) if mtbf_hours else None
     lost: dict[str, float | None] = {}
     if periodic is not None:

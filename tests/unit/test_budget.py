@@ -92,6 +92,34 @@ def test_probe_measures_on_the_root_and_cleans_up(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_plan_does_not_create_its_root_and_measures_the_file_system_it_will_be_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "not" / "yet"
+    assert main(["plan", str(root), "--params", "1e5", "--window", "30", "--probe-mb", "8"]) == 0
+    assert not (tmp_path / "not").exists()
+    assert list(tmp_path.iterdir()) == []  # the probe ran in the nearest existing parent and was removed
+    (tmp_path / "file").write_text("x")
+    assert main(["plan", str(tmp_path / "file" / "below"), "--params", "1e5", "--window", "30"]) == 2
+    assert "expected a directory" in capsys.readouterr().err
+
+
+def test_a_wide_margin_recommends_nothing_and_a_plan_prints_readably() -> None:
+    wide = budget.evaluate(state_bytes=10**9, bandwidth=1e9, window=120)
+    assert wide.fits and wide.recommendations == []
+    tight = budget.evaluate(state_bytes=10**9, bandwidth=1e8, window=15)  # 10 s of 15: fits, not by much
+    assert tight.fits and "stripe across ranks" in [r.name for r in tight.recommendations]
+    assert repr(wide).startswith("<Plan: fits: 1.00 GB predicted 1.6 s in a 120 s window (+118.4 s)")
+    assert "verdict           FITS" in str(wide) and "what would change it" in str(tight)
+
+
+def test_plan_help_shows_percent_signs(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    out = capsys.readouterr().out
+    assert "20% of the window" in out and "%%" not in out
+
+
 def test_plan_json_has_stable_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(
         ["plan", str(tmp_path), "--params", "7e9", "--window", "30", "--bandwidth", "5e8", "--json", "--mtbf", "4"]

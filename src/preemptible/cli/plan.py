@@ -19,11 +19,13 @@ def add_parser(sub: Any) -> None:
         description=(
             "Measures the fsync'd write bandwidth of ROOT with a short probe (removed afterwards), sizes the state "
             "from its description, predicts the emergency save (one step to the boundary + write + commit + exit) "
-            "and compares it with the window. Fits means the prediction leaves 20%% of the window spare."
+            "and compares it with the window. Fits means the prediction leaves 20% of the window spare."
         ),
     )
     p.add_argument(
-        "root", help="where checkpoints will be written: a directory (created if missing) or s3://, gs://, az:// URL"
+        "root",
+        help="where checkpoints will be written: a directory (not created: a missing one is measured on the nearest "
+        "existing parent) or an s3://, gs://, az:// URL",
     )
     p.add_argument("--params", type=number(low=0, above=True, high=1e15), required=True, help="parameters, e.g. 7e9")
     p.add_argument("--optimizer", choices=sorted(budget.OPTIMIZER_MOMENTS), default="adamw")
