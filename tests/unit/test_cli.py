@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -91,3 +92,29 @@ def test_the_package_loads_lazily_and_run_help_does_not_import_torch() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def test_inspect_shows_why_each_checkpoint_was_saved_and_the_figures_logged_before_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    import torch
+
+    from conftest import make_model
+
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    run = preemptible.Run(tmp_path, model=model, optimizer=opt, save_every=3, exit_on_notice=False)
+    for step in run.steps(10):
+        run.log(loss=1.0 / (step + 1), seen=step * 4)
+        if step == 4:
+            run.guard.trigger(source="signal")
+    assert main(["inspect", str(tmp_path), "--json"]) == 0
+    rows = {r["step"]: r for r in json.loads(capsys.readouterr().out)["checkpoints"]}
+    assert {s: r["reason"] for s, r in rows.items()} == {3: "periodic", 5: "emergency"}
+    assert rows[3]["figures"] == {"loss": 1.0 / 3, "seen": 8}  # logged during step 2, the last before step 3
+    assert rows[5]["figures"] == {"loss": 1.0 / 5, "seen": 16}
+    assert main(["inspect", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "emergency" in out and "loss=0.2 seen=16" in out

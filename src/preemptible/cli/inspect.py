@@ -13,8 +13,9 @@ from preemptible.cli.args import existing_directory
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "inspect",
-        help="list the checkpoints under a root: step, state, bytes, save and predicted seconds",
-        description="Reads manifests only (fast); `preemptible verify` checks every byte.",
+        help="list the checkpoints under a root: step, state, why it was saved, bytes, save and predicted seconds, "
+        "the figures last logged before it",
+        description="Reads manifests and the journal only (fast); `preemptible verify` checks every byte.",
     )
     p.add_argument("root", type=existing_directory)
     p.add_argument("--json", action="store_true")
@@ -25,7 +26,7 @@ def collect(root: str) -> dict[str, Any]:
     from preemptible.store import layout
 
     ck = Checkpointer(root)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for info in ck.checkpoints(include_uncommitted=True):
         m = info.manifest
         rows.append(
@@ -41,6 +42,11 @@ def collect(root: str) -> dict[str, Any]:
                 "why": info.refused or info.invalid or info.error,
             }
         )
+    reasons, figures = _from_journal(ck.storage)
+    for row in rows:
+        row["reason"] = reasons.get(row["step"])
+        earlier = [k for k in figures if k < row["step"]]  # a figure logged during step k: checkpoints after it
+        row["figures"] = figures[max(earlier)] if earlier else None
     done_path = ck.storage.join(ck.root, layout.DONE)
     done = None
     if ck.storage.exists(done_path):
@@ -49,6 +55,36 @@ def collect(root: str) -> dict[str, Any]:
         except (OSError, ValueError):
             done = {"error": "unreadable DONE.json"}
     return {"root": ck.root, "checkpoints": rows, "done": done}
+
+
+_EVENT_KEYS = frozenset({"t", "event", "step", "rank", "file", "attempt"})
+
+
+def _from_journal(storage: Any) -> tuple[dict[int, str], dict[int, dict[str, Any]]]:
+    """From the root's journal: why each step was saved (``save_committed``), and the figures last logged with
+    ``run.log`` during each step (a later attempt's, where a step was redone)."""
+    from preemptible import journal
+
+    reasons: dict[int, str] = {}
+    figures: dict[int, dict[str, Any]] = {}
+    try:
+        for e in journal.read(storage):
+            step = e.get("step")
+            if not isinstance(step, int) or isinstance(step, bool):
+                continue
+            if e.get("event") == "save_committed" and isinstance(e.get("reason"), str):
+                reasons[step] = e["reason"]
+            elif e.get("event") == "log" and e.get("rank", 0) == 0:
+                figures[step] = {k: v for k, v in e.items() if k not in _EVENT_KEYS}
+    except OSError:  # no journal (a bare Checkpointer's root), or unreadable: the manifests still speak
+        pass
+    return reasons, figures
+
+
+def _figures(figures: dict[str, Any] | None) -> str:
+    if not figures:
+        return ""
+    return "  " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items())
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,13 +97,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"{doc['root']}: no checkpoints")
         return 0
     print(f"{doc['root']}")
-    print(f"  {'step':>12}  {'status':<11} {'MB':>10} {'save s':>8} {'predicted s':>11}  created")
+    print(f"  {'step':>12}  {'status':<11} {'reason':<10} {'MB':>10} {'save s':>8} {'predicted s':>11}  created")
     for r in rows:
         save = f"{r['save_s']:.2f}" if r["save_s"] is not None else "-"
         pred = f"{r['predicted_s']:.2f}" if r["predicted_s"] is not None else "-"
         print(
-            f"  {r['step']:>12}  {r['status']:<11} {r['bytes'] / 1e6:>10.1f} {save:>8} {pred:>11}  "
-            f"{r['created'] or '-'}"
+            f"  {r['step']:>12}  {r['status']:<11} {r['reason'] or '-':<10} {r['bytes'] / 1e6:>10.1f} {save:>8} "
+            f"{pred:>11}  {r['created'] or '-'}{_figures(r['figures'])}"
         )
         if r["why"]:
             print(f"  {'':>12}  {r['why']}", file=sys.stdout)
