@@ -114,9 +114,10 @@ def main() -> int:
     print(f"   {'SIGTERM -> process exit (s)':<44} {exit_s:>20.2f}")
     print(f"   {'resumed from step':<44} {final['resumed_from']:>20}")
     print(f"   {'bit-identical to the uninterrupted run':<44} {final['digest'] == reference!s:>20}")
+    where = f"checkpoints and journals kept in {work}" if opts.keep else "its checkpoints removed; --keep keeps them"
     print(
         f"\n{'PASS' if ok else 'FAIL'}: preempted at step {notice['step']}, resumed, "
-        f"{'ended bit-identical' if final['digest'] == reference else 'ended DIFFERENT'} ({work})"
+        f"{'ended bit-identical' if final['digest'] == reference else 'ended DIFFERENT'} ({where})"
     )
     if not opts.keep:
         import shutil
