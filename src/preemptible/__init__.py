@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         StateMismatchError,
         UnsupportedStateError,
     )
+    from preemptible.export import load
     from preemptible.guard import Guard
     from preemptible.notice import Notice, NoticeKind, NoticeSource
     from preemptible.run import Run
@@ -50,6 +51,7 @@ _EXPORTS = {
     "SaveHandle": "preemptible.checkpoint",
     "SaveResult": "preemptible.checkpoint",
     "CheckpointInfo": "preemptible.store.layout",
+    "load": "preemptible.export",
 }
 
 
@@ -89,5 +91,6 @@ __all__ = [
     "Stateful",
     "UnsupportedStateError",
     "__version__",
+    "load",
     "plan",
 ]

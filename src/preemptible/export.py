@@ -140,3 +140,163 @@ def export(
         json.dump(doc, f, indent=1)
         f.write("\n")
     return result
+
+
+def load(
+    root: str,
+    step: int | None = None,
+    *,
+    entry: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The state saved in a checkpoint, as CPU tensors and plain Python values, for inference or inspection:
+
+        model.load_state_dict(preemptible.load("ckpt/run1", entry="model"))
+
+    Args:
+        step: which checkpoint; default: the newest committed one that verifies (an older one, with a
+            `CheckpointFallbackWarning`, when the newest fails its checksums).
+        entry: one state entry (``"model"``): its ``state_dict()`` with its own key names. Default: every entry,
+            ``{name: state_dict}``.
+
+    Only the files that hold the wanted tensors are read, and every byte read is checked against its checksum.
+    Tensors stored once for several keys (tied weights) come back as one tensor under each key.
+
+    Raises:
+        CheckpointNotFoundError: no committed checkpoint (of that step), or no such entry in it.
+        CheckpointCorruptError: the checkpoint asked for fails verification (with ``step``), or every one does.
+        ValueError: a checkpoint of sharded (DTensor, FSDP2) tensors, which this does not assemble yet.
+    """
+    import warnings
+
+    from preemptible.checkpoint import Checkpointer
+    from preemptible.errors import CheckpointCorruptError, CheckpointFallbackWarning
+
+    ck = Checkpointer(root, storage_options=storage_options)
+    if step is not None:
+        return _load_step(ck, step, entry)
+    infos = [i for i in ck.checkpoints() if not i.invalid]
+    if not infos:
+        raise CheckpointNotFoundError(f"no committed checkpoint under {ck.root}: nothing to load", path=ck.root)
+    for i, info in enumerate(reversed(infos)):
+        try:
+            return _load_step(ck, info.step, entry)
+        except CheckpointCorruptError as e:
+            if i == len(infos) - 1:
+                raise
+            warnings.warn(f"{e}; loading the previous checkpoint", CheckpointFallbackWarning, stacklevel=2)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _load_step(ck: Any, step: int, entry: str | None) -> dict[str, Any]:
+    opened = ck.reader.open(step, entry=entry)
+    if opened.dtensors:
+        raise ValueError(
+            f"the checkpoint of step {step} holds sharded tensors (DTensor, FSDP2): load() does not assemble full "
+            "tensors from them yet; restore it under torchrun with the same Run, or export it with "
+            "`preemptible export` (its files hold each rank's shards)"
+        )
+    loaded: dict[str, Any] = ck.reader.read(opened, None)
+    if entry is None:
+        return loaded
+    state: dict[str, Any] = loaded[entry]
+    return state
+
+
+def _flat_tensors(obj: Any, path: str, out: dict[str, Any]) -> None:
+    """Tensor leaves by key path (``a/b/0``); a module's ``state_dict()`` is flat, so its keys stay as they are."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        out[path] = obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            _flat_tensors(v, f"{path}/{k}" if path else str(k), out)
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            _flat_tensors(v, f"{path}/{i}" if path else str(i), out)
+
+
+def export_entry(
+    root: str,
+    out: str,
+    entry: str = "model",
+    *,
+    step: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> Exported:
+    """One state entry's tensors (default ``model``: the weights) as ``out/<entry>.safetensors`` with the entry's own
+    key names (``0.weight``, not ``model/0.weight``), for inference: ``model.load_state_dict(load_file(path))``.
+    Tied weights, stored once in the checkpoint, are written under each of their keys (``export.json`` lists them
+    under ``tied``), so a strict ``load_state_dict`` finds every key. Verified on the way (see `load`).
+
+    Raises:
+        CheckpointNotFoundError, CheckpointCorruptError, ValueError: as `load`.
+        FileExistsError: ``out`` holds files already.
+    """
+    from preemptible.checkpoint import Checkpointer
+
+    if os.path.isdir(out) and os.listdir(out):
+        raise FileExistsError(
+            f"{out} already holds files; expected an empty or new directory to export into (choose another --out, "
+            "or empty it)"
+        )
+    ck = Checkpointer(root, storage_options=storage_options)
+    if step is None:
+        infos = [i for i in ck.checkpoints() if not i.invalid]
+        if not infos:
+            raise CheckpointNotFoundError(f"no committed checkpoint under {ck.root}: nothing to export", path=ck.root)
+        step = infos[-1].step
+    state = _load_step(ck, step, entry)
+    tensors: dict[str, Any] = {}
+    _flat_tensors(state, "", tensors)
+    first: dict[int, str] = {}
+    tied: dict[str, str] = {}
+    for key, t in tensors.items():
+        owner = first.setdefault(id(t), key)
+        if owner != key:
+            tied[key] = owner
+    name = f"{_safe_stem(entry)}{layout.TENSOR_SUFFIX}"
+    os.makedirs(out, exist_ok=True)
+    target = os.path.join(out, name)
+    tmp = target + ".part"
+    try:
+        with open(tmp, "wb") as f:
+            items = [(k, t.contiguous()) for k, t in tensors.items()]
+            size, digest, _ = tensor_format.write(_FileSink(f), items, {"format": "pt", "writer": "preemptible export"})
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    result = Exported(step=step, out=out, bytes_written=size)
+    result.files[name] = {"bytes": size, "checksum": digest, "from": f"entry {entry!r}"}
+    doc = {
+        "format": "preemptible.export",
+        "version": 1,
+        "step": step,
+        "source": ck.storage.join(ck.root, layout.step_dir(step)),
+        "entry": entry,
+        "checksum_algorithm": checksum.ALGORITHM,
+        "files": result.files,
+        "tied": tied,
+    }
+    with open(os.path.join(out, EXPORT_JSON), "w") as f:
+        json.dump(doc, f, indent=1)
+    return result
+
+
+class _FileSink:
+    def __init__(self, f: Any) -> None:
+        self._f = f
+
+    def write(self, data: memoryview) -> None:
+        self._f.write(data)
+
+
+def _safe_stem(entry: str) -> str:
+    from preemptible.writer import file_stem
+
+    return file_stem(entry)

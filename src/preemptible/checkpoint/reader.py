@@ -24,12 +24,12 @@ from preemptible.errors import (
     NotRegularFileError,
 )
 from preemptible.progress import Meter
-from preemptible.state import unflatten
+from preemptible.state import group_of, unflatten
 from preemptible.store import checksum, compress, layout, tagged_json
 from preemptible.store import format as tensor_format
 from preemptible.store.io import Storage
 from preemptible.store.layout import FileRecord, Manifest
-from preemptible.writer import parallel_map
+from preemptible.writer import file_stem, parallel_map, stem_of_file
 
 OBJECT_READ_CHUNK = 32 << 20
 
@@ -170,11 +170,16 @@ class Reader:
         opened.dtensors.update(doc.get("dtensors") or {})
         opened.casts.update(doc["casts"])
 
-    def open(self, step: int, rank: int | None = None) -> Opened:
+    def open(self, step: int, rank: int | None = None, *, entry: str | None = None) -> Opened:
         """Everything but the tensor data: manifest, file sizes, state documents, tensor headers. Cheap.
 
         ``rank``: read what that rank needs (the replicated files, and its own per-rank files, or those of rank
         ``rank % N`` when the checkpoint was written by N <= rank ranks); None: every file (verification).
+        ``entry``: only that state entry (`preemptible.load`): the tree is cut to it and only the tensor files of
+        the entries its tensors are stored under are opened.
+
+        Raises:
+            CheckpointNotFoundError: also when ``entry`` is not in the checkpoint.
         """
         opened = self.open_base(step)
         opened.selected = _select(opened.manifest, rank, opened)
@@ -185,6 +190,15 @@ class Reader:
             if rank is None or name == layout.STATE or not (opened.tree.keys() & tree.keys()):
                 opened.tree.update(tree)
             self.merge_doc(opened, doc)
+        if entry is not None:
+            if entry not in opened.tree:
+                raise CheckpointNotFoundError(
+                    f"the checkpoint of step {step} has no entry {entry!r}; it holds {sorted(opened.tree)}",
+                    path=opened.directory,
+                )
+            opened.tree = {entry: opened.tree[entry]}
+            stems = {file_stem(group_of(n)) for n in tagged_json.tensor_names(opened.tree)}
+            opened.selected = [n for n in opened.selected if not layout.is_tensor_file(n) or stem_of_file(n) in stems]
         for name in opened.selected:
             if not layout.is_tensor_file(name):
                 continue
@@ -193,11 +207,11 @@ class Reader:
             entries, meta = read_tensor_header(self.storage, p, rec, opened)
             opened.meta_bytes += meta
             owner = layout.file_rank(name)
-            for entry in entries:
-                if entry.name in opened.entries and opened.entry_owner.get(entry.name) == owner:
-                    raise opened.bad(f"tensor {entry.name!r} appears in more than one file")
-                opened.entries[entry.name] = entry
-                opened.entry_owner[entry.name] = owner
+            for e in entries:
+                if e.name in opened.entries and opened.entry_owner.get(e.name) == owner:
+                    raise opened.bad(f"tensor {e.name!r} appears in more than one file")
+                opened.entries[e.name] = e
+                opened.entry_owner[e.name] = owner
             opened.file_entries[name] = entries
         return opened
 

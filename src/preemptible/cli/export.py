@@ -24,12 +24,19 @@ def add_parser(sub: Any) -> None:
     p.add_argument("root", type=existing_directory)
     p.add_argument("--step", type=integer(low=0, high=10**12 - 1), default=None)
     p.add_argument("--out", type=directory, required=True, help="an empty or new local directory")
+    p.add_argument(
+        "--entry",
+        default=None,
+        metavar="NAME",
+        help="only this state entry (e.g. model), as <NAME>.safetensors with its own key names (0.weight, not "
+        "model/0.weight), tied weights under each key: what model.load_state_dict() takes, for inference",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
     from preemptible.errors import CheckpointCorruptError, CheckpointNotFoundError
-    from preemptible.export import export
+    from preemptible.export import export, export_entry
     from preemptible.progress import Meter
 
     if "://" in args.out and not args.out.startswith("file://"):
@@ -45,14 +52,15 @@ def run(args: argparse.Namespace) -> int:
             meter.add(n)
 
     try:
-        result = export(args.root, args.out.removeprefix("file://"), step=args.step, on_bytes=add, on_total=total)
-    except CheckpointNotFoundError as e:
-        return fail("preemptible export", str(e))
-    except FileExistsError as e:
-        return fail("preemptible export", str(e))
-    except CheckpointCorruptError as e:
+        if args.entry is not None:
+            result = export_entry(args.root, args.out.removeprefix("file://"), args.entry, step=args.step)
+        else:
+            result = export(args.root, args.out.removeprefix("file://"), step=args.step, on_bytes=add, on_total=total)
+    except CheckpointCorruptError as e:  # first: it is a ValueError too
         print(f"FAIL  {e}")
         return 1
+    except (CheckpointNotFoundError, FileExistsError, ValueError) as e:
+        return fail("preemptible export", str(e))
     finally:
         if meter is not None:
             meter.close()

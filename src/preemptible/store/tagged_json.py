@@ -136,6 +136,24 @@ def _unsupported(obj: Any, path: str, what: str | None = None) -> UnsupportedSta
     )
 
 
+def tensor_names(doc: JSON) -> set[str]:
+    """The names of the tensors and arrays an encoded tree refers to."""
+    out: set[str] = set()
+    todo = [doc]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, dict):
+            if len(node) == 1:
+                name = node.get("$tensor", node.get("$ndarray"))
+                if isinstance(name, str):
+                    out.add(name)
+                    continue
+            todo.extend(node.values())
+        elif isinstance(node, list):
+            todo.extend(node)
+    return out
+
+
 def decode(doc: JSON, source: TensorSource, path: str = "", depth: int = 0) -> Any:
     """Decode tagged JSON, fetching tensors from ``source``.
 

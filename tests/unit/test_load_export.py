@@ -1,0 +1,99 @@
+"""`preemptible.load` and `preemptible export --entry`: a checkpoint's weights for inference, verified, with the
+module's own key names and tied weights under each key."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import preemptible
+from preemptible import Checkpointer
+from preemptible.cli import main
+from preemptible.errors import CheckpointCorruptError, CheckpointFallbackWarning, CheckpointNotFoundError
+
+
+class Tied(torch.nn.Module):
+    """A tiny language model whose output layer shares the embedding's weight (as GPT-2's lm_head does)."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.emb = torch.nn.Embedding(50, 16)
+        self.mid = torch.nn.Linear(16, 16)
+        self.head = torch.nn.Linear(16, 50, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.mid(self.emb(x))))
+
+
+def trained(root: Path, **kw: object) -> Tied:
+    model = Tied(seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ck = Checkpointer(root, keep=5, **kw)  # type: ignore[arg-type]
+    for step in (1, 2):
+        opt.zero_grad()
+        model(torch.arange(10)).sum().backward()
+        opt.step()
+        ck.save({"model": model, "optimizer": opt}, step)
+    return model
+
+
+X = torch.arange(20) % 50
+
+
+@pytest.mark.parametrize("kw", [{}, {"compress": True}, {"max_file_bytes": 4096}], ids=["plain", "compressed", "parts"])
+def test_load_gives_a_state_dict_a_fresh_model_takes(tmp_path: Path, kw: dict[str, object]) -> None:
+    model = trained(tmp_path, **kw)
+    fresh = Tied(seed=1)
+    assert not torch.equal(fresh(X), model(X))
+    fresh.load_state_dict(preemptible.load(str(tmp_path), entry="model"))
+    assert torch.equal(fresh(X), model(X))
+    everything = preemptible.load(str(tmp_path))
+    assert sorted(everything) == ["model", "optimizer"]
+    assert preemptible.load(str(tmp_path), step=1, entry="model")["mid.weight"].shape == (16, 16)
+
+
+def test_load_of_one_entry_reads_only_its_files_and_falls_back_past_a_damaged_checkpoint(tmp_path: Path) -> None:
+    model = trained(tmp_path)
+    step2 = tmp_path / "step-000000000002"
+    opt_file = step2 / "optimizer.safetensors"
+    opt_file.write_bytes(b"\0" * opt_file.stat().st_size)  # the optimizer's file is never read for the model
+    fresh = Tied(seed=1)
+    fresh.load_state_dict(preemptible.load(str(tmp_path), entry="model"))
+    assert torch.equal(fresh(X), model(X))
+    model_file = step2 / "model.safetensors"
+    data = bytearray(model_file.read_bytes())
+    data[-1] ^= 0xFF
+    model_file.write_bytes(bytes(data))
+    with pytest.warns(CheckpointFallbackWarning, match="checksum mismatch"):
+        older = preemptible.load(str(tmp_path), entry="model")
+    assert not torch.equal(older["mid.weight"], model.mid.weight)  # step 1's, a step before
+    with pytest.raises(CheckpointCorruptError, match="checksum mismatch"):
+        preemptible.load(str(tmp_path), step=2, entry="model")
+    with pytest.raises(CheckpointNotFoundError, match=r"no entry 'ema'; it holds \['model', 'optimizer'\]"):
+        preemptible.load(str(tmp_path), step=1, entry="ema")
+
+
+def test_export_entry_writes_the_modules_own_keys_and_tied_weights_under_each(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = trained(tmp_path / "ck")
+    out = tmp_path / "out"
+    assert main(["export", str(tmp_path / "ck"), "--out", str(out), "--entry", "model"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["export.json", "model.safetensors"]
+    weights = load_file(str(out / "model.safetensors"))
+    assert sorted(weights) == sorted(model.state_dict())  # emb.weight and head.weight, no "model/" prefix
+    fresh = Tied(seed=1)
+    fresh.load_state_dict(weights)  # strict: every key is there
+    assert torch.equal(fresh(X), model(X))
+    doc = json.loads((out / "export.json").read_text())
+    assert doc["entry"] == "model" and doc["step"] == 2 and doc["tied"] == {"head.weight": "emb.weight"}
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "ck"), "--out", str(tmp_path / "o2"), "--entry", "ema"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no entry 'ema'" in err
