@@ -188,8 +188,10 @@ def load(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _load_step(ck: Any, step: int, entry: str | None) -> dict[str, Any]:
+def _load_step(ck: Any, step: int, entry: str | None, opened_out: list[Any] | None = None) -> dict[str, Any]:
     opened = ck.reader.open(step, entry=entry)
+    if opened_out is not None:
+        opened_out.append(opened)
     if opened.dtensors:
         raise ValueError(
             f"the checkpoint of step {step} holds sharded tensors (DTensor, FSDP2): load() does not assemble full "
@@ -247,7 +249,8 @@ def export_entry(
         if not infos:
             raise CheckpointNotFoundError(f"no committed checkpoint under {ck.root}: nothing to export", path=ck.root)
         step = infos[-1].step
-    state = _load_step(ck, step, entry)
+    opened: list[Any] = []
+    state = _load_step(ck, step, entry, opened)
     tensors: dict[str, Any] = {}
     _flat_tensors(state, "", tensors)
     first: dict[int, str] = {}
@@ -271,7 +274,7 @@ def export_entry(
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
-    result = Exported(step=step, out=out, bytes_written=size)
+    result = Exported(step=step, out=out, bytes_written=size, bytes_read=opened[0].meta_bytes + opened[0].data_bytes)
     result.files[name] = {"bytes": size, "checksum": digest, "from": f"entry {entry!r}"}
     doc = {
         "format": "preemptible.export",
