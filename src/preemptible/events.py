@@ -59,6 +59,7 @@ class SaveReason(str, Enum):
     ADVISORY = "advisory"
     PRESTAGED = "prestaged"
     BACKGROUND = "background"
+    BEST = "best"  # Run(save_on_best=True): the boundary after a new best of the keep_best figure
 
     def __str__(self) -> str:
         return self.value

@@ -11,6 +11,7 @@ import contextlib
 import gc
 import inspect
 import logging
+import math
 import os
 import signal
 import socket
@@ -42,6 +43,7 @@ from preemptible.options import EXIT_SAVE_FAILED, RunOptions
 from preemptible.relay import ReportFile
 from preemptible.sources import slurm
 from preemptible.state import RNGState, capture, check_state, flatten
+from preemptible.store import retention
 from preemptible.store.io import ephemeral_reason
 from preemptible.trackers import Trackers, continue_wandb
 from preemptible.validate import DEFAULT_RTOL, Probe
@@ -65,6 +67,11 @@ class Run:
         save_every: save every this many completed steps (``step % save_every == 0``). None: no step-based saves.
         save_interval_s: save when this many seconds have passed since the last save. None: no time-based saves.
         keep: committed checkpoints kept (>= 2); the newest validated one is kept in addition.
+        keep_best: ``(figure, "min" | "max")``, e.g. ``("val_loss", "min")``: also keep the best checkpoint by a
+            figure logged with `log`. A figure logged during step k belongs to the next checkpoint taken after it
+            (``figures`` in its COMMIT.json).
+        save_on_best: save at the boundary after a new best of the ``keep_best`` figure, so the best state is not
+            left unsaved until the next periodic save.
         sources: notice sources (see `Guard`); None auto-detects, ``$PREEMPTIBLE_SOURCES`` overrides.
         grace: seconds from a signal to the hard kill (the deadline of signal notices). None: the platform's
             default (see `Guard`).
@@ -127,6 +134,8 @@ class Run:
         save_every: int | None = None,
         save_interval_s: float | None = None,
         keep: int = 2,
+        keep_best: tuple[str, str] | None = None,
+        save_on_best: bool = False,
         sources: str | Iterable[str | NoticeSource] | None = None,
         grace: float | None = None,
         exit_code: int | None = None,
@@ -184,9 +193,19 @@ class Run:
         self.journal: Journal | None = None
         self.async_save = async_save
         self.prestage_every = prestage_every
+        if save_on_best and keep_best is None:
+            raise ValueError(
+                "save_on_best=True needs keep_best=(figure, 'min' or 'max'): which figure makes a checkpoint the best"
+            )
+        self.save_on_best = save_on_best
+        self._figures: dict[str, Any] = {}
+        """Figures logged since the last save: the next checkpoint records them (``figures`` in COMMIT.json)."""
+        self._best: float | None = None
+        self._best_known = False
         self.checkpointer = Checkpointer(
             self.root,
             keep=keep,
+            keep_best=keep_best,
             clock=clock,
             monotonic=monotonic,
             moments_dtype=torch.bfloat16 if bf16_moments else None,
@@ -414,6 +433,8 @@ class Run:
                 return True
         elif self.prestage_every is not None and completed % self.prestage_every == 0:
             self.checkpointer.prestage(self.state, completed)
+        elif self.save_on_best and self._is_new_best():
+            self._save(completed, SaveReason.BEST, blocking=not self.async_save)
         elif not self._prepared:
             self._prepare()
         if self._pending is not None:
@@ -509,6 +530,7 @@ class Run:
         if self.journal is None:
             raise PreemptibleError("Run.log() needs a started run: call it inside `for step in run.steps(...)`")
         self.journal.event(Event.LOG, self.step, **figures)
+        self._figures.update(figures)
 
     def save(self, reason: str = SaveReason.MANUAL) -> SaveResult:
         """Save a checkpoint of the current step now (blocking)."""
@@ -565,9 +587,19 @@ class Run:
     ) -> SaveResult | None:
         self._meta.clear()
         self._meta.update({"step": step, "saved_by": __version__})
+        figures = _recordable(self._figures)
         try:
-            handle = self.checkpointer.save(self.state, step, reason=reason, deadline=deadline, blocking=blocking)
+            handle = self.checkpointer.save(
+                self.state,
+                step,
+                reason=reason,
+                deadline=deadline,
+                blocking=blocking,
+                extra={"figures": figures} if figures else None,
+            )
             self._last_save_time = self._monotonic()
+            self._figures.clear()  # they belong to this checkpoint
+            self._note_best(figures)
             if not handle.done():
                 self._pending = handle
                 return None
@@ -581,6 +613,27 @@ class Run:
             return None
         self._report(result, reason)
         return result
+
+    def _is_new_best(self) -> bool:
+        """Whether the keep_best figure logged since the last save beats every checkpoint's so far."""
+        best = self.checkpointer.keep_best
+        value = _recordable(self._figures).get(best[0]) if best else None
+        if best is None or value is None:
+            return False
+        if not self._best_known:  # once per process: what the checkpoints already on storage record
+            self._best_known = True
+            infos = self.checkpointer.checkpoints()
+            step = retention.best_step(infos, best)
+            self._best = next((retention.figure_of(c, best[0]) for c in infos if c.step == step), None)
+        return self._best is None or (value < self._best if best[1] == "min" else value > self._best)
+
+    def _note_best(self, figures: dict[str, Any]) -> None:
+        best = self.checkpointer.keep_best
+        value = figures.get(best[0]) if best else None
+        if best is None or value is None or not self._best_known:
+            return
+        if self._best is None or (value < self._best if best[1] == "min" else value > self._best):
+            self._best = value
 
     def _reap(self, *, block: bool = False) -> None:
         """Collect a finished background save: log it, or warn if it failed (training goes on)."""
@@ -801,6 +854,16 @@ def _put_back_loader_streams(loader: Any, saved: dict[str, Any]) -> None:
         path, name = key.rsplit(":", 1)
         if path in parts:
             setattr(parts[path], name, value)
+
+
+def _recordable(figures: dict[str, Any]) -> dict[str, Any]:
+    """The logged figures a checkpoint can record: finite numbers (a tensor's item), by name."""
+    out: dict[str, Any] = {}
+    for k, logged in figures.items():
+        v = logged.item() if isinstance(logged, torch.Tensor) and logged.numel() == 1 else logged
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            out[k] = v
+    return out
 
 
 def _ignore_late_notices() -> None:

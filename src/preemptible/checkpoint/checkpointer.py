@@ -69,6 +69,24 @@ STALE_AFTER_S = 15 * 60
 _UNSET: Any = object()
 
 
+def check_best(best: object) -> tuple[str, str] | None:
+    """``keep_best``: None, or ``(figure, "min" | "max")``."""
+    if best is None:
+        return None
+    if (
+        not isinstance(best, (tuple, list))
+        or len(best) != 2
+        or not isinstance(best[0], str)
+        or not best[0]
+        or best[1] not in ("min", "max")
+    ):
+        raise ValueError(
+            f"keep_best: expected (figure, 'min' or 'max'), e.g. ('val_loss', 'min'), found {best!r}; the figure "
+            "is one you log with run.log(...)"
+        )
+    return (best[0], best[1])
+
+
 def _cores() -> int:
     """CPU cores this process may run on."""
     try:
@@ -92,6 +110,8 @@ class Checkpointer(Lifecycle, Prestaging):
     Args:
         root: a local directory (created on first save).
         keep: committed checkpoints to keep (>= 2), besides the newest validated one.
+        keep_best: ``(figure, "min" | "max")``: also keep the checkpoint whose ``COMMIT.json`` records the best
+            value of that figure (``extra={"figures": {...}}`` at save; `Run` records what ``run.log`` logged).
         journal: where to record saves and fallbacks (optional).
         threads: writer threads for tensor files.
         max_file_bytes: split tensor files larger than this.
@@ -130,6 +150,7 @@ class Checkpointer(Lifecycle, Prestaging):
         root: str,
         *,
         keep: int = 2,
+        keep_best: tuple[str, str] | None = None,
         journal: Journal | None = None,
         threads: int | None = None,
         max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
@@ -162,6 +183,7 @@ class Checkpointer(Lifecycle, Prestaging):
                 root,
             )
         self.keep = keep
+        self.keep_best = check_best(keep_best)
         self.journal = journal
         self.threads = threads
         self.max_file_bytes = max_file_bytes

@@ -34,6 +34,7 @@ class Lifecycle:
     storage: Storage
     root: str
     keep: int
+    keep_best: tuple[str, str] | None
     stale_after_s: float
     markers: Markers
     reader: Reader
@@ -82,12 +83,12 @@ class Lifecycle:
         leftovers. A checkpoint goes only once a newer one has validated; when older ones wait for that, the one
         ``just_saved`` is verified first (its files read back). Returns the deleted steps."""
         infos = self.checkpoints(include_uncommitted=True)
-        if just_saved is not None and retention.needs_validation(infos, self.keep):
+        if just_saved is not None and retention.needs_validation(infos, self.keep, self.keep_best):
             newest = max((c for c in infos if c.committed), key=lambda c: c.step, default=None)
             if newest is not None and newest.step == just_saved.step and newest.status == "committed":
                 self._validate_at_save(just_saved)
                 infos = self.checkpoints(include_uncommitted=True)
-        decision = retention.decide(infos, self.keep)
+        decision = retention.decide(infos, self.keep, self.keep_best)
         states = {c.step: self.markers.read(c.path).state for c in infos if c.step in decision.delete}
         for step in decision.delete:
             deletion.delete_checkpoint(self.storage, self.root, step, states[step])
