@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from preemptible._version import __version__
 from preemptible.cli.args import OneLineParser
 
-SUBCOMMANDS = ("bench", "diagnose", "drill", "emulate", "export", "inspect", "plan", "run", "verify")
+SUBCOMMANDS = ("bench", "diagnose", "drill", "emulate", "export", "inspect", "plan", "report", "run", "verify")
 
 
 def build_parser() -> argparse.ArgumentParser:
