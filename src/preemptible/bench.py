@@ -207,32 +207,22 @@ def contenders(
         shutil.rmtree(d)
         return Sample(s, {"peak_mb": mem.peak / 1e6})
 
-    def ours_emergency_warm(work: str) -> Sample:
-        """As in a training run: the emergency save follows a periodic save of the same state (same
-        `Checkpointer`), whose plan it refills (`preemptible.checkpoint.steady`)."""
-        d = os.path.join(work, "ours-warm")
-        ck = Checkpointer(d, keep=2)
-        ck.save(state, 1, blocking=False).wait()
-        with PeakRSS() as mem:
-            t = time.perf_counter()
-            result = ck.save(state, 2).wait()
-            s = time.perf_counter() - t
-        assert not result.skipped
-        shutil.rmtree(d)
-        return Sample(s, {"peak_mb": mem.peak / 1e6})
-
     def emergency_of(what: dict[str, Any], *, warm: bool) -> Contender:
+        """An emergency save of ``what``; ``warm``: after a periodic save of it by the same `Checkpointer`, as in a
+        training run, whose plan it refills (`preemptible.checkpoint.steady`)."""
+
         def fn(work: str) -> Sample:
-            d = os.path.join(work, "ours-ref")
+            d = os.path.join(work, "ours-warm")
             ck = Checkpointer(d, keep=2)
             if warm:
                 ck.save(what, 1, blocking=False).wait()
-            t = time.perf_counter()
-            result = ck.save(what, 2).wait()
-            s = time.perf_counter() - t
+            with PeakRSS() as mem:
+                t = time.perf_counter()
+                result = ck.save(what, 2).wait()
+                s = time.perf_counter() - t
             assert not result.skipped
             shutil.rmtree(d)
-            return Sample(s)
+            return Sample(s, {"peak_mb": mem.peak / 1e6})
 
         return fn
 
@@ -401,7 +391,7 @@ def contenders(
 
     out: dict[str, Contender] = {
         "preemptible emergency save": ours_emergency,
-        "preemptible emergency save (after a periodic save)": ours_emergency_warm,
+        "preemptible emergency save (after a periodic save)": emergency_of(state, warm=True),
         "preemptible async save": ours_async_save,
         "preemptible restore (warm)": lambda w: ours_restore(w, cold=False),
         "preemptible restore (cold)": lambda w: ours_restore(w, cold=True),

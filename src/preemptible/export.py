@@ -43,6 +43,23 @@ class Exported:
         }
 
 
+def _check_empty(out: str) -> None:
+    if os.path.isdir(out) and os.listdir(out):
+        raise FileExistsError(
+            f"{out} already holds files; expected an empty or new directory to export into (choose another --out, "
+            "or empty it)"
+        )
+
+
+def _newest(ck: Any, *, valid: bool = False) -> int:
+    """The newest committed step (``valid``: not marked invalid)."""
+    infos = [i for i in ck.checkpoints() if not (valid and i.invalid)]
+    if not infos:
+        raise CheckpointNotFoundError(f"no committed checkpoint under {ck.root}: nothing to export", path=ck.root)
+    step: int = infos[-1].step
+    return step
+
+
 def plain_name(name: str) -> str:
     return name.removesuffix(".zst")
 
@@ -67,18 +84,10 @@ def export(
     from preemptible.checkpoint import Checkpointer
 
     ck = Checkpointer(root, storage_options=storage_options)
-    if step is None:
-        infos = ck.checkpoints()
-        if not infos:
-            raise CheckpointNotFoundError(f"no committed checkpoint under {ck.root}: nothing to export", path=ck.root)
-        step = infos[-1].step
+    step = _newest(ck) if step is None else step
     opened = ck.reader.open_base(step)
     names = sorted((n for n in opened.manifest.files if layout.is_tensor_file(n)), key=plain_name)
-    if os.path.isdir(out) and os.listdir(out):
-        raise FileExistsError(
-            f"{out} already holds files; expected an empty or new directory to export into (choose another --out, "
-            "or empty it)"
-        )
+    _check_empty(out)
     os.makedirs(out, exist_ok=True)
     result = Exported(step=step, out=out)
     if on_total is not None:
@@ -238,17 +247,9 @@ def export_entry(
     """
     from preemptible.checkpoint import Checkpointer
 
-    if os.path.isdir(out) and os.listdir(out):
-        raise FileExistsError(
-            f"{out} already holds files; expected an empty or new directory to export into (choose another --out, "
-            "or empty it)"
-        )
+    _check_empty(out)
     ck = Checkpointer(root, storage_options=storage_options)
-    if step is None:
-        infos = [i for i in ck.checkpoints() if not i.invalid]
-        if not infos:
-            raise CheckpointNotFoundError(f"no committed checkpoint under {ck.root}: nothing to export", path=ck.root)
-        step = infos[-1].step
+    step = _newest(ck, valid=True) if step is None else step
     opened: list[Any] = []
     state = _load_step(ck, step, entry, opened)
     tensors: dict[str, Any] = {}

@@ -81,6 +81,7 @@ def _attempts(events: Iterable[Mapping[str, Any]]) -> list[Attempt]:
         times = [_t(e["t"]) for e in evs]
         a = Attempt(file=name, start=min(times), end=max(times))
         pending: dict[str, Any] | None = None
+        background = {e.get("step") for e in evs if e.get("event") == "save_started" and e.get("asynchronous")}
         for e in evs:
             kind, step = e.get("event"), e.get("step")
             if kind in ("fresh", "resume") and a.ready is None:
@@ -93,7 +94,7 @@ def _attempts(events: Iterable[Mapping[str, Any]]) -> list[Attempt]:
                 a.saves += 1
             elif kind == "save_started" and pending is not None and e.get("reason") == "emergency":
                 pending["wait_s"] = max(0.0, _t(e["t"]) - pending["received"])
-            elif kind == "save_committed" and not _was_async(evs, e):
+            elif kind == "save_committed" and step not in background:  # a background save: its stall counted
                 a.save_s += float(e.get("seconds") or 0.0)
                 a.saves += 1
                 if pending is not None and e.get("reason") == "emergency":
@@ -118,13 +119,6 @@ def _attempts(events: Iterable[Mapping[str, Any]]) -> list[Attempt]:
                 a.done = True
         out.append(a)
     return sorted(out, key=lambda a: a.start)
-
-
-def _was_async(evs: list[Mapping[str, Any]], committed: Mapping[str, Any]) -> bool:
-    return any(
-        e.get("event") == "save_started" and e.get("step") == committed.get("step") and e.get("asynchronous")
-        for e in evs
-    )
 
 
 def summarize(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:

@@ -446,8 +446,7 @@ class Run:
         ahead of any notice, so the emergency save only refills it (`Checkpointer.prepare`)."""
         self._prepared = True
         t = self._monotonic()
-        self._meta.clear()
-        self._meta.update({"step": self.step, "saved_by": __version__})  # as a save sets it: the same shape
+        self._stamp(self.step)  # as a save sets it: the same shape
         try:
             ready = self.checkpointer.prepare(self.state)
         except Exception as e:  # the first save will say what is wrong, with its own error
@@ -585,8 +584,7 @@ class Run:
         deadline: float | None = None,
         blocking: bool = True,
     ) -> SaveResult | None:
-        self._meta.clear()
-        self._meta.update({"step": step, "saved_by": __version__})
+        self._stamp(step)
         figures = _recordable(self._figures)
         try:
             handle = self.checkpointer.save(
@@ -613,6 +611,11 @@ class Run:
             return None
         self._report(result, reason)
         return result
+
+    def _stamp(self, step: int) -> None:
+        """The run's own entry of the checkpoint: the step and the version that saved it."""
+        self._meta.clear()
+        self._meta.update({"step": step, "saved_by": __version__})
 
     def _is_new_best(self) -> bool:
         """Whether the keep_best figure logged since the last save beats every checkpoint's so far."""
