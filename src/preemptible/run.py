@@ -901,6 +901,8 @@ def _ignore_late_warning() -> None:
     unless someone installed a handler of their own."""
     import signal
 
-    if signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
+    early = sys.modules.get("_preemptible_early")  # its holding handler is not one of the user's; and Python
+    current = signal.getsignal(signal.SIGUSR1)  # resets Python-level handlers to the default as it shuts down
+    if current == signal.SIG_DFL or (early is not None and current == early.hold):
         with contextlib.suppress(ValueError):  # closed from another thread: only the main thread sets handlers
             signal.signal(signal.SIGUSR1, signal.SIG_IGN)

@@ -119,3 +119,14 @@ def test_a_handler_already_there_is_left_alone() -> None:
         [sys.executable, "-c", CHECK_INSTALL], check=False, capture_output=True, text=True, env=clean_env()
     )
     assert done.stdout.split() == ["False", "True", "True", "True"], done.stderr
+
+
+def test_after_a_finished_run_a_late_warning_is_ignored_even_while_held() -> None:
+    """The hold is a Python-level handler, and Python puts those back to the default as it shuts down: a warning
+    in that moment would turn a finished job into a FAILED one (seen in CI). After a finished run it is ignored."""
+    code = "import signal\nfrom preemptible.run import _ignore_late_warning\n_ignore_late_warning()\n"
+    code += "print(signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, env=clean_env(**SLURM)
+    )
+    assert done.stdout.split() == ["True"], done.stderr
