@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import make_model, train_some
 from preemptible.errors import CheckpointCorruptError, UnsupportedStateError
@@ -145,3 +147,64 @@ def test_unsupported_leaf_names_its_key_path(state: Any, path: str) -> None:
 def test_malformed_tags_are_corruption_not_crashes(doc: Any) -> None:
     with pytest.raises(CheckpointCorruptError):
         tagged_json.decode({"k": doc}, lambda n, i: None)
+
+
+TAGS = ["$tensor", "$ndarray", "$float", "$tuple", "$dict", "$meta", "$bytes", "$dtype", "$npscalar", "value", "$x"]
+JSON_DOCS = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-5, 5),
+        st.floats(allow_nan=False, allow_infinity=False),
+        st.sampled_from(["t", "inf", "nan", "float32", "<f8", "aGk="]),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(st.sampled_from(["a", "b", *TAGS]), inner, max_size=3),
+        st.lists(st.lists(inner, min_size=1, max_size=3), max_size=3).map(lambda p: {"$dict": p}),
+        st.tuples(st.lists(st.lists(inner, min_size=2, max_size=2), max_size=2), inner, st.booleans()).map(
+            lambda x: {"$dict": x[0], "$meta": x[1]} if x[2] else {"$meta": x[1], "$dict": x[0]}
+        ),
+        st.lists(inner, max_size=3).map(lambda items: {"$tuple": items}),
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(JSON_DOCS)
+def test_the_quick_decode_gives_what_the_path_keeping_decode_gives(doc: Any) -> None:
+    """A restore decodes without key paths first; any document, well formed or not, must come out exactly as the
+    decode that keeps them (or fail the same way, with the path named)."""
+
+    def source(name: str, is_numpy: bool) -> Any:
+        if name == "t":
+            return ("tensor", is_numpy)
+        raise CheckpointCorruptError(f"no tensor {name!r}", path=name)
+
+    def run(f: Any) -> Any:
+        try:
+            return ("ok", f())
+        except CheckpointCorruptError as e:
+            return ("corrupt", str(e))
+
+    quick = run(lambda: tagged_json.decode(doc, source))
+    slow = run(lambda: tagged_json._decode(doc, source, "", 0))
+    assert quick[0] == slow[0]
+    if quick[0] == "ok":
+        assert same(quick[1], slow[1])
+        assert metadata(quick[1]) == metadata(slow[1])
+    else:
+        assert quick[1] == slow[1]
+
+
+def metadata(x: Any) -> list[str]:
+    """Every ``_metadata`` in a decoded tree, in order."""
+    out = [repr(getattr(x, "_metadata", None))]
+    if isinstance(x, dict):
+        for v in x.values():
+            out += metadata(v)
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            out += metadata(v)
+    return out

@@ -63,6 +63,9 @@ class Opened:
         )
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def _placeholder(meta: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
     if name not in meta:
         raise CheckpointCorruptError(f"state.json refers to tensor {name!r}, which no tensor file holds", path=name)
@@ -267,16 +270,17 @@ class Reader:
         into = into or {}
 
         def target(e: tensor_format.Entry) -> torch.Tensor | None:
+            # What tensor_format.read copies raw bytes into: exactly this dtype and shape, contiguous, on the CPU.
             t = into.get(e.name)
             if (
                 t is not None
-                and t.dtype == e.dtype
-                and tuple(t.shape) == e.shape
-                and t.device.type == "cpu"
+                and t.dtype is e.dtype
+                and type(t) in _PLAIN
+                and t.shape == e.shape
+                and t.is_cpu
                 and t.is_contiguous()
-                and type(t) in (torch.Tensor, torch.nn.Parameter)
             ):
-                return t.detach()
+                return t
             return None
 
         def read_file(name: str) -> dict[str, torch.Tensor]:

@@ -9,6 +9,7 @@ an I/O error (timeout, permission, a vanished object) falls back too but leaves 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import warnings
@@ -21,7 +22,7 @@ from preemptible.checkpoint import reshard
 from preemptible.checkpoint.reader import Opened, Reader
 from preemptible.errors import CheckpointCorruptError, CheckpointFallbackWarning, StateMismatchError
 from preemptible.events import Event, EventSink
-from preemptible.state import RNGState, apply, capture, differences, flatten
+from preemptible.state import FlatState, RNGState, apply, capture, differences, fit_targets, flatten
 from preemptible.store.markers import Markers, State, Transition
 from preemptible.validate import ProbeCheck, run_probe
 
@@ -74,20 +75,25 @@ class Restorer:
         return ProbeCheck(stored, run_probe(self.probe, state), self.probe_rtol)
 
     def _try(
-        self, state: Mapping[str, Any], captured: Mapping[str, Any], live_flat: Any, step: int
+        self, state: Mapping[str, Any], captured: Mapping[str, Any], live_flat: Callable[[], FlatState], step: int
     ) -> tuple[_Outcome, ProbeCheck | None, Opened | None]:
         coord = self.coord
         rank, world = (coord.rank, coord.world) if coord is not None else (0, 1)
         try:
             opened = self.reader.open(step, rank=rank)
-            live = reshard.Live(state, live_flat.dtensor_objs)
-            if reshard.needed(opened, live, world):  # another world size or wrapper: each rank reads its slices
-                opened = reshard.open_resharded(self.reader, step, rank=rank, world=world, live=live)
-            self.check_fits(state, self.reader.skeleton(opened), step, captured)  # before a single byte changes
-            if opened.reshard is not None:
-                loaded = reshard.read_resharded(self.reader, opened)
+            into = _plain_fit(state, captured, opened, world)  # before a single byte changes
+            if into is not None:  # the common case, checked in one walk
+                loaded = self.reader.read(opened, into)
             else:
-                loaded = self.reader.read(opened, live_flat.tensors, sharded=live_flat.dtensor_objs)
+                flat = live_flat()
+                live = reshard.Live(state, flat.dtensor_objs)
+                if reshard.needed(opened, live, world):  # another world size or wrapper: each rank reads its slices
+                    opened = reshard.open_resharded(self.reader, step, rank=rank, world=world, live=live)
+                self.check_fits(state, self.reader.skeleton(opened), step, captured)  # before a single byte changes
+                if opened.reshard is not None:
+                    loaded = reshard.read_resharded(self.reader, opened)
+                else:
+                    loaded = self.reader.read(opened, flat.tensors, sharded=flat.dtensor_objs)
             self._apply(state, loaded, opened)
             check = self._probe_check(state, opened.manifest.probe)
         except CheckpointCorruptError as e:
@@ -139,7 +145,7 @@ class Restorer:
         # IMPORTANT: what the live objects were before any attempt. A candidate that fails half-way through
         # load_state_dict() leaves them altered; the next one is checked against this, then loaded over it whole.
         captured = capture(state)
-        live_flat = flatten(captured)
+        live_flat = functools.cache(lambda: flatten(captured))  # only when the plain fit does not decide
         coord = self.coord
         leader = coord is None or coord.rank == 0
         for cand in candidates:
@@ -311,6 +317,24 @@ class Restorer:
                 step=step,
                 differences=diffs,
             )
+
+
+def _plain_fit(
+    state: Mapping[str, Any], captured: Mapping[str, Any], opened: Opened, world: int
+) -> dict[str, Any] | None:
+    """The live tensors to read the checkpoint into when it plainly fits the live objects (`fit_targets`), else
+    None: the slow comparison decides and names every difference. Never for sharded state (either side) or another
+    world size: those may need resharding."""
+    if opened.dtensors or opened.manifest.world_size != world or reshard.Live(state, {}).params:
+        return None
+    tree = opened.tree
+    if any(name not in tree for name in state if not name.startswith("_")):
+        return None
+    for name in state:
+        doc = tree.get(name)
+        if name in tree and (type(doc) is not dict or (doc and next(iter(doc)).startswith("$") and "$dict" not in doc)):
+            return None  # not a mapping, which every state_dict() is: the slow check says what it is
+    return fit_targets({n: captured[n] for n in state if n in tree}, tree, opened.entries, opened.casts)
 
 
 def _by_reason(reports: Iterable[tuple[int, str]]) -> str:

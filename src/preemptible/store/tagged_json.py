@@ -160,6 +160,58 @@ def decode(doc: JSON, source: TensorSource, path: str = "", depth: int = 0) -> A
     Raises:
         CheckpointCorruptError: an unknown or malformed tag, or nesting deeper than `MAX_DEPTH`.
     """
+    if not path and not depth:
+        try:
+            return _quick(doc, source, 0)
+        except _Unsure:
+            pass  # something out of place: decode again, keeping the key path to name it
+    return _decode(doc, source, path, depth)
+
+
+class _Unsure(Exception):
+    pass
+
+
+def _quick(doc: JSON, source: TensorSource, depth: int) -> Any:
+    """`_decode` without key paths (a restore decodes 10,000s of nodes; a path is only needed to name an error):
+    raises `_Unsure` at anything out of place."""
+    if type(doc) is dict and len(doc) == 1:
+        name = doc.get("$tensor")
+        if type(name) is str:
+            return source(name, False)
+    if not isinstance(doc, (list, dict)):
+        return doc
+    if depth > MAX_DEPTH:
+        raise _Unsure
+    depth += 1
+    if isinstance(doc, list):
+        return [_quick(v, source, depth) for v in doc]
+    if not doc or not next(iter(doc)).startswith("$"):
+        return {k: _quick(v, source, depth) for k, v in doc.items()}
+    tag = next(iter(doc))
+    if tag == "$dict" and type(doc["$dict"]) is list and len(doc) <= 2:
+        result: dict[Any, Any] = OrderedDict() if "$meta" in doc else {}
+        for pair in doc["$dict"]:
+            if type(pair) is not list or len(pair) != 2:
+                raise _Unsure
+            key = _quick(pair[0], source, depth)
+            try:
+                hash(key)  # a list or dict, or a tuple holding one
+            except TypeError:
+                raise _Unsure from None
+            result[key] = _quick(pair[1], source, depth)
+        if "$meta" in doc:
+            result._metadata = _quick(doc["$meta"], source, depth)  # type: ignore[attr-defined]
+        elif len(doc) != 1:
+            raise _Unsure
+        return result
+    try:
+        return _decode_tag(tag, doc, source, "", depth)
+    except (CheckpointCorruptError, KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError):
+        raise _Unsure from None
+
+
+def _decode(doc: JSON, source: TensorSource, path: str, depth: int) -> Any:
     if type(doc) is dict and len(doc) == 1:
         name = doc.get("$tensor")
         if type(name) is str:  # the most common node of a large state, first
@@ -170,9 +222,9 @@ def decode(doc: JSON, source: TensorSource, path: str = "", depth: int = 0) -> A
         raise _corrupt(path, f"nested more than {MAX_DEPTH} containers deep, more than any save writes")
     depth += 1
     if isinstance(doc, list):
-        return [decode(v, source, f"{path}/{i}", depth) for i, v in enumerate(doc)]
+        return [_decode(v, source, f"{path}/{i}", depth) for i, v in enumerate(doc)]
     if not doc or not next(iter(doc)).startswith("$"):
-        return {k: decode(v, source, f"{path}/{k}" if path else k, depth) for k, v in doc.items()}
+        return {k: _decode(v, source, f"{path}/{k}" if path else k, depth) for k, v in doc.items()}
     tag = next(iter(doc))
     try:
         return _decode_tag(tag, doc, source, path, depth)
@@ -186,14 +238,14 @@ def _decode_tag(tag: str, doc: dict[str, Any], source: TensorSource, path: str, 
     if tag == "$float":
         return _NONFINITE[doc["$float"]]
     if tag == "$tuple":
-        return tuple(decode(v, source, f"{path}/{i}", depth) for i, v in enumerate(doc["$tuple"]))
+        return tuple(_decode(v, source, f"{path}/{i}", depth) for i, v in enumerate(doc["$tuple"]))
     if tag == "$dict":
         result: dict[Any, Any] = OrderedDict() if "$meta" in doc else {}
         for k, v in doc["$dict"]:
-            key = decode(k, source, path, depth)
-            result[_hashable(key)] = decode(v, source, f"{path}/{key_str(key)}" if path else key_str(key), depth)
+            key = _decode(k, source, path, depth)
+            result[_hashable(key)] = _decode(v, source, f"{path}/{key_str(key)}" if path else key_str(key), depth)
         if "$meta" in doc:
-            meta = decode(doc["$meta"], source, f"{path}/_metadata", depth)
+            meta = _decode(doc["$meta"], source, f"{path}/_metadata", depth)
             result._metadata = meta  # type: ignore[attr-defined]
         return result
     if tag == "$tensor":
@@ -205,7 +257,7 @@ def _decode_tag(tag: str, doc: dict[str, Any], source: TensorSource, path: str, 
         if np is None:
             raise _corrupt(path, "a NumPy scalar, but NumPy is not installed (pip install numpy)")
         dtype = np.dtype(_str(doc["$npscalar"]))
-        value = decode(doc["value"], source, path, depth)
+        value = _decode(doc["value"], source, path, depth)
         if dtype.kind not in _NPSCALAR_KINDS or not isinstance(value, (bool, int, float, str, bytes)):
             raise _corrupt(path, f"a NumPy scalar must be a number, bool or string, found {str(doc)[:80]}")
         return dtype.type(value)

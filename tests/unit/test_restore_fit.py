@@ -1,0 +1,241 @@
+"""The restore's plain fit (`preemptible.state.fit_targets`): one walk of the live capture and the stored tree that
+decides the common case (same keys, shapes and dtypes) and says which live tensor each stored one is read into.
+Whatever it decides, a restore must end exactly as the slow comparison (`differences`, then names from `flatten`)
+would have it: the same error, or the same restored values in the same live tensors."""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_steady import SCALARS, Tree, rescalar
+
+from preemptible import Checkpointer
+from preemptible.checkpoint import restore as restore_mod
+from preemptible.errors import StateMismatchError
+from preemptible.state import ParamIds, capture, fit_targets, flatten
+from preemptible.store import format as tensor_format
+
+
+class Holder:
+    """A stateful object whose state dict is any tree (a stand-in for a module or optimizer of unusual shape)."""
+
+    def __init__(self, tree: dict[str, Any]) -> None:
+        self.tree = tree
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.tree
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.tree = sd
+
+
+def mutate(obj: Any, draw: Any, depth: int = 0) -> Any:
+    """The same tree, maybe with one structural change somewhere: a tensor of another shape or dtype, a tensor
+    where a scalar was (or the reverse), a key more or less, a list longer or shorter."""
+    here = draw(st.integers(0, 5)) == 0 or depth > 3
+    if isinstance(obj, torch.Tensor):
+        if not here:
+            return obj
+        kind = draw(st.sampled_from(["shape", "dtype", "scalar"]))
+        if kind == "shape":
+            return torch.zeros(obj.numel() + 1)
+        if kind == "dtype":
+            return torch.zeros(obj.shape, dtype=torch.float16 if obj.dtype != torch.float16 else torch.float32)
+        return draw(SCALARS)
+    if isinstance(obj, dict):
+        out = {k: mutate(v, draw, depth + 1) for k, v in obj.items()}
+        if here and draw(st.booleans()):
+            if out and draw(st.booleans()):
+                out.pop(draw(st.sampled_from(sorted(out, key=repr))))
+            else:
+                out[draw(st.sampled_from(["new", 7]))] = draw(st.sampled_from([1.5, torch.ones(2)]))
+        return out
+    if isinstance(obj, (list, tuple)):
+        items = [mutate(v, draw, depth + 1) for v in obj]
+        if here and draw(st.booleans()):
+            items = items[:-1] if items and draw(st.booleans()) else [*items, torch.ones(1)]
+        return items if isinstance(obj, list) else tuple(items)
+    if here and draw(st.booleans()):
+        return torch.ones(3)
+    return obj
+
+
+def same(a: Any, b: Any) -> bool:
+    """Two captured trees hold the same structure, scalars (nan equal to nan, -0.0 apart from 0.0) and tensor
+    bytes."""
+    fa, fb = flatten({"x": a}), flatten({"x": b})
+    if fa.tree != fb.tree and repr(fa.tree) != repr(fb.tree):  # repr: nan != nan in ==
+        return False
+    return fa.tensors.keys() == fb.tensors.keys() and all(
+        fa.tensors[k].dtype == fb.tensors[k].dtype
+        and torch.equal(fa.tensors[k].reshape(-1).view(torch.uint8), fb.tensors[k].reshape(-1).view(torch.uint8))
+        for k in fa.tensors
+        if fa.tensors[k].numel()
+    )
+
+
+def _restore(root: Path, live: Any, *, plain: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
+    with monkeypatch.context() as m:
+        if not plain:
+            m.setattr(restore_mod, "_plain_fit", lambda *a: None)
+        try:
+            Checkpointer(root).restore({"h": live})
+        except StateMismatchError as e:
+            return ("mismatch", sorted(e.differences))
+    return ("ok", live.tree)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_the_plain_fit_restores_exactly_what_the_slow_comparison_does(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, data: Any
+) -> None:
+    tree = Tree(data.draw)
+    saved = {"a": tree.node(0), "b": {"c": tree.node(0)}}
+    root = tmp_path_factory.mktemp("fit")
+    Checkpointer(root).save({"h": Holder(saved)}, 1)
+    live_tree = copy.deepcopy(mutate(rescalar(saved, data.draw), data.draw))  # its own tensors (aliases kept)
+    for t in flatten({"x": live_tree}).tensors.values():  # other numbers, so a restore has something to do
+        with torch.no_grad():
+            t.zero_()
+    fast_live, slow_live = Holder(copy.deepcopy(live_tree)), Holder(copy.deepcopy(live_tree))
+
+    opened = Checkpointer(root).reader.open(1, rank=0)
+    targets = restore_mod._plain_fit({"h": fast_live}, capture({"h": fast_live}), opened, 1)
+    if targets is not None:  # deciding "fits" is a promise: the slow comparison finds no difference either
+        _checker(root).check_fits({"h": fast_live}, Checkpointer(root).reader.skeleton(opened), 1)
+        live = flatten(capture({"h": fast_live})).tensors  # (detached: the same memory, another object)
+        assert targets.keys() <= live.keys()
+        assert all(live[n].data_ptr() == t.data_ptr() and live[n].shape == t.shape for n, t in targets.items())
+
+    fast = _restore(root, fast_live, plain=True, monkeypatch=monkeypatch)
+    slow = _restore(root, slow_live, plain=False, monkeypatch=monkeypatch)
+    assert fast[0] == slow[0]
+    if fast[0] == "mismatch":
+        assert fast[1] == slow[1]
+    else:
+        assert same(fast[1], slow[1])
+        assert same(fast[1], saved)
+
+
+def _checker(root: Path) -> Any:
+    """A Restorer to call check_fits on."""
+    ck = Checkpointer(root)
+    return restore_mod.Restorer(
+        ck.reader,
+        ck.markers,
+        coordinator=None,
+        events=ck.events,
+        probe=None,
+        probe_rtol=0.0,
+        monotonic=ck._monotonic,
+        now=ck._now,
+    )
+
+
+def model_state(seed: int) -> dict[str, Any]:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    for _ in range(2):
+        model(torch.randn(3, 4)).sum().backward()
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+    return {"model": model, "optimizer": opt, "scheduler": sched, "extras": {"seen": 3, "t": torch.ones(2)}}
+
+
+def test_a_model_and_optimizer_take_the_plain_fit_and_are_read_in_place(tmp_path: Path) -> None:
+    state = model_state(0)
+    Checkpointer(tmp_path).save(state, 2)
+    other = model_state(1)
+    live = flatten(capture(other)).tensors
+    opened = Checkpointer(tmp_path).reader.open(2, rank=0)
+    targets = restore_mod._plain_fit(other, capture(other), opened, 1)
+    assert targets is not None
+    weights = [n for n in targets if n.startswith(("model/", "optimizer/state/"))]
+    assert len(weights) == len([n for n in live if n.startswith(("model/", "optimizer/state/"))])
+    ptrs = {n: live[n].data_ptr() for n in weights}
+    assert Checkpointer(tmp_path).restore(other) == 2
+    after = flatten(capture(other)).tensors
+    assert {n: after[n].data_ptr() for n in weights} == ptrs, "read into new memory instead of the live tensors"
+    assert same(capture(state), capture(other))
+    assert other["optimizer"].param_groups[0]["lr"] == state["optimizer"].param_groups[0]["lr"]
+
+
+def test_a_fresh_optimizer_without_state_fits_and_gets_the_stored_moments(tmp_path: Path) -> None:
+    state = model_state(0)
+    Checkpointer(tmp_path).save(state, 2)
+    torch.manual_seed(1)
+    fresh = model_state(1)
+    fresh["optimizer"] = torch.optim.AdamW(fresh["model"].parameters(), lr=1e-3)  # no step yet: empty state
+    fresh["scheduler"] = torch.optim.lr_scheduler.StepLR(fresh["optimizer"], step_size=1, gamma=0.5)
+    opened = Checkpointer(tmp_path).reader.open(2, rank=0)
+    assert restore_mod._plain_fit(fresh, capture(fresh), opened, 1) is not None
+    assert Checkpointer(tmp_path).restore(fresh) == 2
+    assert same(capture(state), capture(fresh))
+
+
+@pytest.mark.parametrize(
+    ("live", "why"),
+    [
+        ({"w": torch.zeros(3)}, "tensor of the stored shape"),
+        ({"w": torch.zeros(2, dtype=torch.float64)}, "another dtype"),
+        ({"w": torch.zeros(2), "extra": torch.zeros(1)}, "a key more"),
+        ({}, "empty: filled lazily, accepted"),
+        ({"w": 3}, "a scalar where a tensor is stored"),
+    ],
+)
+def test_fit_targets_decides_only_plain_fits(live: dict[str, Any], why: str) -> None:
+    stored = {"e": {"w": {"$tensor": "e/w"}}}
+    entries = {"e/w": tensor_format.Entry("e/w", torch.float32, (2,), 0, 8)}
+    got = fit_targets({"e": live}, stored, entries, {})
+    if why.startswith("empty"):
+        assert got == {}
+    else:
+        assert got is None, why
+    assert fit_targets({"e": {"w": torch.zeros(2)}}, stored, entries, {}) is not None
+    assert fit_targets({"e": {"w": torch.zeros(2)}}, stored, entries, {"e/w": torch.float64}) is None
+
+
+def test_a_raw_copy_refuses_a_target_of_another_size(tmp_path: Path) -> None:
+    p = tmp_path / "f.safetensors"
+    tensors = {f"t{i}": torch.full((4,), float(i)) for i in range(20)}
+    with open(p, "wb") as f:
+        tensor_format.write(f, list(tensors.items()))
+    wrong = torch.zeros(3)
+    with open(p, "rb") as f, pytest.raises(ValueError, match="a target of 12 bytes for tensor 't5' of 16"):
+        tensor_format.read(f, p.stat().st_size, where=str(p), into=lambda e: wrong if e.name == "t5" else None)
+    assert math.isclose(float(wrong.sum()), 0.0)
+
+
+def test_the_optimizer_is_given_param_ids_it_finds_in_constant_time(tmp_path: Path) -> None:
+    """torch's Optimizer.load_state_dict looks each state tensor's id up in its group's ``params``: a restore hands
+    it a `ParamIds`, whose lookups are set lookups, and the optimizer ends exactly as torch's own load leaves it."""
+    state = model_state(0)
+    Checkpointer(tmp_path).save(state, 2)
+    seen: list[type] = []
+    ours, theirs = model_state(1), model_state(1)
+    ours["optimizer"].register_load_state_dict_pre_hook(
+        lambda opt, sd: seen.extend(type(g["params"]) for g in sd["param_groups"])
+    )
+    Checkpointer(tmp_path).restore(ours)
+    assert seen == [ParamIds]
+    assert all(type(g["params"]) is list for g in ours["optimizer"].param_groups), "the optimizer kept a ParamIds"
+    theirs["model"].load_state_dict(state["model"].state_dict())
+    theirs["optimizer"].load_state_dict(copy.deepcopy(state["optimizer"].state_dict()))
+    assert same(ours["optimizer"].state_dict(), theirs["optimizer"].state_dict())
+
+    ids = ParamIds([3, 1, 2])
+    assert 1 in ids and 4 not in ids and True in ids and [1] not in ids
+    assert ids == [3, 1, 2] and copy.deepcopy(ids) == [3, 1, 2]
+    odd = ParamIds([[1], 2])  # unhashable ids: the list's own search
+    assert [1] in odd and 2 in odd and 3 not in odd
