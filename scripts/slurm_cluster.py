@@ -6,7 +6,7 @@
     python3 scripts/slurm_cluster.py stop DIR      # stops them by the pids in DIR
 
 Needs root (slurmd launches jobs as their user) and Debian's ``slurm-wlm`` and ``munge`` packages
-(``scripts/install-slurm`` installs them). Everything it writes is under DIR: the configuration, a munge socket, the
+(``scripts/install-system`` installs them). Everything it writes is under DIR: the configuration, a munge socket, the
 daemons' state, spool, logs and pid files. Nothing under /etc changes.
 
 The node declares 8 CPUs whatever the machine has (jobs are CPU-light training steps; several run side by side).
@@ -48,7 +48,7 @@ def missing() -> str | None:
     tools = [t for t in ("munged", "slurmctld", "slurmd", "sbatch", "scontrol") if shutil.which(t) is None]
     if tools:
         return (
-            f"{', '.join(tools)} not installed (apt-get install slurm-wlm munge; scripts/install-slurm does it as root)"
+            f"{', '.join(tools)} not installed (apt-get install slurm-wlm munge; scripts/install-system does it as root)"
         )
     if not Path("/etc/munge/munge.key").exists():
         return "/etc/munge/munge.key is missing (the munge package creates it; or run mungekey)"

@@ -42,6 +42,7 @@ class Attempt:
     file: str
     start: float
     end: float
+    start_iso: str = ""
     from_step: int = 0
     reached: int = 0
     ready: float | None = None
@@ -52,6 +53,9 @@ class Attempt:
     done: bool = False
     kept_steps: int = 0
     redone_steps: int = 0
+    save_spans: list[dict[str, Any]] = field(default_factory=list)
+    committed_at: dict[int, float] = field(default_factory=dict)
+    figures: list[tuple[int, dict[str, float]]] = field(default_factory=list)
 
     @property
     def restore_s(self) -> float:
@@ -71,6 +75,20 @@ class Attempt:
         return self.train_s / run if run > 0 else None
 
 
+_RESERVED = frozenset({"t", "event", "step", "rank", "file", "pid", "host"})
+"""A ``log`` event's fields that are not figures logged with ``run.log``."""
+
+
+def _span(e: Mapping[str, Any], seconds: float, *, background: bool, start: float | None = None) -> dict[str, Any]:
+    return {
+        "start": _t(e["t"]) if start is None else start,
+        "seconds": seconds,
+        "step": e.get("step"),
+        "reason": e.get("reason"),
+        "background": background,
+    }
+
+
 def _attempts(events: Iterable[Mapping[str, Any]]) -> list[Attempt]:
     by_file: dict[str, list[Mapping[str, Any]]] = {}
     for e in events:
@@ -79,7 +97,8 @@ def _attempts(events: Iterable[Mapping[str, Any]]) -> list[Attempt]:
     out = []
     for name, evs in by_file.items():
         times = [_t(e["t"]) for e in evs]
-        a = Attempt(file=name, start=min(times), end=max(times))
+        first = min(range(len(evs)), key=times.__getitem__)
+        a = Attempt(file=name, start=times[first], end=max(times), start_iso=str(evs[first]["t"]))
         pending: dict[str, Any] | None = None
         background = {e.get("step") for e in evs if e.get("event") == "save_started" and e.get("asynchronous")}
         for e in evs:
@@ -89,14 +108,25 @@ def _attempts(events: Iterable[Mapping[str, Any]]) -> list[Attempt]:
                 a.from_step = a.reached = int(step or 0)
             if kind in _STEP_EVENTS and isinstance(step, int):
                 a.reached = max(a.reached, step)
+            if kind == "log" and isinstance(step, int):
+                values = {
+                    k: float(v)
+                    for k, v in e.items()
+                    if k not in _RESERVED and isinstance(v, (int, float)) and not isinstance(v, bool)
+                }
+                if values:
+                    a.figures.append((step, values))
             if kind == "save_started" and e.get("asynchronous"):
                 a.save_s += float(e.get("stall_s") or 0.0)
                 a.saves += 1
+                a.save_spans.append(_span(e, float(e.get("stall_s") or 0.0), background=True))
             elif kind == "save_started" and pending is not None and e.get("reason") == "emergency":
                 pending["wait_s"] = max(0.0, _t(e["t"]) - pending["received"])
             elif kind == "save_committed" and step not in background:  # a background save: its stall counted
                 a.save_s += float(e.get("seconds") or 0.0)
                 a.saves += 1
+                seconds = float(e.get("seconds") or 0.0)
+                a.save_spans.append(_span(e, seconds, background=False, start=_t(e["t"]) - seconds))
                 if pending is not None and e.get("reason") == "emergency":
                     pending["commit_s"] = _t(e["t"]) - pending["received"]
             elif kind == "notice":
@@ -104,6 +134,7 @@ def _attempts(events: Iterable[Mapping[str, Any]]) -> list[Attempt]:
                 deadline = _t(e["deadline"]) if isinstance(e.get("deadline"), str) else None
                 pending = {
                     "at": e["t"],
+                    "deadline": deadline,
                     "step": step,
                     "source": e.get("source"),
                     "detail": e.get("detail"),
@@ -113,7 +144,9 @@ def _attempts(events: Iterable[Mapping[str, Any]]) -> list[Attempt]:
                     "commit_s": None,
                 }
                 a.notices.append(pending)
-            elif kind == "exit":
+            if kind == "save_committed" and isinstance(step, int):
+                a.committed_at.setdefault(step, _t(e["t"]))
+            if kind == "exit":
                 a.exit = {"code": e.get("code"), "reason": e.get("reason")}
             elif kind == "done":
                 a.done = True
@@ -125,7 +158,17 @@ def summarize(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """The report's figures (``report --json``) from a root's journal events."""
     attempts = _attempts(events)
     if not attempts:
-        return {"attempts": 0, "wall_s": 0.0, "goodput": None, "badput_s": {}, "preemptions": [], "runs": []}
+        return {
+            "attempts": 0,
+            "wall_s": 0.0,
+            "started": None,
+            "goodput": None,
+            "badput_s": {},
+            "preemptions": [],
+            "runs": [],
+            "timeline": [],
+            "figures": {},
+        }
     for a, nxt in zip(attempts, [*attempts[1:], None], strict=True):
         end = nxt.from_step if nxt is not None and nxt.ready is not None else a.reached
         a.kept_steps = max(0, min(a.reached, end) - a.from_step)
@@ -179,13 +222,76 @@ def summarize(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     return {
         "attempts": len(attempts),
         "wall_s": round(wall, 3),
+        "started": attempts[0].start_iso,
         "goodput_s": round(good, 3),
         "goodput": round(good / wall, 4) if wall > 0 else None,
         "badput_s": badput,
         "preemptions": preemptions,
         "runs": runs,
         "finished": attempts[-1].done,
+        "timeline": _timeline(attempts),
+        "figures": _figures(attempts),
     }
+
+
+def _timeline(attempts: list[Attempt]) -> list[dict[str, Any]]:
+    """Each attempt's spans in seconds from the first start (what ``--html`` and ``--png`` draw)."""
+    t0 = attempts[0].start
+
+    def at(t: float | None) -> float | None:
+        return round(t - t0, 3) if t is not None else None
+
+    out = []
+    for i, a in enumerate(attempts):
+        redone = None
+        if a.redone_steps > 0:
+            kept_to = a.from_step + a.kept_steps
+            lost_from = a.committed_at.get(kept_to)
+            if lost_from is None:  # no checkpoint of it in this attempt's journal: by the mean step time
+                lost_from = (a.ready or a.start) + a.kept_steps * (a.step_s or 0.0)
+            redone = {"start_s": at(lost_from), "end_s": at(a.end), "steps": a.redone_steps}
+        out.append(
+            {
+                "attempt": i + 1,
+                "start_s": at(a.start),
+                "ready_s": at(a.ready),
+                "end_s": at(a.end),
+                "saves": [
+                    {
+                        "start_s": at(sp["start"]),
+                        "seconds": round(sp["seconds"], 3),
+                        "step": sp["step"],
+                        "reason": sp["reason"],
+                        "background": sp["background"],
+                    }
+                    for sp in a.save_spans
+                ],
+                "notices": [
+                    {
+                        "at_s": at(n["received"]),
+                        "deadline_s": at(n["deadline"]),
+                        "commit_s": at(n["received"] + n["commit_s"]) if n["commit_s"] is not None else None,
+                        "source": n["source"],
+                        "step": n["step"],
+                    }
+                    for n in a.notices
+                ],
+                "redone": redone,
+                "ended": "finished" if a.done else (a.exit or {}).get("reason"),
+            }
+        )
+    return out
+
+
+def _figures(attempts: list[Attempt]) -> dict[str, list[list[float]]]:
+    """Every figure logged with ``run.log``: ``name -> [[step, value, attempt], ...]`` across restarts (steps
+    redone after a preemption appear once per attempt that ran them)."""
+    out: dict[str, list[list[float]]] = {}
+    for i, a in enumerate(attempts):
+        for step, values in a.figures:
+            for name, value in values.items():
+                out.setdefault(name, []).append([step, value, i + 1])
+    return out
 
 
 def report(storage: Storage) -> dict[str, Any]:

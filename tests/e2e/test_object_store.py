@@ -145,7 +145,7 @@ def test_journal_is_written_as_whole_objects(root: str) -> None:
 
 # s3 specifics ----------------------------------------------------------------------------------------------------
 def test_sigterm_with_an_s3_root_commits_in_the_bucket_and_resumes_exactly(
-    s3: str, tmp_path: Path, reference_digest: str
+    s3: str, tmp_path: Path, reference_digest: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from conftest import E2E_ARGS
     from objkit import env
@@ -166,6 +166,22 @@ def test_sigterm_with_an_s3_root_commits_in_the_bucket_and_resumes_exactly(
     stop = int(commits[-1].split("step-")[1].split("/")[0])
     assert f"resumed_from={stop}" in out
     assert final_digest(out) == reference_digest
+
+    # preemptible report reads the bucket's journal as it reads a directory's
+    from objkit import set_env
+    from preemptible.cli import main
+
+    set_env(monkeypatch, s3)
+    page = tmp_path / "report.html"
+    assert main(["report", root, "--html", str(page)]) == 0
+    from preemptible import report
+    from preemptible.store.io import storage_for
+
+    doc = report.report(storage_for(root))
+    assert doc["attempts"] == 2 and doc["finished"] is True
+    (p,) = doc["preemptions"]
+    assert (p["step"], p["resumed_from"], p["source"]) == (stop, stop, "signal")
+    assert 'id="attempts">2<' in page.read_text()
 
 
 def test_storage_options_reach_the_backend_without_any_environment(s3: str) -> None:

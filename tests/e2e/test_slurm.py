@@ -4,8 +4,8 @@ jobs running ``srun python examples/train.py`` and ``srun torchrun ... examples/
 Each scenario ends with the job's final digest equal to an uninterrupted run's (bit-identical), and the journal
 shows what happened: the notice, the emergency checkpoint, the requeue (or, after a user's plain ``scancel``, none).
 
-The cluster needs root and the packages (``scripts/install-slurm`` installs them). Without them these tests skip, saying
-why; under ``CI=true`` they fail instead.
+The cluster needs root and the packages (``scripts/install-system`` installs them). Without them these tests skip,
+saying why; under ``CI=true`` they fail instead.
 """
 
 from __future__ import annotations

@@ -55,6 +55,17 @@ def test_sigterm_to_torchrun_stops_every_rank_at_one_step_and_resumes_exactly(
     assert f"resumed_from={stop}" in out
     assert final_digest(out) == reference[nproc]
 
+    # What the preemption cost, from the journals of both attempts (every rank writes one; rank 0's is read).
+    from preemptible import report
+    from preemptible.store.io import storage_for
+
+    doc = report.report(storage_for(str(root)))
+    assert doc["attempts"] == 2 and doc["finished"] is True
+    assert [(r["from_step"], r["to_step"], r["redone_steps"]) for r in doc["runs"]] == [(0, stop, 0), (stop, 90, 0)]
+    (p,) = doc["preemptions"]
+    assert (p["step"], p["resumed_from"], p["steps_lost"]) == (stop, stop, 0) and p["notice_to_commit_s"] > 0
+    assert 0 < doc["goodput"] < 1
+
     # The same checkpoint restores into a single process (2 or 3 ranks -> 1), replicated state intact.
     import torch
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from conftest import make_model
-from preemptible import Run
+from pagekit import Page
+from preemptible import Run, report_picture
 from preemptible.cli import main
 
 
@@ -54,3 +55,58 @@ def test_a_root_without_a_journal_says_so(tmp_path: Path, capsys: pytest.Capture
         main(["report", str(tmp_path / "nope")])
     assert info.value.code == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_the_html_and_png_show_what_the_json_says(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "root"
+    attempt(root, notice_at=2)
+    attempt(root, stop_at=6)
+    attempt(root)
+    page, picture = tmp_path / "r.html", tmp_path / "r.png"
+    assert main(["report", str(root), "--json", "--html", str(page), "--png", str(picture)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    html = page.read_text()
+    p = Page()
+    p.feed(html)
+    assert p.text["attempts"] == "3" and p.text["finished"] == "finished"
+    assert p.text["goodput"] == f"{100 * doc['goodput']:.1f}%"
+    assert p.classes["attempt"] == 3 and p.classes["preemption"] == 1 and p.classes["run"] == 3
+    assert p.classes["redone"] == 1 and p.classes["notice"] == 1 and p.classes["save"] == 4
+    assert p.classes["figure"] == 1 and p.classes["series"] == 3  # loss, one line per attempt
+    assert p.classes["preempted-at"] == 1 and p.classes["killed"] == 1  # attempt 2 ended without a word
+    assert not p.outside and "script" not in p.tags and "url(" not in html  # self-contained: nothing to fetch
+    (loss,) = doc["figures"].values()
+    assert sorted((s, a) for s, _, a in loss) == sorted(
+        [(s, 1) for s in range(3)] + [(s, 2) for s in range(3, 7)] + [(s, 3) for s in range(4, 12)]
+    )  # steps 4..6 twice: logged by the attempt that lost them and by the one that redid them
+    (a2,) = [a for a in doc["timeline"] if a["attempt"] == 2]
+    assert a2["redone"]["steps"] == 2 and a2["start_s"] <= a2["redone"]["start_s"] <= a2["end_s"]
+
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(str(picture))
+    assert pixels.shape[0] > 300 and pixels.shape[1] > 800
+    rgb = {tuple(round(float(c) * 255) for c in px[:3]) for px in pixels.reshape(-1, pixels.shape[-1])}
+
+    def color(name: str) -> tuple[int, ...]:
+        return tuple(int(report_picture.COLORS[name][i : i + 2], 16) for i in (1, 3, 5))
+
+    def over(top: tuple[int, ...], alpha: float, below: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(round(alpha * a + (1 - alpha) * b) for a, b in zip(top, below, strict=True))
+
+    # The legend shows every colour plain; these blends exist only where the spans are drawn.
+    for what, want in (
+        ("redone steps over training", over(color("redone"), 0.6, color("train"))),
+        ("a notice's window", over(color("notice"), 0.18, (255, 255, 255))),
+    ):
+        assert any(max(abs(a - b) for a, b in zip(c, want, strict=True)) <= 3 for c in rgb), what
+
+
+def test_an_empty_root_still_gets_a_page(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    page = tmp_path / "r.html"
+    assert main(["report", str(tmp_path), "--html", str(page)]) == 0
+    p = Page()
+    p.feed(page.read_text())
+    assert p.text["attempts"] == "0"
+    assert main(["report", str(tmp_path), "--html", str(tmp_path / "no" / "r.html")]) == 2
+    assert "could not write" in capsys.readouterr().err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from preemptible.cli.args import existing_directory, fail
@@ -21,6 +22,15 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("root", type=existing_directory, help="the checkpoint root (a local directory or a URL)")
     p.add_argument("--json", action="store_true", help="machine-readable output with stable keys")
+    p.add_argument(
+        "--html",
+        metavar="FILE",
+        help="also write the report as one self-contained HTML page (a timeline of the attempts and the figures "
+        "logged with run.log; no script, no network)",
+    )
+    p.add_argument(
+        "--png", metavar="FILE", help="also write the timeline and figures as a PNG (needs preemptible[plot])"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,5 +41,24 @@ def run(args: argparse.Namespace) -> int:
         doc = report.report(storage_for(args.root))
     except (OSError, ValueError) as e:
         return fail("preemptible report", f"could not read the journal under {args.root}: {e}")
+    if args.png:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            return fail("preemptible report", "--png needs matplotlib: pip install 'preemptible[plot]'")
     print(report.to_json(doc) if args.json else report.render(doc))
+    from preemptible import report_picture
+
+    for path, kind in ((args.html, "html"), (args.png, "png")):
+        if not path:
+            continue
+        try:
+            if kind == "html":
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(report_picture.html(doc, args.root))
+            else:
+                report_picture.png(doc, path)
+        except OSError as e:
+            return fail("preemptible report", f"could not write {path}: {e}")
+        print(f"wrote {path}", file=sys.stderr)
     return 0
