@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -169,12 +170,14 @@ def load(
             ``{name: state_dict}``.
 
     Only the files that hold the wanted tensors are read, and every byte read is checked against its checksum.
-    Tensors stored once for several keys (tied weights) come back as one tensor under each key.
+    Tensors stored once for several keys (tied weights) come back as one tensor under each key. Sharded tensors
+    (DTensor, FSDP2's ``fully_shard``) come back whole, assembled from every rank's shards.
 
     Raises:
         CheckpointNotFoundError: no committed checkpoint (of that step), or no such entry in it.
         CheckpointCorruptError: the checkpoint asked for fails verification (with ``step``), or every one does.
-        ValueError: a checkpoint of sharded (DTensor, FSDP2) tensors, which this does not assemble yet.
+        ValueError: a checkpoint of sharded tensors in a layout other than FSDP2's (one ``Shard`` or ``Replicate``
+            placement on a 1-D mesh).
     """
     import warnings
 
@@ -201,17 +204,68 @@ def _load_step(ck: Any, step: int, entry: str | None, opened_out: list[Any] | No
     opened = ck.reader.open(step, entry=entry)
     if opened_out is not None:
         opened_out.append(opened)
-    if opened.dtensors:
-        raise ValueError(
-            f"the checkpoint of step {step} holds sharded tensors (DTensor, FSDP2): load() does not assemble full "
-            "tensors from them yet; restore it under torchrun with the same Run, or export it with "
-            "`preemptible export` (its files hold each rank's shards)"
-        )
-    loaded: dict[str, Any] = ck.reader.read(opened, None)
+    loaded: dict[str, Any] = _assembled(ck, step, entry) if opened.dtensors else ck.reader.read(opened, None)
     if entry is None:
         return loaded
     state: dict[str, Any] = loaded[entry]
     return state
+
+
+def _assembled(ck: Any, step: int, entry: str | None) -> dict[str, Any]:
+    """The state of a checkpoint of sharded tensors (DTensor, FSDP2) with every one whole: each rank's files are read
+    (every byte checked) and its shards copied into place by the layout each rank recorded (a 1-D mesh, ``Shard`` or
+    ``Replicate``, as `preemptible.state.local_offset` describes it).
+
+    Raises:
+        ValueError: a layout that is not one of those, or shards that do not cover a tensor.
+    """
+    import torch
+
+    world = ck.reader.manifest(step).world_size
+    whole: dict[str, torch.Tensor] = {}
+    rows: dict[str, int] = {}
+    first = None
+    for rank in range(world):
+        opened = ck.reader.open(step, rank=rank, entry=entry)
+        if first is None:
+            first = opened
+        else:  # the files every rank shares were read with rank 0's
+            opened.selected = [n for n in opened.selected if layout.file_rank(n) == rank]
+        tensors = ck.reader.read_tensors(opened, None)
+        for name, local in tensors.items():
+            meta = opened.dtensors.get(name)
+            if meta is None:
+                whole.setdefault(name, local)
+                continue
+            placements, offset, shape = meta.get("placements") or [], meta.get("offset"), meta.get("shape")
+            match = re.fullmatch(r"Shard\(dim=(\d+)\)", placements[0]) if len(placements) == 1 else None
+            if offset is None or not isinstance(shape, list) or (match is None and placements != ["Replicate()"]):
+                raise ValueError(
+                    f"the checkpoint of step {step}: tensor {name!r} is sharded as {placements} on a mesh of shape "
+                    f"{meta.get('mesh')}; expected one Shard or Replicate placement on a 1-D mesh (FSDP2's "
+                    "fully_shard), which is what load() and export assemble"
+                )
+            if match is None:  # replicated: every rank holds all of it
+                whole.setdefault(name, local)
+                rows[name] = -1
+                continue
+            dim = int(match.group(1))
+            full = whole.get(name)
+            if full is None:
+                full = whole[name] = torch.empty(shape, dtype=local.dtype)
+            full.narrow(dim, offset[dim], local.shape[dim]).copy_(local)
+            rows[name] = rows.get(name, 0) + local.shape[dim]
+            if rows[name] == shape[dim]:
+                rows[name] = -1
+    short = sorted(n for n, r in rows.items() if r != -1)
+    if short:
+        raise ValueError(
+            f"the checkpoint of step {step}: the shards of {len(short)} tensor(s) do not cover them (e.g. "
+            f"{short[0]!r}): expected the shards of all {world} ranks that wrote it"
+        )
+    assert first is not None
+    loaded: dict[str, Any] = ck.reader.rebuild(first, whole)
+    return loaded
 
 
 def _flat_tensors(obj: Any, path: str, out: dict[str, Any]) -> None:
@@ -286,6 +340,77 @@ def export_entry(
         "checksum_algorithm": checksum.ALGORITHM,
         "files": result.files,
         "tied": tied,
+    }
+    with open(os.path.join(out, EXPORT_JSON), "w") as f:
+        json.dump(doc, f, indent=1)
+    return result
+
+
+def export_hf(
+    root: str,
+    out: str,
+    entry: str = "model",
+    *,
+    step: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> Exported:
+    """One entry that was a Hugging Face ``PreTrainedModel`` when saved, as the directory its ``save_pretrained``
+    writes (``config.json``, ``model.safetensors``, ...): ``AutoModel*.from_pretrained(out)`` loads it. The model
+    class and config come from what the save recorded in COMMIT.json (``transformers``), the weights from the
+    checkpoint (verified; sharded ones assembled), written by transformers' own ``save_pretrained``.
+
+    Raises:
+        CheckpointNotFoundError, CheckpointCorruptError: as `load`.
+        ValueError: the checkpoint records no Hugging Face model for ``entry``.
+        ImportError: transformers is not installed.
+        FileExistsError: ``out`` holds files already.
+    """
+    import torch
+
+    from preemptible.checkpoint import Checkpointer
+
+    _check_empty(out)
+    ck = Checkpointer(root, storage_options=storage_options)
+    step = _newest(ck, valid=True) if step is None else step
+    recorded = ck.reader.manifest(step).extra.get("transformers") or {}
+    record = recorded.get(entry) if isinstance(recorded, dict) else None
+    if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
+        raise ValueError(
+            f"the checkpoint of step {step} records no Hugging Face model for entry {entry!r} (it records "
+            f"{sorted(recorded) if isinstance(recorded, dict) else 'none'}); --format hf needs an entry that was a "
+            "transformers PreTrainedModel when it was saved. Use --entry without --format for plain safetensors"
+        )
+    try:
+        import transformers
+    except ImportError as e:
+        raise ImportError("--format hf needs transformers: pip install 'preemptible[transformers]'") from e
+    cls = getattr(transformers, str(record.get("class")), None)
+    if cls is None:
+        import importlib
+
+        cls = getattr(importlib.import_module(str(record.get("module"))), str(record.get("class")))
+    opened: list[Any] = []
+    state = _load_step(ck, step, entry, opened)
+    config = cls.config_class.from_dict(record["config"])
+    with torch.device("meta"):  # no random init of weights about to be replaced
+        model = cls(config)
+    model.load_state_dict(state, strict=True, assign=True)
+    model.tie_weights()
+    model.save_pretrained(out)
+    result = Exported(step=step, out=out, bytes_read=opened[0].meta_bytes + opened[0].data_bytes)
+    for name in sorted(os.listdir(out)):
+        p = os.path.join(out, name)
+        result.files[name] = {"bytes": os.path.getsize(p), "from": f"save_pretrained of entry {entry!r}"}
+        result.bytes_written += os.path.getsize(p)
+    doc = {
+        "format": "preemptible.export",
+        "version": 1,
+        "step": step,
+        "source": ck.storage.join(ck.root, layout.step_dir(step)),
+        "entry": entry,
+        "layout": "huggingface save_pretrained",
+        "class": record.get("class"),
+        "files": result.files,
     }
     with open(os.path.join(out, EXPORT_JSON), "w") as f:
         json.dump(doc, f, indent=1)

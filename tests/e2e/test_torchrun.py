@@ -156,6 +156,26 @@ def test_fsdp2_sharded_state_saved_per_rank_resumes_exactly_and_on_another_world
     assert code == 0, err
     assert f"resumed_from={stop}" in resumed
     assert final_digest(resumed) == final_digest(out)
+    # The final checkpoint's weights exported whole, for inference in one process without torch.distributed: the
+    # same bytes the run's full_tensor() digest saw, and a plain model of the same shape takes them strictly.
+    import hashlib
+
+    import torch
+    from safetensors.torch import load_file
+
+    from preemptible import load
+    from preemptible.cli import main
+
+    assert main(["export", str(root), "--entry", "model", "--out", str(tmp_path / "export")]) == 0
+    weights = load_file(str(tmp_path / "export" / "model.safetensors"))
+    h = hashlib.sha256()
+    for key in ("0.weight", "0.bias", "3.weight", "3.bias"):
+        h.update(weights[key].contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    assert h.hexdigest()[:16] == final_digest(out)
+    plain = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(64, 1))
+    plain.load_state_dict(weights)
+    full = load(str(root), entry="optimizer")
+    assert full["state"][0]["exp_avg"].shape == (64, 16)  # the moments whole too
     # another world size reshards (tests/e2e/test_reshard.py)
     code, grown, err = Torchrun(root, 3, "--steps", "92", script=FSDP).finish()
     assert code == 0, err

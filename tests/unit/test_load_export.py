@@ -97,3 +97,40 @@ def test_export_entry_writes_the_modules_own_keys_and_tied_weights_under_each(
     assert main(["export", str(tmp_path / "ck"), "--out", str(tmp_path / "o2"), "--entry", "ema"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no entry 'ema'" in err
+
+
+def test_export_format_hf_writes_what_from_pretrained_loads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A transformers model trained under a Run: its config is recorded at each save, and ``export --format hf``
+    writes a save_pretrained directory from which a fresh model gives the same logits, tied weights tied."""
+    from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=32))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    root = tmp_path / "root"
+    run = preemptible.Run(root, model=model, optimizer=opt, save_every=2, async_save=False)
+    for _ in run.steps(4):
+        ids = torch.randint(0, 100, (4, 16))
+        model(ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    commit = json.loads((root / "step-000000000004" / "COMMIT.json").read_text())
+    assert commit["transformers"]["model"]["class"] == "GPT2LMHeadModel"
+    assert commit["transformers"]["model"]["config"]["n_embd"] == 32
+
+    out = tmp_path / "hf"
+    assert main(["export", str(root), "--format", "hf", "--out", str(out)]) == 0
+    assert {"config.json", "model.safetensors", "export.json"} <= {p.name for p in out.iterdir()}
+    loaded = AutoModelForCausalLM.from_pretrained(out)
+    assert type(loaded) is GPT2LMHeadModel
+    assert loaded.lm_head.weight.data_ptr() == loaded.transformer.wte.weight.data_ptr()
+    model.eval()
+    loaded.eval()
+    ids = torch.randint(0, 100, (2, 12))
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, loaded(ids).logits)
+    capsys.readouterr()
+
+    assert main(["export", str(root), "--format", "hf", "--entry", "optimizer", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "records no Hugging Face model for entry 'optimizer'" in err and err.count("\n") == 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import math
 import os
@@ -423,7 +424,7 @@ class Checkpointer(Lifecycle, Prestaging):
             path=path,
             reason=reason,
             start=start,
-            extra={**(extra or {}), "predicted_save_s": predicted},
+            extra={**(extra or {}), **_transformers_configs(state), "predicted_save_s": predicted},
             budget=budget,
             deadline=deadline,
             progress=self._progress(plan.nbytes, deadline, what=f"{reason} save of step {step}"),
@@ -795,3 +796,21 @@ class Checkpointer(Lifecycle, Prestaging):
         )
         with gc_paused():
             return restorer.restore(state, candidates, explicit=step is not None)
+
+
+def _transformers_configs(state: Mapping[str, Any]) -> dict[str, Any]:
+    """COMMIT.json's ``transformers`` record: for each entry that is a Hugging Face ``PreTrainedModel``, its class
+    and ``config`` (as the config writes itself to JSON), so `preemptible export --format hf` can write a
+    ``save_pretrained`` directory. Empty when there is none (nothing is imported to find out)."""
+    out: dict[str, Any] = {}
+    for name, obj in state.items():
+        config = getattr(obj, "config", None)
+        if config is None or not any(c.__name__ == "PreTrainedModel" for c in type(obj).__mro__):
+            continue
+        try:
+            doc = json.loads(config.to_json_string(use_diff=False))
+        except (AttributeError, TypeError, ValueError) as e:  # an odd config: the save goes on without it
+            log.warning("entry %r: its config cannot be recorded for export --format hf (%s)", name, e)
+            continue
+        out[name] = {"class": type(obj).__name__, "module": type(obj).__module__, "config": doc}
+    return {"transformers": out} if out else {}

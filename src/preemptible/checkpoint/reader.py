@@ -267,6 +267,18 @@ class Reader:
         *,
         sharded: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
+        """The state entries of an opened checkpoint, every byte checked; sharded tensors become DTensors on the
+        live state's mesh (``sharded``: the live DTensors by name)."""
+        tensors = self.read_tensors(opened, into)
+        if opened.dtensors:
+            self.rewrap(opened, tensors, sharded or {})
+        return self.rebuild(opened, tensors)
+
+    def read_tensors(self, opened: Opened, into: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+        """The tensors of an opened checkpoint by name (a sharded one: this rank's shard), every byte checked.
+
+        ``into``: live tensors by name to read into where they fit (contiguous, on the CPU, of the stored dtype and
+        shape); the others are new."""
         into = into or {}
 
         def target(e: tensor_format.Entry) -> torch.Tensor | None:
@@ -331,9 +343,7 @@ class Reader:
                 tensors[name] = live.detach().copy_(stored)
             else:
                 tensors[name] = stored.to(dtype)
-        if opened.dtensors:
-            self.rewrap(opened, tensors, sharded or {})
-        return self.rebuild(opened, tensors)
+        return tensors
 
     @staticmethod
     def rebuild(opened: Opened, tensors: Mapping[str, Any]) -> dict[str, Any]:

@@ -31,12 +31,19 @@ def add_parser(sub: Any) -> None:
         help="only this state entry (e.g. model), as <NAME>.safetensors with its own key names (0.weight, not "
         "model/0.weight), tied weights under each key: what model.load_state_dict() takes, for inference",
     )
+    p.add_argument(
+        "--format",
+        choices=("safetensors", "hf"),
+        default="safetensors",
+        help="hf: the entry (default model) as the directory Hugging Face's save_pretrained writes, for "
+        "from_pretrained (it must have been a transformers PreTrainedModel when saved; needs transformers)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
     from preemptible.errors import CheckpointCorruptError, CheckpointNotFoundError
-    from preemptible.export import export, export_entry
+    from preemptible.export import export, export_entry, export_hf
     from preemptible.progress import Meter
 
     if "://" in args.out and not args.out.startswith("file://"):
@@ -52,14 +59,16 @@ def run(args: argparse.Namespace) -> int:
             meter.add(n)
 
     try:
-        if args.entry is not None:
+        if args.format == "hf":
+            result = export_hf(args.root, args.out.removeprefix("file://"), args.entry or "model", step=args.step)
+        elif args.entry is not None:
             result = export_entry(args.root, args.out.removeprefix("file://"), args.entry, step=args.step)
         else:
             result = export(args.root, args.out.removeprefix("file://"), step=args.step, on_bytes=add, on_total=total)
     except CheckpointCorruptError as e:  # first: it is a ValueError too
         print(f"FAIL  {e}")
         return 1
-    except (CheckpointNotFoundError, FileExistsError, ValueError) as e:
+    except (CheckpointNotFoundError, FileExistsError, ValueError, ImportError) as e:
         return fail("preemptible export", str(e))
     finally:
         if meter is not None:
