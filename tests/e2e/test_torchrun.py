@@ -81,6 +81,10 @@ def test_sigterm_to_torchrun_stops_every_rank_at_one_step_and_resumes_exactly(
         == stop
     )
     assert sched.last_epoch == stop
+    # ... and the striped weights load whole for inference, as the restore put them in place
+    whole = preemptible.load(str(root), step=stop, entry="model")
+    assert whole.keys() == model.state_dict().keys()
+    assert all(torch.equal(whole[k], v) for k, v in model.state_dict().items())
 
 
 def test_sigterm_to_one_worker_stops_all_ranks_together(tmp_path: Path) -> None:
