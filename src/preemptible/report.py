@@ -107,7 +107,9 @@ def _attempts(events: Iterable[Mapping[str, Any]]) -> list[Attempt]:
                 a.ready = _t(e["t"])
                 a.from_step = a.reached = int(step or 0)
             if kind in _STEP_EVENTS and isinstance(step, int):
-                a.reached = max(a.reached, step)
+                # a figure logged during step k: step k ran (its work is lost unless a later checkpoint holds it);
+                # the other events are at a boundary: k steps done
+                a.reached = max(a.reached, step + 1 if kind == "log" else step)
             if kind == "log" and isinstance(step, int):
                 values = {
                     k: float(v)

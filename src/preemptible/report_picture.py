@@ -177,8 +177,10 @@ def figure_svg(name: str, points: Sequence[Sequence[float]], marks: Sequence[int
     left, right, top, bottom, height = 90, 20, 24, 30, 200
     steps = [p[0] for p in points] + list(marks)
     values = [p[1] for p in points if math.isfinite(p[1])]
+    log = log_scale(values)
+    shown = [math.log10(v) for v in values] if log else values
     s_lo, s_hi = min(steps), max(steps)
-    v_lo, v_hi = (min(values), max(values)) if values else (0.0, 1.0)
+    v_lo, v_hi = (min(shown), max(shown)) if shown else (0.0, 1.0)
     if v_hi == v_lo:
         v_lo, v_hi = v_lo - 1, v_hi + 1
     if s_hi == s_lo:
@@ -188,17 +190,22 @@ def figure_svg(name: str, points: Sequence[Sequence[float]], marks: Sequence[int
         return left + (s - s_lo) / (s_hi - s_lo) * (width - left - right)
 
     def y(v: float) -> float:
-        return top + (v_hi - v) / (v_hi - v_lo) * (height - top - bottom)
+        u = math.log10(v) if log else v
+        return top + (v_hi - u) / (v_hi - v_lo) * (height - top - bottom)
 
     out = [
         f'<svg class="figure" data-name="{escape(name)}" xmlns="http://www.w3.org/2000/svg" width="{width}" '
         f'height="{height}">',
-        f'<text x="{left}" y="16" font-weight="bold">{escape(name)}</text>',
+        f'<text x="{left}" y="16" font-weight="bold">{escape(name)}{" (log scale)" if log else ""}</text>',
         f'<line x1="{left}" x2="{width - right}" y1="{height - bottom}" y2="{height - bottom}" stroke="#555"/>',
         f'<line x1="{left}" x2="{left}" y1="{top}" y2="{height - bottom}" stroke="#555"/>',
     ]
-    for v in _ticks(v_lo, v_hi, 4):
-        out.append(f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{_fmt(v)}</text>')
+    if log:  # a tick at each power of ten
+        for k in range(math.ceil(v_lo), math.floor(v_hi) + 1):
+            out.append(f'<text x="{left - 6}" y="{y(10.0**k) + 4:.1f}" text-anchor="end">1e{k}</text>')
+    else:
+        for v in _ticks(v_lo, v_hi, 4):
+            out.append(f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{_fmt(v)}</text>')
     for s in _ticks(s_lo, s_hi, 8):
         out.append(f'<text x="{x(s):.1f}" y="{height - bottom + 16}" text-anchor="middle">{_fmt(s)}</text>')
     out.append(f'<text x="{width - right}" y="{height - 2}" text-anchor="end">step</text>')
@@ -221,6 +228,12 @@ def figure_svg(name: str, points: Sequence[Sequence[float]], marks: Sequence[int
             out.append(f'<circle cx="{x(mine[0][0]):.1f}" cy="{y(mine[0][1]):.1f}" r="3" fill="{color}"/>')
     out.append("</svg>")
     return "".join(out)
+
+
+def log_scale(values: Sequence[float]) -> bool:
+    """A figure that is positive and spans more than two decades (a loss falling from 1 to 0.001) is drawn on a
+    log scale, where its later values stay visible."""
+    return bool(values) and min(values) > 0 and max(values) / min(values) > 100
 
 
 def _marks(doc: Mapping[str, Any]) -> list[int]:
@@ -366,6 +379,8 @@ def png(doc: Mapping[str, Any], path: str) -> None:
             )
         for s in marks:
             ax.axvline(s, color=COLORS["notice"], linestyle="--", linewidth=1.5)
+        if log_scale([p[1] for p in points if math.isfinite(p[1])]):
+            ax.set_yscale("log")
         ax.set_ylabel(name)
         ax.set_xlabel("step")
         ax.legend(loc="best", fontsize=8)

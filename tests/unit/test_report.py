@@ -30,13 +30,13 @@ def attempt(root: Path, *, stop_at: int | None = None, notice_at: int | None = N
 
 def test_a_preempted_run_and_a_lost_one_are_accounted_for(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     attempt(tmp_path, notice_at=2)  # emergency checkpoint of step 3
-    attempt(tmp_path, stop_at=6)  # periodic at 4; steps 4 and 5 completed, then gone during step 6 without a save
+    attempt(tmp_path, stop_at=6)  # periodic at 4; steps 4, 5 and 6 ran (6 logged its loss), then gone without a save
     attempt(tmp_path)  # resumes from 4, finishes
     assert main(["report", str(tmp_path), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["attempts"] == 3 and doc["finished"] is True
     runs = [(r["from_step"], r["to_step"], r["kept_steps"], r["redone_steps"]) for r in doc["runs"]]
-    assert runs == [(0, 3, 3, 0), (3, 6, 1, 2), (4, 12, 8, 0)]
+    assert runs == [(0, 3, 3, 0), (3, 7, 1, 3), (4, 12, 8, 0)]  # steps 4, 5 and 6 ran, then were lost
     (p,) = doc["preemptions"]
     assert (p["attempt"], p["step"], p["source"], p["steps_lost"], p["resumed_from"]) == (1, 3, "signal", 0, 3)
     assert p["window_s"] == 30.0 and 0 < p["window_used"] < 1
@@ -45,7 +45,7 @@ def test_a_preempted_run_and_a_lost_one_are_accounted_for(tmp_path: Path, capsys
     assert 0 < doc["goodput"] < 1 and doc["badput_s"]["redone_s"] > 0
     assert main(["report", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "attempts                   3    finished" in out and "2 redone" in out
+    assert "attempts                   3    finished" in out and "3 redone" in out
 
 
 def test_a_root_without_a_journal_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -80,7 +80,7 @@ def test_the_html_and_png_show_what_the_json_says(tmp_path: Path, capsys: pytest
         [(s, 1) for s in range(3)] + [(s, 2) for s in range(3, 7)] + [(s, 3) for s in range(4, 12)]
     )  # steps 4..6 twice: logged by the attempt that lost them and by the one that redid them
     (a2,) = [a for a in doc["timeline"] if a["attempt"] == 2]
-    assert a2["redone"]["steps"] == 2 and a2["start_s"] <= a2["redone"]["start_s"] <= a2["end_s"]
+    assert a2["redone"]["steps"] == 3 and a2["start_s"] <= a2["redone"]["start_s"] <= a2["end_s"]
 
     import matplotlib.image
 
@@ -110,3 +110,12 @@ def test_an_empty_root_still_gets_a_page(tmp_path: Path, capsys: pytest.CaptureF
     assert p.text["attempts"] == "0"
     assert main(["report", str(tmp_path), "--html", str(tmp_path / "no" / "r.html")]) == 2
     assert "could not write" in capsys.readouterr().err
+
+
+def test_a_figure_over_decades_is_drawn_on_a_log_scale() -> None:
+    falling = [[s, 10.0 ** (-s), 1] for s in range(5)]  # 1 to 1e-4
+    svg = report_picture.figure_svg("loss", falling, marks=[2])
+    assert "loss (log scale)" in svg and ">1e-2<" in svg
+    flat = [[s, 1.0 + s / 10, 1] for s in range(5)]
+    assert "log scale" not in report_picture.figure_svg("acc", flat, marks=[])
+    assert not report_picture.log_scale([0.0, 1.0, 1000.0])  # zero: no log scale
