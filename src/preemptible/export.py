@@ -146,9 +146,7 @@ def export(
         "checksum_algorithm": checksum.ALGORITHM,
         "files": result.files,
     }
-    with open(os.path.join(out, EXPORT_JSON), "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
+    _write_json(out, doc)
     return result
 
 
@@ -282,6 +280,16 @@ def _flat_tensors(obj: Any, path: str, out: dict[str, Any]) -> None:
             _flat_tensors(v, f"{path}/{i}" if path else str(i), out)
 
 
+def _source(root: str, out: str, step: int | None, storage_options: dict[str, Any] | None) -> tuple[Any, int]:
+    """The checkpointer of ``root`` and the step to export (default: the newest not marked invalid), once ``out``
+    is known to be empty."""
+    from preemptible.checkpoint import Checkpointer
+
+    _check_empty(out)
+    ck = Checkpointer(root, storage_options=storage_options)
+    return ck, _newest(ck, valid=True) if step is None else step
+
+
 def export_entry(
     root: str,
     out: str,
@@ -299,11 +307,7 @@ def export_entry(
         CheckpointNotFoundError, CheckpointCorruptError, ValueError: as `load`.
         FileExistsError: ``out`` holds files already.
     """
-    from preemptible.checkpoint import Checkpointer
-
-    _check_empty(out)
-    ck = Checkpointer(root, storage_options=storage_options)
-    step = _newest(ck, valid=True) if step is None else step
+    ck, step = _source(root, out, step, storage_options)
     opened: list[Any] = []
     state = _load_step(ck, step, entry, opened)
     tensors: dict[str, Any] = {}
@@ -341,8 +345,7 @@ def export_entry(
         "files": result.files,
         "tied": tied,
     }
-    with open(os.path.join(out, EXPORT_JSON), "w") as f:
-        json.dump(doc, f, indent=1)
+    _write_json(out, doc)
     return result
 
 
@@ -367,11 +370,7 @@ def export_hf(
     """
     import torch
 
-    from preemptible.checkpoint import Checkpointer
-
-    _check_empty(out)
-    ck = Checkpointer(root, storage_options=storage_options)
-    step = _newest(ck, valid=True) if step is None else step
+    ck, step = _source(root, out, step, storage_options)
     recorded = ck.reader.manifest(step).extra.get("transformers") or {}
     record = recorded.get(entry) if isinstance(recorded, dict) else None
     if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
@@ -412,9 +411,14 @@ def export_hf(
         "class": record.get("class"),
         "files": result.files,
     }
+    _write_json(out, doc)
+    return result
+
+
+def _write_json(out: str, doc: dict[str, Any]) -> None:
     with open(os.path.join(out, EXPORT_JSON), "w") as f:
         json.dump(doc, f, indent=1)
-    return result
+        f.write("\n")
 
 
 class _FileSink:

@@ -33,6 +33,17 @@ from preemptible.store.io import Storage
 _STEP_EVENTS = frozenset({"log", "save_started", "save_committed", "notice", "exit", "done", "resume", "fresh"})
 
 
+BADPUT_LABELS = {
+    "saves_s": "saves (training stood still)",
+    "restore_and_startup_s": "restore and start-up",
+    "redone_s": "steps redone",
+    "waiting_for_stop_step_s": "waiting for the stop step",
+    "between_attempts_s": "between attempts",
+    "other_s": "other",
+}
+"""``badput_s``'s keys, in the order shown, and how the text and the page name them."""
+
+
 def _t(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
@@ -301,6 +312,14 @@ def report(storage: Storage) -> dict[str, Any]:
     return summarize(journal.read(storage))
 
 
+def commit_and_window(p: Mapping[str, Any]) -> tuple[str, str]:
+    """A preemption's notice-to-commit time and the share of its window it used, as the text and the page show
+    them."""
+    used = f"{100 * p['window_used']:.1f}% of {p['window_s']:.0f} s" if p["window_used"] is not None else "-"
+    commit = f"{p['notice_to_commit_s']:.2f} s" if p["notice_to_commit_s"] is not None else "no commit"
+    return commit, used
+
+
 def render(doc: Mapping[str, Any]) -> str:
     if not doc["attempts"]:
         return "no journal: nothing to report (a Run writes one under <root>/journal)"
@@ -311,22 +330,13 @@ def render(doc: Mapping[str, Any]) -> str:
         f"goodput           {doc['goodput_s']:>10.1f} s  {100 * (doc['goodput'] or 0):5.1f}%  (steps that were kept)",
         "badput:",
     ]
-    names = {
-        "saves_s": "saves (training stood still)",
-        "restore_and_startup_s": "restore and start-up",
-        "redone_s": "steps redone",
-        "waiting_for_stop_step_s": "waiting for the stop step",
-        "between_attempts_s": "between attempts",
-        "other_s": "other",
-    }
-    for key, label in names.items():
+    for key, label in BADPUT_LABELS.items():
         v = doc["badput_s"][key]
         lines.append(f"  {label:<30}{v:>8.1f} s  {100 * v / wall:5.1f}%")
     if doc["preemptions"]:
         lines += ["", "preemptions:"]
         for p in doc["preemptions"]:
-            used = f"{100 * p['window_used']:.1f}% of {p['window_s']:.0f} s" if p["window_used"] is not None else "-"
-            commit = f"{p['notice_to_commit_s']:.2f} s" if p["notice_to_commit_s"] is not None else "no commit"
+            commit, used = commit_and_window(p)
             lines.append(
                 f"  attempt {p['attempt']}: {p['at']}  {p['source']} {p['detail'] or ''} at step {p['step']}: "
                 f"notice->commit {commit} ({used}), {p['steps_lost']} step(s) lost, resumed from {p['resumed_from']}"

@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
+from preemptible.report import BADPUT_LABELS, commit_and_window
+
 COLORS = {
     "startup": "#9e9e9e",
     "train": "#43a047",
@@ -24,14 +26,6 @@ COLORS = {
 }
 ATTEMPT_COLORS = ["#1e88e5", "#8e24aa", "#00897b", "#f4511e", "#3949ab", "#c0ca33", "#6d4c41", "#d81b60"]
 MAX_FIGURES = 6
-_BADPUT = {
-    "saves_s": "saves (training stood still)",
-    "restore_and_startup_s": "restore and start-up",
-    "redone_s": "steps redone",
-    "waiting_for_stop_step_s": "waiting for the stop step",
-    "between_attempts_s": "between attempts",
-    "other_s": "other",
-}
 
 
 _LEGEND = [
@@ -253,7 +247,7 @@ def html(doc: Mapping[str, Any], root: str) -> str:
             f'<tr><th>goodput</th><td id="goodput" data-value="{doc["goodput"]}">{100 * (doc["goodput"] or 0):.1f}%'
             f"</td><td>{doc['goodput_s']:.1f} s in steps that were kept</td></tr>"
         )
-        for key, label in _BADPUT.items():
+        for key, label in BADPUT_LABELS.items():
             v = doc["badput_s"][key]
             summary.append(
                 f'<tr class="badput" data-key="{key}"><th>{escape(label)}</th><td>{v:.1f} s</td>'
@@ -261,8 +255,7 @@ def html(doc: Mapping[str, Any], root: str) -> str:
             )
     rows = []
     for p in doc["preemptions"]:
-        used = f"{100 * p['window_used']:.1f}% of {p['window_s']:.0f} s" if p["window_used"] is not None else "-"
-        commit = f"{p['notice_to_commit_s']:.2f} s" if p["notice_to_commit_s"] is not None else "no commit"
+        commit, used = commit_and_window(p)
         rows.append(
             f'<tr class="preemption"><td>{p["attempt"]}</td><td>{escape(str(p["at"]))}</td>'
             f"<td>{escape(str(p['source']))} {escape(str(p['detail'] or ''))}</td><td>{p['step']}</td>"

@@ -11,30 +11,16 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import torch
 
-from conftest import make_model
-from pagekit import Page
-from preemptible import Run, report_picture
+from preemptible import report_picture
 from preemptible.cli import main
+from reportkit import Page, attempt
 
 BROWSER = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
 pytestmark = pytest.mark.skipif(
     BROWSER is None and os.environ.get("CI") != "true",
     reason="no Chromium: scripts/install-system installs it (as root, with apt-get; CI does)",
 )
-
-
-def attempt(root: Path, *, stop_at: int | None = None, notice_at: int | None = None) -> None:
-    model = make_model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    run = Run(root, model=model, optimizer=opt, save_every=4, exit_on_notice=False, async_save=False)
-    for step in run.steps(12):
-        run.log(loss=1.0 / (step + 1))
-        if step == notice_at:
-            run.guard.trigger(source="signal")
-        if step == stop_at:
-            break
 
 
 def browser(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -6,26 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
-from conftest import make_model
-from pagekit import Page
-from preemptible import Run, report_picture
+from preemptible import report_picture
 from preemptible.cli import main
-
-
-def attempt(root: Path, *, stop_at: int | None = None, notice_at: int | None = None) -> None:
-    """One process's run of a 12-step job: a notice during step ``notice_at`` (emergency save), or the loop left
-    after step ``stop_at`` without any (the machine gone: the steps since the last checkpoint are lost)."""
-    model = make_model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    run = Run(root, model=model, optimizer=opt, save_every=4, exit_on_notice=False, async_save=False)
-    for step in run.steps(12):
-        run.log(loss=1.0 / (step + 1))
-        if step == notice_at:
-            run.guard.trigger(source="signal")
-        if step == stop_at:
-            break
+from reportkit import Page, attempt
 
 
 def test_a_preempted_run_and_a_lost_one_are_accounted_for(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
