@@ -138,15 +138,7 @@ def export(
     finally:
         if pool is not None:
             pool.shutdown(wait=True)
-    doc = {
-        "format": "preemptible.export",
-        "version": 1,
-        "step": step,
-        "source": ck.storage.join(ck.root, layout.step_dir(step)),
-        "checksum_algorithm": checksum.ALGORITHM,
-        "files": result.files,
-    }
-    _write_json(out, doc)
+    _write_json(ck, result, checksum_algorithm=checksum.ALGORITHM)
     return result
 
 
@@ -335,17 +327,7 @@ def export_entry(
         raise
     result = Exported(step=step, out=out, bytes_written=size, bytes_read=opened[0].meta_bytes + opened[0].data_bytes)
     result.files[name] = {"bytes": size, "checksum": digest, "from": f"entry {entry!r}"}
-    doc = {
-        "format": "preemptible.export",
-        "version": 1,
-        "step": step,
-        "source": ck.storage.join(ck.root, layout.step_dir(step)),
-        "entry": entry,
-        "checksum_algorithm": checksum.ALGORITHM,
-        "files": result.files,
-        "tied": tied,
-    }
-    _write_json(out, doc)
+    _write_json(ck, result, entry=entry, checksum_algorithm=checksum.ALGORITHM, tied=tied)
     return result
 
 
@@ -401,22 +383,21 @@ def export_hf(
         p = os.path.join(out, name)
         result.files[name] = {"bytes": os.path.getsize(p), "from": f"save_pretrained of entry {entry!r}"}
         result.bytes_written += os.path.getsize(p)
-    doc = {
-        "format": "preemptible.export",
-        "version": 1,
-        "step": step,
-        "source": ck.storage.join(ck.root, layout.step_dir(step)),
-        "entry": entry,
-        "layout": "huggingface save_pretrained",
-        "class": record.get("class"),
-        "files": result.files,
-    }
-    _write_json(out, doc)
+    _write_json(ck, result, entry=entry, layout="huggingface save_pretrained", **{"class": record.get("class")})
     return result
 
 
-def _write_json(out: str, doc: dict[str, Any]) -> None:
-    with open(os.path.join(out, EXPORT_JSON), "w") as f:
+def _write_json(ck: Any, result: Exported, **fields: Any) -> None:
+    """``export.json``: the step and where it came from, what the export wrote, and ``fields``."""
+    doc = {
+        "format": "preemptible.export",
+        "version": 1,
+        "step": result.step,
+        "source": ck.storage.join(ck.root, layout.step_dir(result.step)),
+        "files": result.files,
+        **fields,
+    }
+    with open(os.path.join(result.out, EXPORT_JSON), "w") as f:
         json.dump(doc, f, indent=1)
         f.write("\n")
 
