@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,13 @@ def test_a_figure_over_decades_is_drawn_on_a_log_scale() -> None:
     flat = [[s, 1.0 + s / 10, 1] for s in range(5)]
     assert "log scale" not in report_picture.figure_svg("acc", flat, marks=[])
     assert not report_picture.log_scale([0.0, 1.0, 1000.0])  # zero: no log scale
+
+
+def test_png_without_matplotlib_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed: importing it raises ImportError
+    assert main(["report", str(tmp_path), "--png", str(tmp_path / "r.png")]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'preemptible[plot]'" in err and err.count("\n") == 1
+    assert not (tmp_path / "r.png").exists()
