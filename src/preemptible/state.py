@@ -452,7 +452,7 @@ def fit_targets(
     todo: list[tuple[Any, Any]] = []
     for name, obj in live.items():
         doc = tree.get(name, _ABSENT)
-        if doc is _ABSENT:
+        if not _mapping_doc(doc):  # absent, or not the mapping every state_dict() is (even an empty one)
             return None
         todo.append((obj, doc))
     strided = torch.strided
@@ -496,13 +496,22 @@ def fit_targets(
     return out
 
 
+def _mapping_doc(doc: Any) -> bool:
+    """Whether tagged JSON encodes a mapping: a plain object, or one tagged ``$dict`` (as `tagged_json.decode`
+    reads it: by its first key)."""
+    if type(doc) is not dict:
+        return False
+    first = next(iter(doc), "")
+    return not first.startswith("$") or first == "$dict"
+
+
 def _stored_mapping(doc: Any) -> dict[Any, Any] | None:
     """A stored mapping's entries by key, or None when it is not a mapping or has keys that are not str or int."""
-    if type(doc) is not dict:
+    if not _mapping_doc(doc):
         return None
     if not doc or not next(iter(doc)).startswith("$"):
-        return doc
-    pairs = doc.get("$dict")
+        return doc  # type: ignore[no-any-return]
+    pairs = doc["$dict"]
     if type(pairs) is not list:
         return None
     stored = {}

@@ -6,6 +6,7 @@ would have it: the same error, or the same restored values in the same live tens
 from __future__ import annotations
 
 import copy
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -239,3 +240,26 @@ def test_the_optimizer_is_given_param_ids_it_finds_in_constant_time(tmp_path: Pa
     assert ids == [3, 1, 2] and copy.deepcopy(ids) == [3, 1, 2]
     odd = ParamIds([[1], 2])  # unhashable ids: the list's own search
     assert [1] in odd and 2 in odd and 3 not in odd
+
+
+def test_a_stored_entry_that_is_no_mapping_is_refused_even_where_the_live_one_is_empty(tmp_path: Path) -> None:
+    """An empty live state dict accepts whatever the checkpoint holds under it, but an entry is always a mapping:
+    state.json made to hold a list there (checksums resealed, as tampering would) is corrupt, not restored."""
+    from preemptible.errors import CheckpointCorruptError
+    from preemptible.store import checksum
+    from preemptible.store.layout import SELF_CHECKSUM, seal
+
+    Checkpointer(tmp_path).save({"h": Holder({"a": 1})}, 1)
+    d = tmp_path / "step-000000000001"
+    state = json.loads((d / "state.json").read_text())
+    state["tree"]["h"] = [1, 2]
+    raw = json.dumps(state).encode()
+    (d / "state.json").write_bytes(raw)
+    commit = json.loads((d / "COMMIT.json").read_text())
+    commit["files"]["state.json"].update(bytes=len(raw), checksum=checksum.of_bytes(raw))
+    commit.pop(SELF_CHECKSUM, None)
+    (d / "COMMIT.json").write_text(json.dumps(seal(commit)))
+    live = Holder({})
+    with pytest.raises(CheckpointCorruptError, match="always gives a mapping"):
+        Checkpointer(tmp_path).restore({"h": live}, step=1)
+    assert live.tree == {}

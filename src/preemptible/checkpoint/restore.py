@@ -329,11 +329,7 @@ def _plain_fit(
         return None
     tree = opened.tree
     if any(name not in tree for name in state if not name.startswith("_")):
-        return None
-    for name in state:
-        doc = tree.get(name)
-        if name in tree and (type(doc) is not dict or (doc and next(iter(doc)).startswith("$") and "$dict" not in doc)):
-            return None  # not a mapping, which every state_dict() is: the slow check says what it is
+        return None  # preemptible's own entries ("_...") may be absent: a bare Checkpointer wrote it
     return fit_targets({n: captured[n] for n in state if n in tree}, tree, opened.entries, opened.casts)
 
 

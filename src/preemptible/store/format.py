@@ -486,7 +486,7 @@ def read(
 # memmove that keeps the GIL: each copy is under SMALL_TENSOR_BYTES (microseconds), where letting the GIL go and
 # taking it back per tensor costs more than the copy whenever another thread reads too (`ctypes.memmove` lets it go).
 _memmove = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(
-    ctypes.cast(ctypes.memmove, ctypes.c_void_p).value or 0
+    int(ctypes.cast(ctypes.memmove, ctypes.c_void_p).value)  # type: ignore[arg-type]
 )
 
 
@@ -513,8 +513,8 @@ def _read_run(
         if target is None:
             target = empty(e.shape, dtype=e.dtype)
         # IMPORTANT: a raw copy, so the target must be a contiguous CPU tensor of exactly e.nbytes (what `into`
-        # promises, and what torch.empty gives). Per tensor it is a third of torch's view-view-copy dispatch, and
-        # it runs without the GIL, beside the other reading thread.
+        # promises, and what torch.empty gives; the size is checked here). Per tensor it costs a third of torch's
+        # view-view-copy dispatch.
         nbytes = e.end - e.begin
         if target.nbytes != nbytes:
             raise ValueError(f"{where}: a target of {target.nbytes} bytes for tensor {e.name!r} of {nbytes}")
