@@ -441,7 +441,8 @@ def fit_targets(
     """The live tensors to read each stored tensor into, by stored name, when a live capture and a stored tree
     (tagged JSON) plainly fit: the same containers and keys, and at every tensor a stored one (``entries``, from
     the headers) of the live shape and dtype (``casts``: the dtype a tensor stored in another goes back to). One
-    walk of both trees, nothing decoded.
+    walk of both trees, nothing decoded. Only contiguous CPU tensors are named, so each one named is exactly its
+    stored tensor's bytes in memory, or (cast) its shape in the dtype it goes back to.
 
     None when it cannot tell: anything beyond plain tensors, dicts, lists, tuples and JSON scalars (DTensors,
     arrays, odd keys), or any difference at all. The caller then compares the slow way, which names every
@@ -468,7 +469,8 @@ def fit_targets(
                 return None
             if obj.dtype is not (casts.get(e.name, e.dtype) if casts else e.dtype):
                 return None
-            out.setdefault(e.name, obj)  # tied weights: both places name the same stored tensor
+            if obj.is_cpu and obj.is_contiguous():  # else it fits, and is loaded by its load_state_dict()
+                out.setdefault(e.name, obj)  # tied weights: both places name the same stored tensor
         elif kind in _SCALARS:  # its value is what gets restored; only a tensor in its place is a difference
             if type(doc) is dict and ("$tensor" in doc or "$ndarray" in doc):
                 return None

@@ -1,12 +1,15 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import struct
 
 import pytest
 import safetensors.torch
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from preemptible.errors import CheckpointCorruptError, UnsupportedStateError
 from preemptible.state import flatten
@@ -141,3 +144,60 @@ def test_duplicate_names_in_header_are_rejected() -> None:
     data = struct.pack("<Q", len(raw)) + raw + b"\x01\x02"
     with pytest.raises(CheckpointCorruptError, match="duplicate"):
         read_bytes(data)
+
+
+# The header's duplicate keys are found from its text when it parses without the slower duplicate-naming hook:
+# every way a duplicate can hide (inside an entry, at the top level, escaped names, space before a colon, a value
+# that starts with a colon, out-of-order offsets) must still be refused, and every header without one must read as
+# it always did.
+_NAMES = st.text(alphabet='ab:\\"é ', min_size=1, max_size=4)
+
+
+@st.composite
+def _header_texts(draw: st.DrawFn) -> tuple[bytes, int, bool, list[tuple[str, int, int]]]:
+    names = draw(st.lists(_NAMES, min_size=1, max_size=5))
+    sizes = draw(st.lists(st.integers(0, 3), min_size=len(names), max_size=len(names)))
+    order = draw(st.permutations(range(len(names))))
+    spaced = draw(st.sets(st.integers(0, 5 * len(names) + 1), max_size=2))  # keys written with space before ":"
+    keys = itertools.count()
+
+    def colon() -> str:
+        return (
+            draw(st.sampled_from([" :", "\t:", "\n :"]))
+            if next(keys) in spaced
+            else draw(st.sampled_from([":", ":\n"]))
+        )
+
+    members, offsets, cursor = [], {}, 0
+    for i in order:  # the data laid out in this order, the header listing them in the drawn one
+        offsets[i] = (cursor, cursor + sizes[i])
+        cursor += sizes[i]
+    inner_dup = draw(st.booleans()) and draw(st.booleans())
+    for i, name in enumerate(names):
+        b, e = offsets[i]
+        fields = [f'"dtype"{colon()}"U8"', f'"shape"{colon()}[{sizes[i]}]', f'"data_offsets"{colon()}[{b},{e}]']
+        if inner_dup and i == 0:
+            fields.append(f'"dtype"{colon()}"U8"')
+        members.append(f"{json.dumps(name)}{colon()}{{{','.join(fields)}}}")
+    meta_value = draw(st.sampled_from(['"pt"', '":pt"', '"a\\"b"']))
+    members.append(f'"__metadata__"{colon()}{{"format"{colon()}{meta_value}}}')
+    text = "{" + ",".join(members) + "}"
+    duplicated = inner_dup or len(set(names)) != len(names)
+    expected = sorted((names[i], *offsets[i]) for i in range(len(names)))
+    return text.encode(), cursor, duplicated, expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(_header_texts())
+def test_header_duplicates_are_refused_however_written(
+    header: tuple[bytes, int, bool, list[tuple[str, int, int]]],
+) -> None:
+    raw, data_bytes, duplicated, expected = header
+    if duplicated:
+        with pytest.raises(CheckpointCorruptError, match="duplicate key"):
+            tensor_format.parse_header(raw, data_bytes=data_bytes, where="test")
+        return
+    entries, meta = tensor_format.parse_header(raw, data_bytes=data_bytes, where="test")
+    assert [e.begin for e in entries] == sorted(e.begin for e in entries)  # in file order, as readers walk it
+    assert sorted((e.name, e.begin, e.end) for e in entries) == expected
+    assert set(meta) == {"format"}

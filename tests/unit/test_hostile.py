@@ -390,3 +390,16 @@ def test_a_root_that_is_a_file_is_a_clear_error_and_a_file_named_as_a_step_is_no
     (tmp_path / "root" / "step-000000000002").write_text("junk where a step belongs")
     ck.save(state(2.0), 2)
     assert [c.step for c in ck.checkpoints()] == [1, 2]
+
+
+def test_a_tensor_held_by_two_files_is_refused_and_the_older_checkpoint_restores(tmp_path: Path) -> None:
+    ck = Checkpointer(str(tmp_path), keep=3)
+    for step, v in ((1, 1.0), (2, 2.0)):
+        ck.save({"w": {"t": torch.full((16,), v)}, "x": {"u": torch.full((16,), v)}}, step)
+    step_dir = tmp_path / "step-000000000002"
+    (step_dir / "x.safetensors").write_bytes((step_dir / "w.safetensors").read_bytes())  # x's file holds w/t too
+    reseal(step_dir, lambda doc: None)
+    live = {"w": {"t": torch.zeros(16)}, "x": {"u": torch.zeros(16)}}
+    with pytest.warns(CheckpointFallbackWarning, match="'w/t' appears in more than one file"):
+        assert Checkpointer(str(tmp_path)).restore(live) == 1
+    assert torch.equal(live["w"]["t"], torch.full((16,), 1.0))

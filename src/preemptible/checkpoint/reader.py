@@ -210,11 +210,12 @@ class Reader:
             entries, meta = read_tensor_header(self.storage, p, rec, opened)
             opened.meta_bytes += meta
             owner = layout.file_rank(name)
-            for e in entries:
-                if e.name in opened.entries and opened.entry_owner.get(e.name) == owner:
-                    raise opened.bad(f"tensor {e.name!r} appears in more than one file")
-                opened.entries[e.name] = e
-                opened.entry_owner[e.name] = owner
+            by_name = {e.name: e for e in entries}  # a header's names are unique (parse_header)
+            for clash in opened.entries.keys() & by_name.keys():
+                if opened.entry_owner.get(clash) == owner:
+                    raise opened.bad(f"tensor {clash!r} appears in more than one file")
+            opened.entries.update(by_name)
+            opened.entry_owner.update(dict.fromkeys(by_name, owner))
             opened.file_entries[name] = entries
         return opened
 
@@ -266,24 +267,30 @@ class Reader:
         into: Mapping[str, torch.Tensor] | None,
         *,
         sharded: Mapping[str, Any] | None = None,
+        exact: bool = False,
     ) -> dict[str, Any]:
         """The state entries of an opened checkpoint, every byte checked; sharded tensors become DTensors on the
-        live state's mesh (``sharded``: the live DTensors by name)."""
-        tensors = self.read_tensors(opened, into)
+        live state's mesh (``sharded``: the live DTensors by name). ``exact``: see `read_tensors`."""
+        tensors = self.read_tensors(opened, into, exact=exact)
         if opened.dtensors:
             self.rewrap(opened, tensors, sharded or {})
         return self.rebuild(opened, tensors)
 
-    def read_tensors(self, opened: Opened, into: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+    def read_tensors(
+        self, opened: Opened, into: Mapping[str, torch.Tensor] | None, *, exact: bool = False
+    ) -> dict[str, torch.Tensor]:
         """The tensors of an opened checkpoint by name (a sharded one: this rank's shard), every byte checked.
 
         ``into``: live tensors by name to read into where they fit (contiguous, on the CPU, of the stored dtype and
-        shape); the others are new."""
+        shape); the others are new. ``exact``: `fit_targets` named them, so each fits but those stored in another
+        dtype (``opened.casts``), and is not checked again here."""
         into = into or {}
+        get = into.get
+        casts = opened.casts
 
         def target(e: tensor_format.Entry) -> torch.Tensor | None:
             # What tensor_format.read copies raw bytes into: exactly this dtype and shape, contiguous, on the CPU.
-            t = into.get(e.name)
+            t = get(e.name)
             if (
                 t is not None
                 and t.dtype is e.dtype
@@ -294,6 +301,9 @@ class Reader:
             ):
                 return t
             return None
+
+        def fitted(e: tensor_format.Entry) -> torch.Tensor | None:
+            return get(e.name) if not casts or e.name not in casts else None
 
         def read_file(name: str) -> dict[str, torch.Tensor]:
             rec = opened.manifest.files[name]
@@ -311,7 +321,7 @@ class Reader:
                         size,
                         where=p,
                         expected_checksum=expected,
-                        into=target,
+                        into=fitted if exact else target,
                         entries=opened.file_entries.get(name),
                         chunk=chunk,
                     )

@@ -83,7 +83,7 @@ class Restorer:
             opened = self.reader.open(step, rank=rank)
             into = _plain_fit(state, captured, opened, world)  # before a single byte changes
             if into is not None:  # the common case, checked in one walk
-                loaded = self.reader.read(opened, into)
+                loaded = self.reader.read(opened, into, exact=True)
             else:
                 flat = live_flat()
                 live = reshard.Live(state, flat.dtensor_objs)
