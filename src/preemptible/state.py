@@ -457,27 +457,32 @@ def fit_targets(
             return None
         todo.append((obj, doc))
     strided = torch.strided
+    get_entry = entries.get
+    plain, scalars = _PLAIN_TENSORS, _SCALARS
+    is_scalar = scalars.__contains__
     # IMPORTANT: a restore walks every tensor of the state here (10,000s): one loop over a stack, not a call per
-    # node, the tensor case first.
+    # node, the tensor case first, and lists of scalars (an optimizer's parameter ids) judged in C.
     while todo:
         obj, doc = todo.pop()
         kind = type(obj)
-        if kind in _PLAIN_TENSORS:
-            ref = doc.get("$tensor") if type(doc) is dict and len(doc) == 1 else None
-            e = entries.get(ref) if type(ref) is str else None
+        if kind in plain:
+            if type(doc) is not dict or len(doc) != 1:
+                return None
+            ref = doc.get("$tensor")
+            e = get_entry(ref) if type(ref) is str else None
             if e is None or obj.layout is not strided or obj.shape != e.shape:
                 return None
             if obj.dtype is not (casts.get(e.name, e.dtype) if casts else e.dtype):
                 return None
             if obj.is_cpu and obj.is_contiguous():  # else it fits, and is loaded by its load_state_dict()
                 out.setdefault(e.name, obj)  # tied weights: both places name the same stored tensor
-        elif kind in _SCALARS:  # its value is what gets restored; only a tensor in its place is a difference
+        elif kind in scalars:  # its value is what gets restored; only a tensor in its place is a difference
             if type(doc) is dict and ("$tensor" in doc or "$ndarray" in doc):
                 return None
-        elif isinstance(obj, Mapping):
+        elif kind is dict or isinstance(obj, Mapping):
             if not obj:
                 continue
-            stored = _stored_mapping(doc)
+            stored = doc if type(doc) is dict and doc and next(iter(doc))[:1] != "$" else _stored_mapping(doc)
             if stored is None or len(stored) != len(obj):
                 return None
             for k, v in obj.items():
@@ -494,6 +499,8 @@ def fit_targets(
                 return None
             if type(items) is not list or len(items) != len(obj):
                 return None
+            if all(map(is_scalar, map(type, obj))) and dict not in map(type, items):
+                continue  # scalars over no tagged value: nothing to read, nothing in the way
             todo.extend(zip(obj, items, strict=True))
     return out
 

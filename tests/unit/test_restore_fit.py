@@ -207,6 +207,25 @@ def test_fit_targets_decides_only_plain_fits(live: dict[str, Any], why: str) -> 
     assert fit_targets({"e": {"w": torch.zeros(2)}}, stored, entries, {"e/w": torch.float64}) is None
 
 
+@pytest.mark.parametrize(
+    ("live", "stored", "fits"),
+    [
+        ([1, 2.5, "x", None], [7, 0.5, "y", True], True),  # scalars over scalars: their stored values are restored
+        ([1, 2], [1, {"$tensor": "e/w"}], False),  # a tensor stored where a scalar is live
+        ([1, 2], [1, {"$bytes": "AA=="}], True),  # another kind of value: restored as stored, as any scalar
+        ([1, 2], [1, 2, 3], False),
+        ((1, 2), {"$tuple": [1, 2]}, True),
+        ((1, 2), [1, 2], False),
+    ],
+)
+def test_fit_targets_on_lists_of_scalars(live: Any, stored: Any, fits: bool) -> None:
+    """An optimizer's parameter ids: lists of scalars are judged in one C-level pass, which must still see a tensor
+    stored in them."""
+    entries = {"e/w": tensor_format.Entry("e/w", torch.float32, (2,), 0, 8)}
+    got = fit_targets({"e": {"ids": live}}, {"e": {"ids": stored}}, entries, {})
+    assert (got is not None) is fits
+
+
 def test_a_raw_copy_refuses_a_target_of_another_size(tmp_path: Path) -> None:
     p = tmp_path / "f.safetensors"
     tensors = {f"t{i}": torch.full((4,), float(i)) for i in range(20)}
