@@ -482,7 +482,7 @@ def fit_targets(
         elif kind is dict or isinstance(obj, Mapping):
             if not obj:
                 continue
-            stored = doc if type(doc) is dict and doc and next(iter(doc))[:1] != "$" else _stored_mapping(doc)
+            stored = _stored_mapping(doc)
             if stored is None or len(stored) != len(obj):
                 return None
             for k, v in obj.items():
