@@ -13,8 +13,10 @@ import gc
 import importlib.util
 import random
 import re
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -432,17 +434,57 @@ _ABSENT = object()
 _SCALARS = frozenset({type(None), bool, int, float, str})
 
 
-def fit_targets(
+@dataclass(slots=True)
+class PlainFit:
+    """What `plain_fit` decided: the live tensors to read each stored tensor into, and the state entries as the
+    checkpoint holds them, built in the same walk with those live tensors in their places. `complete` fills in what
+    only the read can give."""
+
+    targets: dict[str, torch.Tensor]
+    """Stored name -> the contiguous CPU live tensor its bytes are read into (or, cast, copied into)."""
+    loaded: dict[str, Any]
+    slots: list[tuple[Any, Any, str]] = field(default_factory=list)
+    """(container, key, stored name): a tensor the read makes (its live one is not a contiguous CPU tensor)."""
+    subtrees: list[tuple[Any, Any, Any]] = field(default_factory=list)
+    """(container, key, tagged JSON) decoded after the read: under a live dict still empty, a stored value that is
+    not a plain scalar, an entry the live state lacks; a key of ``_META``: a state dict's ``_metadata``."""
+    tuples: list[tuple[Any, Any, list[Any]]] = field(default_factory=list)
+    """(container, key, items) that become tuples once filled, in the order the walk met them."""
+
+    def complete(self, tensors: Mapping[str, torch.Tensor], numpy: set[str] | frozenset[str] = frozenset()) -> Any:
+        """The state entries, given the tensors the read returned.
+
+        Raises:
+            CheckpointCorruptError: a subtree refers to a tensor no file holds.
+        """
+        for box, key, name in self.slots:
+            box[key] = tensors[name]  # every name the walk met is in a header (it checked), so it was read
+        for box, key, doc in self.subtrees:
+            value = unflatten(doc, tensors, numpy)
+            if key is _META:
+                box._metadata = value
+            else:
+                box[key] = value
+        for box, key, items in reversed(self.tuples):  # inner ones first: the walk meets a tuple before its items
+            box[key] = tuple(items)
+        return self.loaded
+
+
+_META = object()
+
+
+def plain_fit(
     live: Mapping[str, Any],
     tree: Mapping[str, Any],
     entries: Mapping[str, tensor_format.Entry],
     casts: Mapping[str, torch.dtype],
-) -> dict[str, torch.Tensor] | None:
-    """The live tensors to read each stored tensor into, by stored name, when a live capture and a stored tree
-    (tagged JSON) plainly fit: the same containers and keys, and at every tensor a stored one (``entries``, from
-    the headers) of the live shape and dtype (``casts``: the dtype a tensor stored in another goes back to). One
-    walk of both trees, nothing decoded. Only contiguous CPU tensors are named, so each one named is exactly its
-    stored tensor's bytes in memory, or (cast) its shape in the dtype it goes back to.
+) -> PlainFit | None:
+    """Whether a live capture and a stored tree (tagged JSON) plainly fit, in one walk of both: the same containers
+    and keys, and at every tensor a stored one (``entries``, from the headers) of the live shape and dtype
+    (``casts``: the dtype a tensor stored in another goes back to). Nothing is decoded twice: the walk also builds
+    the state entries a restore hands to ``load_state_dict``, as `unflatten` would, with the live tensor read into
+    in place of each stored one. Only contiguous CPU tensors are read into, so each is exactly its stored
+    tensor's bytes in memory, or (cast) its shape in the dtype it goes back to.
 
     None when it cannot tell: anything beyond plain tensors, dicts, lists, tuples and JSON scalars (DTensors,
     arrays, odd keys), or any difference at all. The caller then compares the slow way, which names every
@@ -450,20 +492,29 @@ def fit_targets(
     filled lazily and accepts whatever the checkpoint holds under it.
     """
     out: dict[str, torch.Tensor] = {}
-    todo: list[tuple[Any, Any]] = []
-    for name, obj in live.items():
-        doc = tree.get(name, _ABSENT)
-        if not _mapping_doc(doc):  # absent, or not the mapping every state_dict() is (even an empty one)
+    loaded: dict[str, Any] = dict.fromkeys(tree)
+    fit = PlainFit(out, loaded)
+    slots, subtrees, tuples = fit.slots, fit.subtrees, fit.tuples
+    todo: list[tuple[Any, Any, Any, Any]] = []
+    for name, doc in tree.items():
+        obj = live.get(name, _ABSENT)
+        if obj is _ABSENT:
+            subtrees.append((loaded, name, doc))  # not restored, but decoded as a restore always did
+        elif not _mapping_doc(doc):  # not the mapping every state_dict() is (even an empty one)
             return None
-        todo.append((obj, doc))
+        else:
+            todo.append((obj, doc, loaded, name))
+    if any(name not in tree for name in live):
+        return None
     strided = torch.strided
     get_entry = entries.get
     plain, scalars = _PLAIN_TENSORS, _SCALARS
     is_scalar = scalars.__contains__
+    only_scalars = scalars.issuperset
     # IMPORTANT: a restore walks every tensor of the state here (10,000s): one loop over a stack, not a call per
-    # node, the tensor case first, and lists of scalars (an optimizer's parameter ids) judged in C.
+    # node, the tensor case first, and lists of scalars (an optimizer's parameter ids) judged and copied in C.
     while todo:
-        obj, doc = todo.pop()
+        obj, doc, box, key = todo.pop()
         kind = type(obj)
         if kind in plain:
             if type(doc) is not dict or len(doc) != 1:
@@ -474,22 +525,39 @@ def fit_targets(
                 return None
             if obj.dtype is not (casts.get(e.name, e.dtype) if casts else e.dtype):
                 return None
-            if obj.is_cpu and obj.is_contiguous():  # else it fits, and is loaded by its load_state_dict()
-                out.setdefault(e.name, obj)  # tied weights: both places name the same stored tensor
+            if obj.is_cpu and obj.is_contiguous():
+                box[key] = out.setdefault(e.name, obj)  # tied weights: both places hold the one read into
+            else:  # it fits, and is loaded by its load_state_dict() from a tensor the read makes
+                slots.append((box, key, e.name))
         elif kind in scalars:  # its value is what gets restored; only a tensor in its place is a difference
-            if type(doc) is dict and ("$tensor" in doc or "$ndarray" in doc):
-                return None
+            if type(doc) is dict or type(doc) is list:
+                if type(doc) is dict and ("$tensor" in doc or "$ndarray" in doc):
+                    return None
+                subtrees.append((box, key, doc))
+            else:
+                box[key] = doc
         elif kind is dict or isinstance(obj, Mapping):
             if not obj:
+                subtrees.append((box, key, doc))
                 continue
             stored = _stored_mapping(doc)
             if stored is None or len(stored) != len(obj):
                 return None
+            if stored is doc:
+                new: dict[Any, Any] = dict.fromkeys(stored)
+            elif len(doc) == 1:
+                new = dict.fromkeys(stored)
+            elif len(doc) == 2 and "$meta" in doc:  # a module's state dict, as `tagged_json.decode` builds it
+                new = OrderedDict.fromkeys(stored)
+                subtrees.append((new, _META, doc["$meta"]))
+            else:
+                return None
+            box[key] = new
             for k, v in obj.items():
                 sub = stored.get(k, _ABSENT)
                 if sub is _ABSENT:
                     return None
-                todo.append((v, sub))
+                todo.append((v, sub, new, k))
         else:
             if kind is list:
                 items = doc
@@ -499,10 +567,15 @@ def fit_targets(
                 return None
             if type(items) is not list or len(items) != len(obj):
                 return None
-            if all(map(is_scalar, map(type, obj))) and dict not in map(type, items):
-                continue  # scalars over no tagged value: nothing to read, nothing in the way
-            todo.extend(zip(obj, items, strict=True))
-    return out
+            if only_scalars(map(type, items)) and all(map(is_scalar, map(type, obj))):
+                box[key] = items.copy() if kind is list else tuple(items)  # plain JSON scalars are their values
+                continue
+            new_items: list[Any] = [None] * len(items)
+            box[key] = new_items
+            if kind is not list:
+                tuples.append((box, key, new_items))
+            todo.extend(zip(obj, items, repeat(new_items), range(len(items))))
+    return fit
 
 
 def _mapping_doc(doc: Any) -> bool:

@@ -403,3 +403,23 @@ def test_a_tensor_held_by_two_files_is_refused_and_the_older_checkpoint_restores
     with pytest.warns(CheckpointFallbackWarning, match="'w/t' appears in more than one file"):
         assert Checkpointer(str(tmp_path)).restore(live) == 1
     assert torch.equal(live["w"]["t"], torch.full((16,), 1.0))
+
+
+@pytest.mark.parametrize("entry", ["w", "x"])
+def test_a_tree_naming_a_tensor_no_file_holds_is_refused_even_in_an_entry_not_restored(
+    tmp_path: Path, entry: str
+) -> None:
+    """state.json (checksums recomputed) refers to a tensor that no tensor file holds: in an entry the live state
+    restores, or in one it lacks. Either way the files were altered, and the older checkpoint restores."""
+    ck = Checkpointer(str(tmp_path), keep=3)
+    for step, v in ((1, 1.0), (2, 2.0)):
+        ck.save({"w": {"t": torch.full((16,), v)}, "x": {"u": torch.full((16,), v)}}, step)
+    step_dir = tmp_path / "step-000000000002"
+    doc = json.loads((step_dir / layout.STATE).read_text())
+    doc["tree"][entry] = {"t" if entry == "w" else "u": {"$tensor": f"{entry}/ghost"}}
+    (step_dir / layout.STATE).write_text(json.dumps(doc))
+    reseal(step_dir, lambda doc: None)
+    live = {"w": {"t": torch.zeros(16)}}
+    with pytest.warns(CheckpointFallbackWarning, match=f"'{entry}/ghost', which no tensor file"):
+        assert Checkpointer(str(tmp_path)).restore(live) == 1
+    assert torch.equal(live["w"]["t"], torch.full((16,), 1.0))

@@ -1,5 +1,6 @@
-"""The restore's plain fit (`preemptible.state.fit_targets`): one walk of the live capture and the stored tree that
-decides the common case (same keys, shapes and dtypes) and says which live tensor each stored one is read into.
+"""The restore's plain fit (`preemptible.state.plain_fit`): one walk of the live capture and the stored tree that
+decides the common case (same keys, shapes and dtypes), says which live tensor each stored one is read into, and
+builds the entries to load as `unflatten` would.
 Whatever it decides, a restore must end exactly as the slow comparison (`differences`, then names from `flatten`)
 would have it: the same error, or the same restored values in the same live tensors."""
 
@@ -20,7 +21,7 @@ from test_steady import SCALARS, Tree, rescalar
 from preemptible import Checkpointer
 from preemptible.checkpoint import restore as restore_mod
 from preemptible.errors import StateMismatchError
-from preemptible.state import ParamIds, capture, fit_targets, flatten
+from preemptible.state import ParamIds, capture, flatten, plain_fit
 from preemptible.store import format as tensor_format
 
 
@@ -108,13 +109,16 @@ def test_the_plain_fit_restores_exactly_what_the_slow_comparison_does(
             t.zero_()
     fast_live, slow_live = Holder(copy.deepcopy(live_tree)), Holder(copy.deepcopy(live_tree))
 
-    opened = Checkpointer(root).reader.open(1, rank=0)
-    targets = restore_mod._plain_fit({"h": fast_live}, capture({"h": fast_live}), opened, 1)
-    if targets is not None:  # deciding "fits" is a promise: the slow comparison finds no difference either
-        _checker(root).check_fits({"h": fast_live}, Checkpointer(root).reader.skeleton(opened), 1)
+    reader = Checkpointer(root).reader
+    opened = reader.open(1, rank=0)
+    fit = restore_mod._plain_fit({"h": fast_live}, capture({"h": fast_live}), opened, 1)
+    if fit is not None:  # deciding "fits" is a promise: the slow comparison finds no difference either
+        _checker(root).check_fits({"h": fast_live}, reader.skeleton(opened), 1)
         live = flatten(capture({"h": fast_live})).tensors  # (detached: the same memory, another object)
-        assert targets.keys() <= live.keys()
-        assert all(live[n].data_ptr() == t.data_ptr() and live[n].shape == t.shape for n, t in targets.items())
+        assert fit.targets.keys() <= live.keys()
+        assert all(live[n].data_ptr() == t.data_ptr() and live[n].shape == t.shape for n, t in fit.targets.items())
+        read = reader.read_tensors(opened, None)  # and the entries it built are those the slow way decodes
+        assert structure(fit.complete(read, opened.numpy)) == structure(reader.rebuild(opened, read))
 
     fast = _restore(root, fast_live, plain=True, monkeypatch=monkeypatch)
     slow = _restore(root, slow_live, plain=False, monkeypatch=monkeypatch)
@@ -124,6 +128,18 @@ def test_the_plain_fit_restores_exactly_what_the_slow_comparison_does(
     else:
         assert same(fast[1], slow[1])
         assert same(fast[1], saved)
+
+
+def structure(x: Any) -> Any:
+    """A tree's containers with their types (and a state dict's ``_metadata``), keys, scalars, and each tensor's
+    dtype and shape."""
+    if isinstance(x, torch.Tensor):
+        return ("tensor", x.dtype, tuple(x.shape))
+    if isinstance(x, dict):
+        return (type(x).__name__, getattr(x, "_metadata", None), [(k, structure(v)) for k, v in x.items()])
+    if isinstance(x, (list, tuple)):
+        return (type(x).__name__, [structure(v) for v in x])
+    return (type(x).__name__, repr(x))
 
 
 def _checker(root: Path) -> Any:
@@ -160,9 +176,13 @@ def test_a_model_and_optimizer_take_the_plain_fit_and_are_read_in_place(tmp_path
     other = model_state(1)
     live = flatten(capture(other)).tensors
     opened = Checkpointer(tmp_path).reader.open(2, rank=0)
-    targets = restore_mod._plain_fit(other, capture(other), opened, 1)
-    assert targets is not None
-    weights = [n for n in targets if n.startswith(("model/", "optimizer/state/"))]
+    fit = restore_mod._plain_fit(other, capture(other), opened, 1)
+    assert fit is not None
+    read = Checkpointer(tmp_path).reader.read_tensors(opened, None)
+    built = fit.complete(read)
+    assert structure(built) == structure(Checkpointer(tmp_path).reader.rebuild(opened, read))
+    assert type(built["model"]).__name__ == "OrderedDict" and built["model"]._metadata  # module versions kept
+    weights = [n for n in fit.targets if n.startswith(("model/", "optimizer/state/"))]
     assert len(weights) == len([n for n in live if n.startswith(("model/", "optimizer/state/"))])
     ptrs = {n: live[n].data_ptr() for n in weights}
     assert Checkpointer(tmp_path).restore(other) == 2
@@ -195,35 +215,43 @@ def test_a_fresh_optimizer_without_state_fits_and_gets_the_stored_moments(tmp_pa
         ({"w": 3}, "a scalar where a tensor is stored"),
     ],
 )
-def test_fit_targets_decides_only_plain_fits(live: dict[str, Any], why: str) -> None:
+def test_plain_fit_decides_only_plain_fits(live: dict[str, Any], why: str) -> None:
     stored = {"e": {"w": {"$tensor": "e/w"}}}
     entries = {"e/w": tensor_format.Entry("e/w", torch.float32, (2,), 0, 8)}
-    got = fit_targets({"e": live}, stored, entries, {})
+    got = plain_fit({"e": live}, stored, entries, {})
     if why.startswith("empty"):
-        assert got == {}
+        assert got is not None and got.targets == {}
+        made = torch.ones(2)  # the read makes what nothing live waits for; the built entry holds it
+        assert got.complete({"e/w": made}) == {"e": {"w": made}}
     else:
         assert got is None, why
-    assert fit_targets({"e": {"w": torch.zeros(2)}}, stored, entries, {}) is not None
-    assert fit_targets({"e": {"w": torch.zeros(2)}}, stored, entries, {"e/w": torch.float64}) is None
+    assert plain_fit({"e": {"w": torch.zeros(2)}}, stored, entries, {}) is not None
+    assert plain_fit({"e": {"w": torch.zeros(2)}}, stored, entries, {"e/w": torch.float64}) is None
 
 
 @pytest.mark.parametrize(
-    ("live", "stored", "fits"),
+    ("live", "stored", "built"),
     [
-        ([1, 2.5, "x", None], [7, 0.5, "y", True], True),  # scalars over scalars: their stored values are restored
-        ([1, 2], [1, {"$tensor": "e/w"}], False),  # a tensor stored where a scalar is live
-        ([1, 2], [1, {"$bytes": "AA=="}], True),  # another kind of value: restored as stored, as any scalar
-        ([1, 2], [1, 2, 3], False),
-        ((1, 2), {"$tuple": [1, 2]}, True),
-        ((1, 2), [1, 2], False),
+        ([1, 2.5, "x", None], [7, 0.5, "y", True], [7, 0.5, "y", True]),  # scalars over scalars: the stored ones
+        ([1, 2], [1, {"$tensor": "e/w"}], None),  # a tensor stored where a scalar is live: no plain fit
+        ([1, 2], [1, {"$bytes": "AA=="}], [1, b"\x00"]),  # another kind of value: restored as stored, as any scalar
+        ([1, 2], [1, [2, {"$float": "inf"}]], [1, [2, math.inf]]),  # a list, decoded
+        ([1, 2], [1, 2, 3], None),
+        ((1, 2), {"$tuple": [1, 2]}, (1, 2)),
+        ((1, 2), [1, 2], None),
+        ((1, (2, 3)), {"$tuple": [1, {"$tuple": [2, {"$float": "nan"}]}]}, (1, (2, math.nan))),
     ],
 )
-def test_fit_targets_on_lists_of_scalars(live: Any, stored: Any, fits: bool) -> None:
-    """An optimizer's parameter ids: lists of scalars are judged in one C-level pass, which must still see a tensor
-    stored in them."""
+def test_plain_fit_on_lists_of_scalars(live: Any, stored: Any, built: Any) -> None:
+    """An optimizer's parameter ids: lists of scalars are judged (and copied) in one C-level pass, which must still
+    see a tensor stored in them, and hand back what is stored, as `unflatten` decodes it."""
     entries = {"e/w": tensor_format.Entry("e/w", torch.float32, (2,), 0, 8)}
-    got = fit_targets({"e": {"ids": live}}, {"e": {"ids": stored}}, entries, {})
-    assert (got is not None) is fits
+    got = plain_fit({"e": {"ids": live}}, {"e": {"ids": stored}}, entries, {})
+    if built is None:
+        assert got is None
+    else:
+        assert got is not None
+        assert structure(got.complete({})["e"]["ids"]) == structure(built)
 
 
 def test_a_raw_copy_refuses_a_target_of_another_size(tmp_path: Path) -> None:
@@ -282,3 +310,18 @@ def test_a_stored_entry_that_is_no_mapping_is_refused_even_where_the_live_one_is
     with pytest.raises(CheckpointCorruptError, match="always gives a mapping"):
         Checkpointer(tmp_path).restore({"h": live}, step=1)
     assert live.tree == {}
+
+
+def test_live_tensors_not_read_in_place_get_the_ones_the_read_makes(tmp_path: Path) -> None:
+    """A live tensor that is not contiguous fits, but is loaded by its load_state_dict() from a tensor the read
+    makes: the built entries hold that one, inside a tuple too."""
+    saved = {"w": torch.arange(6.0).reshape(3, 2), "pair": (torch.ones(2), 2.5), "ids": [1, 2]}
+    Checkpointer(tmp_path).save({"h": Holder(saved)}, 1)
+    live = Holder({"w": torch.zeros(2, 3).t(), "pair": (torch.zeros(2).expand(2), 0.0), "ids": [0, 0]})
+    opened = Checkpointer(tmp_path).reader.open(1, rank=0)
+    fit = restore_mod._plain_fit({"h": live}, capture({"h": live}), opened, 1)
+    assert fit is not None and "h/w" not in fit.targets
+    assert Checkpointer(tmp_path).restore({"h": live}) == 1
+    assert torch.equal(live.tree["w"], saved["w"]) and live.tree["ids"] == [1, 2]
+    assert type(live.tree["pair"]) is tuple and live.tree["pair"][1] == 2.5
+    assert torch.equal(live.tree["pair"][0], torch.ones(2))

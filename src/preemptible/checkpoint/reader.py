@@ -24,7 +24,7 @@ from preemptible.errors import (
     NotRegularFileError,
 )
 from preemptible.progress import Meter
-from preemptible.state import group_of, unflatten
+from preemptible.state import PlainFit, group_of, unflatten
 from preemptible.store import checksum, compress, layout, tagged_json
 from preemptible.store import format as tensor_format
 from preemptible.store.io import Storage
@@ -267,14 +267,22 @@ class Reader:
         into: Mapping[str, torch.Tensor] | None,
         *,
         sharded: Mapping[str, Any] | None = None,
-        exact: bool = False,
     ) -> dict[str, Any]:
         """The state entries of an opened checkpoint, every byte checked; sharded tensors become DTensors on the
-        live state's mesh (``sharded``: the live DTensors by name). ``exact``: see `read_tensors`."""
-        tensors = self.read_tensors(opened, into, exact=exact)
+        live state's mesh (``sharded``: the live DTensors by name)."""
+        tensors = self.read_tensors(opened, into)
         if opened.dtensors:
             self.rewrap(opened, tensors, sharded or {})
         return self.rebuild(opened, tensors)
+
+    def read_fitted(self, opened: Opened, fit: PlainFit) -> dict[str, Any]:
+        """The state entries `plain_fit` built, once the read has put every byte in place (checked)."""
+        tensors = self.read_tensors(opened, fit.targets, exact=True)
+        try:
+            loaded: dict[str, Any] = fit.complete(tensors, opened.numpy)
+        except CheckpointCorruptError as e:
+            raise opened.bad(str(e)) from e
+        return loaded
 
     def read_tensors(
         self, opened: Opened, into: Mapping[str, torch.Tensor] | None, *, exact: bool = False
@@ -282,7 +290,7 @@ class Reader:
         """The tensors of an opened checkpoint by name (a sharded one: this rank's shard), every byte checked.
 
         ``into``: live tensors by name to read into where they fit (contiguous, on the CPU, of the stored dtype and
-        shape); the others are new. ``exact``: `fit_targets` named them, so each fits but those stored in another
+        shape); the others are new. ``exact``: `plain_fit` named them, so each fits but those stored in another
         dtype (``opened.casts``), and is not checked again here."""
         into = into or {}
         get = into.get

@@ -22,7 +22,7 @@ from preemptible.checkpoint import reshard
 from preemptible.checkpoint.reader import Opened, Reader
 from preemptible.errors import CheckpointCorruptError, CheckpointFallbackWarning, StateMismatchError
 from preemptible.events import Event, EventSink
-from preemptible.state import FlatState, RNGState, apply, capture, differences, fit_targets, flatten
+from preemptible.state import FlatState, PlainFit, RNGState, apply, capture, differences, flatten, plain_fit
 from preemptible.store.markers import Markers, State, Transition
 from preemptible.validate import ProbeCheck, run_probe
 
@@ -81,9 +81,9 @@ class Restorer:
         rank, world = (coord.rank, coord.world) if coord is not None else (0, 1)
         try:
             opened = self.reader.open(step, rank=rank)
-            into = _plain_fit(state, captured, opened, world)  # before a single byte changes
-            if into is not None:  # the common case, checked in one walk
-                loaded = self.reader.read(opened, into, exact=True)
+            fit = _plain_fit(state, captured, opened, world)  # before a single byte changes
+            if fit is not None:  # the common case, checked (and the entries to load built) in one walk
+                loaded = self.reader.read_fitted(opened, fit)
             else:
                 flat = live_flat()
                 live = reshard.Live(state, flat.dtensor_objs)
@@ -319,18 +319,16 @@ class Restorer:
             )
 
 
-def _plain_fit(
-    state: Mapping[str, Any], captured: Mapping[str, Any], opened: Opened, world: int
-) -> dict[str, Any] | None:
-    """The live tensors to read the checkpoint into when it plainly fits the live objects (`fit_targets`), else
-    None: the slow comparison decides and names every difference. Never for sharded state (either side) or another
-    world size: those may need resharding."""
+def _plain_fit(state: Mapping[str, Any], captured: Mapping[str, Any], opened: Opened, world: int) -> PlainFit | None:
+    """What to read the checkpoint into, and the entries to load, when it plainly fits the live objects
+    (`plain_fit`), else None: the slow comparison decides and names every difference. Never for sharded state
+    (either side) or another world size: those may need resharding."""
     if opened.dtensors or opened.manifest.world_size != world or reshard.Live(state, {}).params:
         return None
     tree = opened.tree
     if any(name not in tree for name in state if not name.startswith("_")):
         return None  # preemptible's own entries ("_...") may be absent: a bare Checkpointer wrote it
-    return fit_targets({n: captured[n] for n in state if n in tree}, tree, opened.entries, opened.casts)
+    return plain_fit({n: captured[n] for n in state if n in tree}, tree, opened.entries, opened.casts)
 
 
 def _by_reason(reports: Iterable[tuple[int, str]]) -> str:
