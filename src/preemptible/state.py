@@ -9,6 +9,7 @@ place on restore).
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
 import importlib.util
 import random
@@ -694,6 +695,12 @@ class ParamIds(list):  # type: ignore[type-arg]
             return item in index
         except TypeError:
             return list.__contains__(self, item)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ParamIds:
+        # Optimizer.load_state_dict deep-copies the groups: ids that are ints (immutable) need no copy each
+        if _SCALARS.issuperset(map(type, self)):
+            return ParamIds(self)
+        return ParamIds(copy.deepcopy(list(self), memo))
 
 
 def _index_param_ids(value: Any) -> None:

@@ -261,7 +261,9 @@ def test_a_raw_copy_refuses_a_target_of_another_size(tmp_path: Path) -> None:
         tensor_format.write(f, list(tensors.items()))
     wrong = torch.zeros(3)
     with open(p, "rb") as f, pytest.raises(ValueError, match="a target of 12 bytes for tensor 't5' of 16"):
-        tensor_format.read(f, p.stat().st_size, where=str(p), into=lambda e: wrong if e.name == "t5" else None)
+        tensor_format.read(
+            f, p.stat().st_size, where=str(p), into=lambda run: [wrong if e.name == "t5" else None for e in run]
+        )
     assert math.isclose(float(wrong.sum()), 0.0)
 
 
@@ -287,6 +289,25 @@ def test_the_optimizer_is_given_param_ids_it_finds_in_constant_time(tmp_path: Pa
     assert ids == [3, 1, 2] and copy.deepcopy(ids) == [3, 1, 2]
     odd = ParamIds([[1], 2])  # unhashable ids: the list's own search
     assert [1] in odd and 2 in odd and 3 not in odd
+    for original in (ids, odd):  # the optimizer deep-copies them: a copy of the same kind, sharing nothing mutable
+        twin = copy.deepcopy(original)
+        assert type(twin) is ParamIds and twin == original and twin is not original
+    assert copy.deepcopy(odd)[0] is not odd[0]
+
+
+def test_a_read_refuses_entries_out_of_offset_order(tmp_path: Path) -> None:
+    """Entries handed to a read must be as `read_header` returns them: the bytes are read in order, so entries in
+    another order would put them in the wrong tensors; the read refuses instead."""
+    p = tmp_path / "f.safetensors"
+    with open(p, "wb") as f:
+        tensor_format.write(f, [("a", torch.ones(4)), ("b", torch.zeros(4))])
+    with open(p, "rb") as f:
+        entries = tensor_format.read_header(f, p.stat().st_size, where=str(p))
+    with open(p, "rb") as f, pytest.raises(ValueError, match="entries out of offset order"):
+        tensor_format.read(f, p.stat().st_size, where=str(p), entries=entries[::-1])
+    with open(p, "rb") as f:
+        got = tensor_format.read(f, p.stat().st_size, where=str(p), entries=entries)
+    assert torch.equal(got["a"], torch.ones(4)) and torch.equal(got["b"], torch.zeros(4))
 
 
 def test_a_stored_entry_that_is_no_mapping_is_refused_even_where_the_live_one_is_empty(tmp_path: Path) -> None:

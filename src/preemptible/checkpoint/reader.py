@@ -8,7 +8,8 @@ every checksum on the way, straight into live tensors where they fit. Every cont
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping
+import operator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -64,6 +65,7 @@ class Opened:
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+_NAME = operator.itemgetter(0)  # an Entry's name
 
 
 def _placeholder(meta: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
@@ -310,8 +312,14 @@ class Reader:
                 return t
             return None
 
-        def fitted(e: tensor_format.Entry) -> torch.Tensor | None:
-            return get(e.name) if not casts or e.name not in casts else None
+        def checked(run: Sequence[tensor_format.Entry]) -> list[torch.Tensor | None]:
+            return [target(e) for e in run]
+
+        # `plain_fit` named them: read into each as it is, but those stored in another dtype (cast after the read)
+        trusted = {n: t for n, t in into.items() if n not in casts} if casts else into
+
+        def fitted(run: Sequence[tensor_format.Entry]) -> list[torch.Tensor | None]:
+            return list(map(trusted.get, map(_NAME, run)))  # in C: a run is up to thousands of small tensors
 
         def read_file(name: str) -> dict[str, torch.Tensor]:
             rec = opened.manifest.files[name]
@@ -329,7 +337,7 @@ class Reader:
                         size,
                         where=p,
                         expected_checksum=expected,
-                        into=fitted if exact else target,
+                        into=fitted if exact else checked,
                         entries=opened.file_entries.get(name),
                         chunk=chunk,
                     )

@@ -449,17 +449,17 @@ def read(
     *,
     where: str,
     expected_checksum: str | None = None,
-    into: Callable[[Entry], torch.Tensor | None] | None = None,
+    into: Callable[[Sequence[Entry]], Sequence[torch.Tensor | None]] | None = None,
     entries: Sequence[Entry] | None = None,
     chunk: int = READ_CHUNK_BYTES,
 ) -> dict[str, torch.Tensor]:
     """Read a whole safetensors file of ``size`` bytes, verifying its checksum on the way.
 
     Args:
-        into: optional; given an entry, returns a contiguous CPU tensor of that dtype and shape to read into
-            (e.g. the live parameter), or None to allocate a fresh one.
-        entries: the header as `read_header` parsed it already (its bytes are still read and hashed, so a
-            header changed since is caught by the checksum).
+        into: optional; given entries, returns for each a contiguous CPU tensor of its dtype and shape to read
+            into (e.g. the live parameter), or None to allocate a fresh one (asked once per run of small tensors).
+        entries: the header as `read_header` parsed it already, in offset order as it returns them (its bytes are
+            still read and hashed, so a header changed since is caught by the checksum).
 
     Raises:
         CheckpointCorruptError: truncated, malformed, or checksum mismatch.
@@ -474,12 +474,15 @@ def read(
             raise _corrupt(where, f"header length {n} is impossible for a file of {size} bytes")
         hasher.update(head)
         hasher.update(_read_exact(source, n, where))
-        entries = sorted(entries, key=_BY_OFFSETS)  # as parse_header leaves them: a quick pass
     out: dict[str, torch.Tensor] = {}
     run: list[Entry] = []
-    run_bytes = 0
+    run_bytes = cursor = 0
     for e in entries:
-        nbytes = e.end - e.begin
+        begin, end = e.begin, e.end
+        if begin != cursor:  # parse_header leaves them in order, back to back; the bytes are read so
+            raise ValueError(f"{where}: entries out of offset order ({e.name!r} at byte {begin}, expected {cursor})")
+        cursor = end
+        nbytes = end - begin
         if 0 < nbytes < SMALL_TENSOR_BYTES:
             if run_bytes + nbytes > BATCH_BYTES:
                 _read_run(source, run, run_bytes, hasher=hasher, into=into, out=out, where=where)
@@ -490,7 +493,7 @@ def read(
         if run:
             _read_run(source, run, run_bytes, hasher=hasher, into=into, out=out, where=where)
             run, run_bytes = [], 0
-        target = into(e) if into is not None else None
+        target = into((e,))[0] if into is not None else None
         if target is None:
             target = torch.empty(e.shape, dtype=e.dtype)
         view = byte_view(target.detach())
@@ -525,7 +528,7 @@ def _read_run(
     nbytes: int,
     *,
     hasher: Any,
-    into: Callable[[Entry], torch.Tensor | None] | None,
+    into: Callable[[Sequence[Entry]], Sequence[torch.Tensor | None]] | None,
     out: dict[str, torch.Tensor],
     where: str,
 ) -> None:
@@ -536,19 +539,21 @@ def _read_run(
     hasher.update(view)
     src = buf.data_ptr() - run[0].begin
     empty = torch.empty
-    for e in run:
-        # A tensor of its own, not a view into one shared block: each restored tensor owns (and frees) its memory.
-        target = into(e) if into is not None else None
-        if target is None:
-            target = empty(e.shape, dtype=e.dtype)
-        # IMPORTANT: a raw copy, so the target must be a contiguous CPU tensor of exactly e.nbytes (what `into`
-        # promises, and what torch.empty gives; the size is checked here). Per tensor it costs a third of torch's
-        # view-view-copy dispatch.
-        nbytes = e.end - e.begin
-        if target.nbytes != nbytes:
-            raise ValueError(f"{where}: a target of {target.nbytes} bytes for tensor {e.name!r} of {nbytes}")
-        _memmove(target.data_ptr(), src + e.begin, nbytes)
-        out[e.name] = target
+    given = into(run) if into is not None else [None] * len(run)
+    if len(given) != len(run):
+        raise ValueError(f"{where}: {len(given)} targets for a run of {len(run)} tensors")
+    for e, target in zip(run, given, strict=True):
+        name, _, shape, begin, end = e
+        nbytes = end - begin
+        # IMPORTANT: a raw copy, so the target must be a contiguous CPU tensor of exactly e's bytes (what `into`
+        # promises, and what torch.empty gives; `into`'s size is checked here). Per tensor it costs a third of
+        # torch's view-view-copy dispatch.
+        if target is None:  # a tensor of its own, not a view into one shared block: it owns (and frees) its memory
+            target = empty(shape, dtype=e.dtype)  # noqa: PLW2901 - the one to read into
+        elif target.nbytes != nbytes:
+            raise ValueError(f"{where}: a target of {target.nbytes} bytes for tensor {name!r} of {nbytes}")
+        _memmove(target.data_ptr(), src + begin, nbytes)
+        out[name] = target
 
 
 def _read_exact(source: Source, n: int, where: str) -> bytes:
