@@ -4,7 +4,10 @@ import io
 import itertools
 import json
 import struct
+from typing import Any
+from unittest import mock
 
+import orjson
 import pytest
 import safetensors.torch
 import torch
@@ -201,3 +204,62 @@ def test_header_duplicates_are_refused_however_written(
     assert [e.begin for e in entries] == sorted(e.begin for e in entries)  # in file order, as readers walk it
     assert sorted((e.name, e.begin, e.end) for e in entries) == expected
     assert set(meta) == {"format"}
+
+
+# Headers are parsed with orjson, falling back to json where orjson refuses: whatever the text, the outcome must be
+# json's (the same entries, or a CheckpointCorruptError), including where the two parsers differ (NaN, numbers past
+# 64 bits, lone surrogates, exponents out of range).
+_ODD_NUMBERS = ["NaN", "Infinity", "-Infinity", "1e400", "-0", "0.0", "4.0", str(2**64), str(2**70), "-1", "1E2"]
+_ODD_STRINGS = ['"U8"', '"F32"', '"\\ud800"', '"\\u00e9"', '"a\\"b"', '""']
+
+
+@st.composite
+def _odd_headers(draw: st.DrawFn) -> tuple[bytes, int]:
+    def value(depth: int = 0) -> str:
+        kind = draw(st.sampled_from(["number", "string", "list"] if depth < 2 else ["number", "string"]))
+        if kind == "number":
+            return draw(st.sampled_from([*_ODD_NUMBERS, str(draw(st.integers(0, 9)))]))
+        if kind == "string":
+            return draw(st.sampled_from(_ODD_STRINGS))
+        return "[" + ",".join(value(depth + 1) for _ in range(draw(st.integers(0, 3)))) + "]"
+
+    members, cursor = [], 0
+    for i in range(draw(st.integers(1, 3))):
+        size = draw(st.integers(0, 3))
+        fields = {"dtype": '"U8"', "shape": f"[{size}]", "data_offsets": f"[{cursor},{cursor + size}]"}
+        cursor += size
+        if draw(st.booleans()):  # one field made odd
+            fields[draw(st.sampled_from(sorted(fields)))] = value()
+        name = draw(st.sampled_from([f'"t{i}"', f'"\\ud800{i}"', f'"\\u00e9{i}"']))
+        members.append(name + ":{" + ",".join(f'"{k}":{v}' for k, v in fields.items()) + "}")
+    if draw(st.booleans()):
+        members.append('"__metadata__":{"format":' + value() + "}")
+    return ("{" + ",".join(members) + "}").encode(), cursor
+
+
+class _JsonOnly:
+    """orjson as if it refused everything: parse_header then reads with json alone (the reference)."""
+
+    JSONDecodeError = orjson.JSONDecodeError
+
+    @staticmethod
+    def loads(raw: bytes) -> Any:
+        raise orjson.JSONDecodeError("refused", "", 0)
+
+
+def _outcome(raw: bytes, data_bytes: int) -> Any:
+    try:
+        entries, meta = tensor_format.parse_header(raw, data_bytes=data_bytes, where="test")
+    except CheckpointCorruptError:
+        return "corrupt"
+    return [tuple(e) for e in entries], meta
+
+
+@settings(max_examples=300, deadline=None)
+@given(_odd_headers())
+def test_headers_read_as_json_reads_them_whatever_the_numbers_and_strings(header: tuple[bytes, int]) -> None:
+    raw, data_bytes = header
+    fast = _outcome(raw, data_bytes)
+    with mock.patch.object(tensor_format, "orjson", _JsonOnly):
+        reference = _outcome(raw, data_bytes)
+    assert repr(fast) == repr(reference)

@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
+import orjson
 import torch
 
 from preemptible.errors import CheckpointCorruptError, UnsupportedStateError
@@ -352,6 +353,17 @@ def _keys_unique(raw: bytes, doc: dict[str, Any]) -> bool:
     return raw.count(b'":') == keys
 
 
+def _loads(raw: bytes) -> Any:
+    """A header's JSON: orjson's parse (twice as fast as json's on 10,000s of entries), or json's where orjson
+    refuses (NaN, a number out of range, a lone surrogate), so what is read is what json reads. The two differ
+    only where neither gives a header (a number past 64 bits is a float in one and an int in the other, and
+    both are refused as a shape or offset); a test holds them to that."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw.decode("utf-8"))
+
+
 _BY_OFFSETS = operator.itemgetter(3, 4)  # an Entry's (begin, end)
 _NEW_ENTRY = tuple.__new__
 
@@ -363,10 +375,9 @@ def parse_header(raw: bytes, *, data_bytes: int, where: str) -> tuple[list[Entry
         CheckpointCorruptError: anything out of place, naming the tensor.
     """
     try:
-        text = raw.decode("utf-8")
-        doc = json.loads(text)
+        doc = _loads(raw)
         if type(doc) is dict and not _keys_unique(raw, doc):  # the parse that names a duplicate, 1.6x as slow
-            doc = json.loads(text, object_pairs_hook=_no_duplicates)
+            doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
     except (UnicodeDecodeError, ValueError) as e:
         raise _corrupt(where, f"header is not valid JSON ({e})") from e
     except RecursionError as e:
