@@ -373,7 +373,8 @@ class Run:
 
         At each boundary (when the loop body returns) it saves if a save is due, and after a notice it writes
         the emergency checkpoint and exits (see the class docs). After the last step it saves a final
-        checkpoint and leaves ``DONE.json`` in the root, so a wrapper can tell "finished" from "preempted".
+        checkpoint and leaves ``DONE.json`` in the root, so a wrapper can tell "finished" from "preempted". Leaving
+        the loop early (a ``break``) saves nothing and is journaled as such: a rerun resumes from the last checkpoint.
         """
         if total < 0:
             raise ValueError(f"expected total >= 0 steps, found {total}")
@@ -383,13 +384,24 @@ class Run:
             if not self._ready(start, total):
                 return
             for step in range(start, total):
-                yield step
+                try:
+                    yield step
+                except GeneratorExit:
+                    self._left(step)
+                    raise
                 if self.boundary(step + 1):
                     return
             self._finish(total)
         finally:
             if self._auto_close:
                 self.close()
+
+    def _left(self, step: int) -> None:
+        """The loop was left before its end: a ``break`` in it (early stopping), or an error raised in its body.
+        Journaled, so that a report tells it from a kill. Nothing is saved (the step may be half done): run again,
+        and it resumes from the last checkpoint."""
+        if self.journal is not None and not self.preempted and not self._finished:
+            self.journal.event(Event.EXIT, step, code=None, reason="left the loop", saved=False)
 
     def _ready(self, start: int, total: int | None) -> bool:
         """False when there is nothing to run: a notice came during the restore, or the run had finished."""
@@ -479,7 +491,11 @@ class Run:
             if not self._ready(start, None):
                 return
             while self._loop["epoch"] < total:
-                yield self._loop["epoch"]
+                try:
+                    yield self._loop["epoch"]
+                except GeneratorExit:
+                    self._left(self.step)
+                    raise
                 if self.preempted:
                     return  # exit_on_notice=False: batches() ended the epoch early
                 self._loop.update(epoch=self._loop["epoch"] + 1, done=0, rng=None)

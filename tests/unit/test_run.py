@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -424,3 +425,36 @@ def test_a_late_slurm_warning_after_a_finished_run_does_not_kill_the_process(
         assert signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN
     finally:
         signal.signal(signal.SIGUSR1, previous)
+
+
+@pytest.mark.parametrize("how", ["break", "error", "epochs"])
+def test_leaving_the_loop_early_is_journaled_saves_nothing_and_a_rerun_resumes(tmp_path: Path, how: str) -> None:
+    """Early stopping (a ``break`` out of `steps` or `epochs`) or an error in the loop body: the journal says the
+    loop was left at that step, so a report does not take it for a kill; nothing is saved; a rerun resumes."""
+    from preemptible import report
+
+    p = parts()
+    run = Run(tmp_path, save_every=3, keep=10, **p)
+    if how == "epochs":
+        for epoch in run.epochs(10):
+            for _ in run.batches(range(2)):
+                train_some(p["model"], p["optimizer"], 1, start=run.step)
+            if epoch == 2:  # 6 steps done: the save of step 6 came first
+                break
+        left = 6
+    else:
+        with pytest.raises(RuntimeError, match="diverged") if how == "error" else contextlib.nullcontext():
+            for step in run.steps(10):
+                train_some(p["model"], p["optimizer"], 1, start=step)
+                if step == 4:
+                    if how == "error":
+                        raise RuntimeError("loss diverged")
+                    break
+        left = 4
+    exits = [e for e in journal(tmp_path) if e["event"] == "exit"]
+    assert [(e["step"], e["reason"], e["saved"]) for e in exits] == [(left, "left the loop", False)]
+    assert committed(tmp_path) == ([3, 6] if how == "epochs" else [3])
+    assert report.summarize(journal(tmp_path))["runs"][0]["ended"] == "left the loop"
+    rerun = Run(tmp_path, **parts(seed=1))
+    assert rerun.start_step == (6 if how == "epochs" else 3)
+    rerun.close()
