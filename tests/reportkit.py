@@ -4,6 +4,7 @@ fetches nothing), used on the file and on the DOM a real browser made of it."""
 
 from __future__ import annotations
 
+import json
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -14,8 +15,8 @@ from preemptible import Run
 
 
 def attempt(root: Path, *, stop_at: int | None = None, notice_at: int | None = None) -> None:
-    """One process's run of a 12-step job: a notice during step ``notice_at`` (emergency save), or the loop left
-    after step ``stop_at`` without any (the machine gone: the steps since the last checkpoint are lost)."""
+    """One process's run of a 12-step job: a notice during step ``notice_at`` (emergency save), or the machine gone
+    during step ``stop_at`` without a word (the steps since the last checkpoint are lost)."""
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     run = Run(root, model=model, optimizer=opt, save_every=4, exit_on_notice=False, async_save=False)
@@ -25,6 +26,11 @@ def attempt(root: Path, *, stop_at: int | None = None, notice_at: int | None = N
             run.guard.trigger(source="signal")
         if step == stop_at:
             break
+    if stop_at is not None:  # a killed process journals nothing after its last step: drop what leaving the loop wrote
+        for path in (root / "journal").glob("*.jsonl"):
+            lines = path.read_text().splitlines(keepends=True)
+            kept = [x for x in lines if not (json.loads(x).get("event") == "exit" and json.loads(x)["step"] == stop_at)]
+            path.write_text("".join(kept))
 
 
 class Page(HTMLParser):
