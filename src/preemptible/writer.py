@@ -13,13 +13,15 @@ Two paths, one file format:
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import queue
 import re
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -399,6 +401,7 @@ class Staging:
         self._token: object = None
         self._buckets: tuple[list[_Bucket], list[FileSpec]] | None = None
         self._buckets_token: object = None
+        self._spans: dict[Any, list[tuple[int, int]]] = {}  # per bucket of the cached layout: `_copy_spans`
         self._views: dict[str, torch.Tensor] = {}
         self._regions: dict[str, tuple[int, int]] = {}
         self.allocations = 0
@@ -490,13 +493,15 @@ class Staging:
         if cached is None:
             cached = self._bucket(specs)
             self._buckets, self._buckets_token = cached, token
+            self._spans = {}
         buckets, staged_specs = cached
         srcs_all = [t for spec in specs for _, t in spec.items]
         # no detach per tensor: the copies run under no_grad
         one = len(buckets) == 1
         pairs = {key: (dsts, srcs_all if one else [srcs_all[i] for i in idx]) for key, dsts, idx in buckets}
         cuda_streams: list[torch.cuda.Stream] = []
-        for (device, _, _), (dsts, srcs) in pairs.items():
+        for key, (dsts, srcs) in pairs.items():
+            device = key[0]
             if device.type == "cuda":
                 stream = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
                 stream.wait_stream(torch.cuda.current_stream(device))
@@ -504,7 +509,10 @@ class Staging:
                     _copy_all(dsts, srcs, non_blocking=self.pin)
                 cuda_streams.append(stream)
             else:
-                _copy_all(dsts, srcs, non_blocking=False)
+                spans = self._spans.get(key)
+                if spans is None:
+                    spans = self._spans[key] = _copy_spans(dsts)
+                _copy_split(dsts, srcs, spans)
         for stream in cuda_streams:
             stream.synchronize()
         arena_bytes = memoryview(self._arena.numpy())  # type: ignore[arg-type]
@@ -539,3 +547,47 @@ def _copy_all(dsts: list[torch.Tensor], srcs: list[torch.Tensor], *, non_blockin
     else:
         for d, s in zip(dsts, srcs, strict=True):
             d.copy_(s, non_blocking=non_blocking)
+
+
+SPLIT_COPY_MIN = 256
+"""CPU copies of at least this many tensors, each under `COALESCE_BELOW` on average, are split across threads."""
+_copy_pool: list[ThreadPoolExecutor] = []
+_copy_pool_lock = threading.Lock()
+if hasattr(os, "register_at_fork"):  # a forked child has none of the parent's threads: it makes its own pool
+    os.register_at_fork(after_in_child=_copy_pool.clear)
+
+
+def _copy_spans(dsts: list[torch.Tensor]) -> list[tuple[int, int]]:
+    """How to split a CPU copy into runs of about equal bytes, one per thread (one run: not worth splitting). torch
+    copies a large tensor on all its threads, but 10,000s of small ones one after the other on one."""
+    parts = min(torch.get_num_threads(), 4)
+    nbytes = sum(d.nbytes for d in dsts)
+    if parts < 2 or len(dsts) < SPLIT_COPY_MIN or nbytes >= COALESCE_BELOW * len(dsts):
+        return [(0, len(dsts))]
+    cuts, acc, share = [0], 0, nbytes / parts
+    for i, d in enumerate(dsts):
+        acc += d.nbytes
+        if acc >= share * len(cuts) and len(cuts) < parts:
+            cuts.append(i + 1)
+    cuts.append(len(dsts))
+    return [(a, b) for a, b in itertools.pairwise(cuts) if b > a]
+
+
+def _copy_split(dsts: list[torch.Tensor], srcs: list[torch.Tensor], spans: list[tuple[int, int]]) -> None:
+    """`_copy_all` of CPU tensors in ``spans`` at once: the first on this thread, the others on a small pool (each
+    ``_foreach_copy_`` lets the GIL go). The training loop waits for this copy (the stall of a background save),
+    so its cores are free for it."""
+    if len(spans) == 1:
+        _copy_all(dsts, srcs, non_blocking=False)
+        return
+    with _copy_pool_lock:
+        if not _copy_pool:
+            _copy_pool.append(ThreadPoolExecutor(3, thread_name_prefix="preemptible-stage"))
+        pool = _copy_pool[0]
+    futures = [pool.submit(_copy_all, dsts[a:b], srcs[a:b], non_blocking=False) for a, b in spans[1:]]
+    try:
+        a, b = spans[0]
+        _copy_all(dsts[a:b], srcs[a:b], non_blocking=False)
+    finally:
+        for f in futures:
+            f.result()

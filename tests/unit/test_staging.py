@@ -40,3 +40,31 @@ def test_a_new_layout_gets_a_new_arena() -> None:
     staging.stage(plan_of({"w": {"a": torch.zeros(100_000)}}), step=2)
     assert staging.allocations == 2
     assert staging.nbytes >= 400_000
+
+
+def test_many_small_tensors_are_copied_in_runs_at_once_byte_for_byte() -> None:
+    """10,000s of small tensors are copied one after the other on one of torch's threads: staging splits them into
+    runs of about equal bytes copied at once, which together must cover every tensor exactly once."""
+    from preemptible.writer import _copy_spans
+
+    g = torch.Generator().manual_seed(0)
+    t = {"w": {str(i): torch.randn(i % 7 + 1, generator=g) for i in range(600)}, "v": {"t": torch.randn(3, 5).t()}}
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        staging = Staging(pin=False)
+        staged = staging.stage(plan_of(t), step=1)
+        spans = list(staging._spans.values())
+        # many small: two runs; one tensor holding most bytes, large ones (torch's own threads), few: one
+        for sizes, runs in (([4] * 300, 2), ([4] * 299 + [4000], 1), ([1 << 21] * 300, 1), ([4] * 10, 1)):
+            dsts = [torch.empty(n, dtype=torch.uint8) for n in sizes]
+            cut = _copy_spans(dsts)
+            assert [i for a, b in cut for i in range(a, b)] == list(range(len(sizes)))
+            assert len(cut) == runs, sizes[-1]
+    finally:
+        torch.set_num_threads(old)
+    assert any(len(s) == 2 for s in spans), "never split"
+    got = staged_tensors(staged)
+    for i in range(600):
+        assert torch.equal(got[f"w/{i}"], t["w"][str(i)])
+    assert torch.equal(got["v/t"], t["v"]["t"])
