@@ -510,7 +510,6 @@ def plain_fit(
     strided = torch.strided
     get_entry = entries.get
     plain, scalars = _PLAIN_TENSORS, _SCALARS
-    is_scalar = scalars.__contains__
     only_scalars = scalars.issuperset
     # IMPORTANT: a restore walks every tensor of the state here (10,000s): one loop over a stack, not a call per
     # node, the tensor case first, and lists of scalars (an optimizer's parameter ids) judged and copied in C.
@@ -544,10 +543,8 @@ def plain_fit(
             stored = _stored_mapping(doc)
             if stored is None or len(stored) != len(obj):
                 return None
-            if stored is doc:
+            if stored is doc or len(doc) == 1:  # a plain object, or {"$dict": pairs}
                 new: dict[Any, Any] = dict.fromkeys(stored)
-            elif len(doc) == 1:
-                new = dict.fromkeys(stored)
             elif len(doc) == 2 and "$meta" in doc:  # a module's state dict, as `tagged_json.decode` builds it
                 new = OrderedDict.fromkeys(stored)
                 subtrees.append((new, _META, doc["$meta"]))
@@ -568,7 +565,7 @@ def plain_fit(
                 return None
             if type(items) is not list or len(items) != len(obj):
                 return None
-            if only_scalars(map(type, items)) and all(map(is_scalar, map(type, obj))):
+            if only_scalars(map(type, items)) and only_scalars(map(type, obj)):
                 box[key] = items.copy() if kind is list else tuple(items)  # plain JSON scalars are their values
                 continue
             new_items: list[Any] = [None] * len(items)

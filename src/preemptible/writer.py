@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import queue
 import re
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -551,10 +550,6 @@ def _copy_all(dsts: list[torch.Tensor], srcs: list[torch.Tensor], *, non_blockin
 
 SPLIT_COPY_MIN = 256
 """CPU copies of at least this many tensors, each under `COALESCE_BELOW` on average, are split across threads."""
-_copy_pool: list[ThreadPoolExecutor] = []
-_copy_pool_lock = threading.Lock()
-if hasattr(os, "register_at_fork"):  # a forked child has none of the parent's threads: it makes its own pool
-    os.register_at_fork(after_in_child=_copy_pool.clear)
 
 
 def _copy_spans(dsts: list[torch.Tensor]) -> list[tuple[int, int]]:
@@ -574,20 +569,11 @@ def _copy_spans(dsts: list[torch.Tensor]) -> list[tuple[int, int]]:
 
 
 def _copy_split(dsts: list[torch.Tensor], srcs: list[torch.Tensor], spans: list[tuple[int, int]]) -> None:
-    """`_copy_all` of CPU tensors in ``spans`` at once: the first on this thread, the others on a small pool (each
-    ``_foreach_copy_`` lets the GIL go). The training loop waits for this copy (the stall of a background save),
-    so its cores are free for it."""
-    if len(spans) == 1:
-        _copy_all(dsts, srcs, non_blocking=False)
-        return
-    with _copy_pool_lock:
-        if not _copy_pool:
-            _copy_pool.append(ThreadPoolExecutor(3, thread_name_prefix="preemptible-stage"))
-        pool = _copy_pool[0]
-    futures = [pool.submit(_copy_all, dsts[a:b], srcs[a:b], non_blocking=False) for a, b in spans[1:]]
-    try:
-        a, b = spans[0]
-        _copy_all(dsts[a:b], srcs[a:b], non_blocking=False)
-    finally:
-        for f in futures:
-            f.result()
+    """`_copy_all` of CPU tensors, the ``spans`` at once on threads of their own (each ``_foreach_copy_`` lets the
+    GIL go). The training loop waits for this copy (the stall of a background save), so its cores are free for it."""
+    parallel_map(
+        lambda span: _copy_all(dsts[span[0] : span[1]], srcs[span[0] : span[1]], non_blocking=False),
+        spans,
+        threads=len(spans),
+        name="preemptible-stage",
+    )

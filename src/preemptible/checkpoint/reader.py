@@ -316,7 +316,7 @@ class Reader:
             return [target(e) for e in run]
 
         # `plain_fit` named them: read into each as it is, but those stored in another dtype (cast after the read)
-        trusted = {n: t for n, t in into.items() if n not in casts} if casts else into
+        trusted = {n: t for n, t in into.items() if n not in casts} if exact and casts else into
 
         def fitted(run: Sequence[tensor_format.Entry]) -> list[torch.Tensor | None]:
             return list(map(trusted.get, map(_NAME, run)))  # in C: a run is up to thousands of small tensors

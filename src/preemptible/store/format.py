@@ -545,9 +545,7 @@ def _read_run(
     src = buf.data_ptr() - run[0].begin
     empty = torch.empty
     given = into(run) if into is not None else [None] * len(run)
-    if len(given) != len(run):
-        raise ValueError(f"{where}: {len(given)} targets for a run of {len(run)} tensors")
-    for e, target in zip(run, given, strict=True):
+    for e, target in zip(run, given, strict=True):  # one target per entry, or a ValueError
         name, _, shape, begin, end = e
         nbytes = end - begin
         # IMPORTANT: a raw copy, so the target must be a contiguous CPU tensor of exactly e's bytes (what `into`
