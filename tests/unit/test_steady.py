@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from preemptible import Checkpointer
 from preemptible.checkpoint import steady
+from preemptible.state import capture
 from preemptible.store import layout
 
 
@@ -101,6 +102,13 @@ def test_every_save_writes_the_bytes_of_the_general_path(tmp_path_factory: pytes
         for t in tree.pool:  # the numbers change in place between saves: the template stays
             with torch.no_grad():
                 t.add_(1)
+            move = data.draw(st.sampled_from(["stay", "stay", "new memory", "another's memory"]))
+            if move == "new memory":  # alone, or with its aliases (the same object at several places)
+                t.data = t.data.clone()
+            elif move == "another's memory":
+                other = data.draw(st.sampled_from(tree.pool))
+                if other.shape == t.shape and other.dtype == t.dtype:
+                    t.data = other.data
         state = {k: rescalar(v, data.draw) for k, v in state.items()}
     assert fast.steady.hits + fast.steady.misses == 6
 
@@ -169,6 +177,43 @@ def test_new_memory_a_new_key_or_a_new_dtype_makes_a_new_template(tmp_path: Path
         assert written(ck, step) == written(slow, step)
         misses.append(ck.steady.misses)
     assert misses == [1, 1, 1, 2, 3, 4, 5, 6]
+
+
+def test_tensors_that_moved_once_are_refilled_and_their_memory_becomes_the_templates(tmp_path: Path) -> None:
+    state = model_state()
+    train(state, 1)
+    ck, slow = Checkpointer(tmp_path / "ck", keep=10), general_only(Checkpointer(tmp_path / "slow", keep=10))
+    opt = state["optimizer"]
+
+    def ptrs() -> list[int]:
+        scanned = steady.scan(capture(state))
+        assert scanned is not None
+        return scanned.tensor_meta().ptrs
+
+    def save(step: int) -> None:
+        ck.save(state, step, blocking=step % 2 == 0).wait()
+        slow.save(state, step).wait()
+        assert written(ck, step) == written(slow, step)
+
+    save(1)
+    loaded = opt.state_dict()  # as after a restore: torch's load_state_dict keeps the tensors it is given
+    opt.load_state_dict(
+        {**loaded, "state": {k: {n: v.clone() for n, v in s.items()} for k, s in loaded["state"].items()}}
+    )
+    moved = ptrs()
+    save(2)
+    assert (ck.steady.misses, ck.steady.hits) == (1, 1)
+    assert ck.steady._template is not None and ck.steady._template.meta.ptrs == moved  # the next save: one compare
+    exp_avg = [s["exp_avg"] for s in opt.state.values()]
+    exp_avg[0].data = exp_avg[1].data  # moved again, now sharing another's memory: other names, a new template
+    save(3)
+    assert (ck.steady.misses, ck.steady.hits) == (2, 1)
+    exp_avg[0].data = exp_avg[1].data.clone()  # alone again, at an address no other tensor starts at
+    save(4)
+    assert (ck.steady.misses, ck.steady.hits) == (3, 1)  # the last template had it shared
+    exp_avg[0].data = exp_avg[0].data.clone()
+    save(5)
+    assert (ck.steady.misses, ck.steady.hits) == (3, 2)
 
 
 def test_numpy_arrays_are_refilled_and_what_the_scan_does_not_know_takes_the_general_path(tmp_path: Path) -> None:

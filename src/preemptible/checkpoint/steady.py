@@ -20,10 +20,12 @@ The bytes written are those of the general path (the tests compare them, save by
 
 from __future__ import annotations
 
+import itertools
 import json
+import operator
 import re
 import secrets
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -53,19 +55,42 @@ class Scan:
     leaves: list[Any]
     arrays: list[int]
     """Positions in ``tensors`` of NumPy arrays (stored as tensors, converted at every save)."""
-    meta: list[tuple[Any, ...]] | None = None
+    meta: Meta | None = None
 
-    def tensor_meta(self) -> list[tuple[Any, ...]]:
+    def tensor_meta(self) -> Meta:
         """Per tensor: its memory, dtype, shape, strides, device (they decide its name, aliases and bytes) and
         whether it requires grad (then it is written detached). Per array: its memory, dtype and shape."""
         if self.meta is None:
             tensors = self.tensors
+            data_ptr: Callable[[Any], int] = torch.Tensor.data_ptr  # unbound: faster than any wrapper
             if self.arrays:
                 tensors = list(tensors)
                 for i in self.arrays:
                     tensors[i] = _ArrayMeta(tensors[i])
-            self.meta = [(t.data_ptr(), t.dtype, t.shape, t.stride(), t.device, t.requires_grad) for t in tensors]
+                data_ptr = _DATA_PTR
+            self.meta = Meta(
+                list(map(data_ptr, tensors)),
+                [(t.dtype, t.shape, t.stride(), t.device, t.requires_grad) for t in tensors],
+            )
         return self.meta
+
+
+_DATA_PTR = operator.methodcaller("data_ptr")
+
+
+@dataclass
+class Meta:
+    """`Scan.tensor_meta`, by column: the memory, which may move from save to save (RNG states are new tensors at
+    every ``state_dict()``, an optimizer's state is after a restore), apart from the rest, which rarely changes,
+    so that each is compared in one go."""
+
+    ptrs: list[int]
+    rest: list[tuple[Any, ...]]
+    """Per tensor: dtype, shape, strides, device, requires_grad."""
+
+    def rows(self) -> list[tuple[Any, ...]]:
+        """Per tensor: (memory, dtype, shape, strides, device, requires_grad)."""
+        return [(p, *r) for p, r in zip(self.ptrs, self.rest, strict=True)]
 
 
 class _ArrayMeta:
@@ -166,7 +191,7 @@ class Template:
     """One shape's plan, by tensor position; ``state.json`` cut at its leaves."""
 
     shape: list[Any]
-    meta: list[tuple[Any, ...]]
+    meta: Meta
     specs: list[tuple[str, tuple[tuple[str, int], ...], dict[str, torch.dtype]]]
     """Per file: its name, (tensor name, tensor position) per item, and the tensors it casts."""
     pieces: dict[str, tuple[list[str], list[int]]]
@@ -189,17 +214,24 @@ class Template:
     prepared: list[list[Any]]
     """Per file: its safetensors layout and header, made at its first write (`tensor_format.encode`)."""
 
-    def matches(self, meta: list[tuple[Any, ...]]) -> bool:
+    def matches(self, meta: Meta) -> bool:
         """Whether tensors of this ``meta`` flatten to the template's names: each the same dtype, shape, strides
         and device, and the same ones sharing memory. Tensors made anew at every ``state_dict()`` (RNG states,
-        NumPy arrays) have new memory each time: fine while they share it with no other."""
-        if meta == self.meta:
+        NumPy arrays) have new memory each time: fine while they share it with no other. A match makes ``meta``
+        the template's, so that tensors that moved once (an optimizer's state after a restore) are not looked at
+        one by one again at every save."""
+        old = self.meta
+        if meta.rest != old.rest or len(meta.ptrs) != len(old.ptrs):
+            return False
+        moved = list(itertools.compress(itertools.count(), map(operator.ne, meta.ptrs, old.ptrs)))
+        if not moved:
             return True
-        single = self.single
-        for i, (a, b) in enumerate(zip(meta, self.meta, strict=True)):
-            if a != b and (a[1:] != b[1:] or not single[i]):
-                return False
-        return _distinct(meta) == self.distinct
+        if not all(map(self.single.__getitem__, moved)):
+            return False
+        if not _still_apart(meta, moved) and _distinct(meta.rows()) != self.distinct:
+            return False
+        self.meta = meta  # the same names: each moved tensor still shares its memory with no other
+        return True
 
     def fill(self, now: Scan) -> SavePlan:
         tensors = now.tensors
@@ -285,7 +317,8 @@ class SteadyPlans:
         position: dict[int, int] = {}  # tensor object (as flattened) -> its position in scan order
         by_memory: dict[tuple[Any, ...], int] = {}  # for tensors flatten detached (requires_grad)
         arrays: dict[int, int] = {}  # an array's memory -> its position (flatten wraps it in a tensor, no copy)
-        for i, (t, m) in enumerate(zip(now.tensors, now.tensor_meta(), strict=True)):
+        rows = now.tensor_meta().rows()
+        for i, (t, m) in enumerate(zip(now.tensors, rows, strict=True)):
             position.setdefault(id(t), i)
             by_memory.setdefault(m, i)
             if m[4] == "numpy":
@@ -321,10 +354,10 @@ class SteadyPlans:
             leaves=leaves,
             leaf_text=[leaf_json(v) for v in leaves],
             floats=[i for i, v in enumerate(leaves) if type(v) is float],
-            grad=[i for i, m in enumerate(now.tensor_meta()) if m[-1]],
+            grad=[i for i, m in enumerate(rows) if m[-1]],
             arrays=list(now.arrays),
-            single=_single(now.tensor_meta()),
-            distinct=_distinct(now.tensor_meta()),
+            single=_single(rows),
+            distinct=_distinct(rows),
             nbytes=plan.nbytes,
             total_bytes=plan.total_bytes,
             token=object(),
@@ -338,6 +371,15 @@ def _alias_key(m: tuple[Any, ...]) -> tuple[Any, ...] | None:
     if not m[0] or m[4] == "numpy" or 0 in m[2]:
         return None
     return m[:5]
+
+
+def _still_apart(meta: Meta, moved: list[int]) -> bool:
+    """A quick proof that `_distinct` is unchanged when only the ``moved`` positions (each sharing its memory with
+    no other before) changed memory: each now starts where no other position does. False: no proof (not a
+    refusal: `_distinct` decides)."""
+    ptrs, rest = meta.ptrs, meta.rest
+    count = ptrs.count if len(moved) <= 8 else Counter(ptrs).__getitem__  # an RNG state or two: no Counter
+    return all(count(ptrs[i]) == 1 or _alias_key((ptrs[i], *rest[i])) is None for i in moved)
 
 
 def _distinct(meta: list[tuple[Any, ...]]) -> int:
