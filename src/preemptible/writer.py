@@ -401,6 +401,7 @@ class Staging:
         self._buckets: tuple[list[_Bucket], list[FileSpec]] | None = None
         self._buckets_token: object = None
         self._spans: dict[Any, list[tuple[int, int]]] = {}  # per bucket of the cached layout: `_copy_spans`
+        self._early: tuple[object, list[threading.Thread], list[BaseException]] | None = None
         self._views: dict[str, torch.Tensor] = {}
         self._regions: dict[str, tuple[int, int]] = {}
         self.allocations = 0
@@ -481,19 +482,84 @@ class Staging:
         ]
         return [(key, dsts, idx) for key, (dsts, idx) in groups.items()], staged_specs
 
+    @property
+    def early(self) -> bool:
+        """An early copy (`begin`) is running or not yet taken by `stage`: it holds ``busy``."""
+        return self._early is not None
+
+    def begin(self, token: object, srcs: list[torch.Tensor]) -> bool:
+        """Start copying ``srcs``, every tensor of a plan of layout ``token`` in file order, on threads, before the
+        plan is checked: the check's Python work then runs beside the copy instead of before it (a state of 10,000s
+        of small tensors: about a third of a background save's stall). Only when ``busy`` is free (then taken and
+        held) and the arena already has this layout, all on CPU. A `stage` of a plan of this ``token`` takes the
+        copy; of any other, it waits for it and copies again. `drop_early` waits for it and lets ``busy`` go.
+        """
+        if token is None or token is not self._buckets_token or token is not self._token or self._buckets is None:
+            return False
+        buckets = self._buckets[0]
+        if any(key[0].type != "cpu" for key, _, _ in buckets) or not self.busy.acquire(blocking=False):
+            return False
+        self.current = None  # the arena is being overwritten: it no longer holds the last staged step
+        errors: list[BaseException] = []
+
+        def copy(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
+            try:
+                _copy_all(dsts, srcs, non_blocking=False)
+            except BaseException as e:  # the plan may not be this layout's: judged when it is known
+                errors.append(e)
+
+        threads = []
+        parts = max(1, min(torch.get_num_threads(), 4) - 1)  # one core for the check meanwhile
+        for key, dsts, idx in buckets:
+            some = srcs if len(buckets) == 1 else [srcs[i] for i in idx]
+            spans = self._spans.get((key, parts))
+            if spans is None:
+                spans = self._spans[(key, parts)] = _copy_spans(dsts, parts)
+            for a, b in spans:
+                threads.append(threading.Thread(target=copy, args=(dsts[a:b], some[a:b]), name="preemptible-stage"))
+        self._early = (token, threads, errors)
+        for t in threads:
+            t.start()
+        return True
+
+    def _take_early(self, token: object) -> bool:
+        """Wait for the early copy; True when it is of ``token`` (then it stands for this stage's copy)."""
+        early, self._early = self._early, None
+        if early is None:
+            return False
+        began, threads, errors = early
+        for t in threads:
+            t.join()
+        if began is not token:
+            return False
+        if errors:
+            raise errors[0]
+        return True
+
+    def drop_early(self) -> None:
+        """Wait for an early copy that no `stage` took (a save that failed before staging), and let ``busy`` go."""
+        if self._early is not None:
+            try:
+                self._take_early(None)
+            finally:
+                self.busy.release()
+
     def stage(self, plan: SavePlan, *, step: int | None = None) -> Staged:
         """Copy every tensor of the plan into the arena (the caller holds ``busy``). Returns what to write."""
         t0 = self._monotonic()
+        self.current = None  # until the copy is whole
         specs = plan.specs
-        self._prepare(specs, plan.layout_token)
-        assert self._arena is not None
         token = plan.layout_token
+        if self._take_early(token) and token is self._token and token is self._buckets_token:
+            return self._staged(plan, step, t0)
+        self._prepare(specs, token)
+        assert self._arena is not None
         cached = self._buckets if token is not None and token is self._buckets_token else None
         if cached is None:
             cached = self._bucket(specs)
             self._buckets, self._buckets_token = cached, token
             self._spans = {}
-        buckets, staged_specs = cached
+        buckets = cached[0]
         srcs_all = [t for spec in specs for _, t in spec.items]
         # no detach per tensor: the copies run under no_grad
         one = len(buckets) == 1
@@ -514,6 +580,12 @@ class Staging:
                 _copy_split(dsts, srcs, spans)
         for stream in cuda_streams:
             stream.synchronize()
+        return self._staged(plan, step, t0)
+
+    def _staged(self, plan: SavePlan, step: int | None, t0: float) -> Staged:
+        assert self._arena is not None
+        assert self._buckets is not None
+        staged_specs = self._buckets[1]
         arena_bytes = memoryview(self._arena.numpy())  # type: ignore[arg-type]
         blobs = {name: arena_bytes[a:b] for name, (a, b) in self._regions.items()}
         staged = Staged(
@@ -552,10 +624,10 @@ SPLIT_COPY_MIN = 256
 """CPU copies of at least this many tensors, each under `COALESCE_BELOW` on average, are split across threads."""
 
 
-def _copy_spans(dsts: list[torch.Tensor]) -> list[tuple[int, int]]:
+def _copy_spans(dsts: list[torch.Tensor], parts: int | None = None) -> list[tuple[int, int]]:
     """How to split a CPU copy into runs of about equal bytes, one per thread (one run: not worth splitting). torch
     copies a large tensor on all its threads, but 10,000s of small ones one after the other on one."""
-    parts = min(torch.get_num_threads(), 4)
+    parts = min(torch.get_num_threads(), 4) if parts is None else parts
     nbytes = sum(d.nbytes for d in dsts)
     if parts < 2 or len(dsts) < SPLIT_COPY_MIN or nbytes >= COALESCE_BELOW * len(dsts):
         return [(0, len(dsts))]

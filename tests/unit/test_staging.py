@@ -68,3 +68,58 @@ def test_many_small_tensors_are_copied_in_runs_at_once_byte_for_byte() -> None:
     for i in range(600):
         assert torch.equal(got[f"w/{i}"], t["w"][str(i)])
     assert torch.equal(got["v/t"], t["v"]["t"])
+
+
+def test_an_early_copy_is_taken_by_the_stage_of_its_layout_and_redone_for_any_other() -> None:
+    """`Staging.begin` copies a plan's tensors before the plan is checked. The stage of a plan of that layout takes
+    the copy; the stage of any other waits for it and copies again, whatever the early copy did (wrong tensors,
+    copies that failed); `drop_early` waits for it and frees the arena. Meanwhile nothing claims the arena holds a
+    staged step."""
+    import threading
+
+    g = torch.Generator().manual_seed(1)
+    t = {"w": {str(i): torch.randn(i % 5 + 1, generator=g) for i in range(400)}}
+    token = object()
+
+    def plan(tok: object = token) -> SavePlan:
+        p = plan_of(t)
+        p.layout_token = tok
+        return p
+
+    def sources() -> list[torch.Tensor]:
+        return [x for spec in plan().specs for _, x in spec.items]
+
+    staging = Staging(pin=False)
+    assert not staging.begin(token, sources())  # no arena of this layout yet
+    staging.stage(plan(), step=1)
+    for step in (2, 3):
+        for x in t["w"].values():
+            x.add_(1)
+        assert staging.begin(token, sources())
+        assert staging.early and staging.current is None and staging.busy.locked()
+        assert not staging.begin(token, sources())  # one at a time: busy is held
+        staged = staging.stage(plan(), step=step)
+        assert not staging.early and staging.current is staged
+        staging.busy.release()
+        got = staged_tensors(staged)
+        assert all(torch.equal(got[f"w/{k}"], x) for k, x in t["w"].items())
+    wrong = [torch.full((7, 3), 9.0) for _ in sources()]  # copies that fail: a plan not of this layout
+    assert staging.begin(token, wrong)
+    staged = staging.stage(plan(object()), step=4)  # another layout: the early copy is waited for, its errors dropped
+    staging.busy.release()
+    got = staged_tensors(staged)
+    assert all(torch.equal(got[f"w/{k}"], x) for k, x in t["w"].items())
+    assert staging.begin(staging._token, wrong)
+    try:  # of its own layout, a failed copy is the stage's failure
+        staging.stage(plan(staging._token), step=5)
+        raise AssertionError("a failed early copy was taken as staged")
+    except RuntimeError:
+        pass
+    staging.busy.release()
+    assert staging.current is None
+    assert staging.begin(staging._token, sources())
+    staging.drop_early()
+    assert not staging.early and not staging.busy.locked() and staging.current is None
+    assert not [th for th in threading.enumerate() if th.name == "preemptible-stage"]
+    staging.drop_early()  # nothing to drop: nothing happens
+    assert not staging.busy.locked()

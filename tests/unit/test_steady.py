@@ -216,6 +216,44 @@ def test_tensors_that_moved_once_are_refilled_and_their_memory_becomes_the_templ
     assert (ck.steady.misses, ck.steady.hits) == (3, 2)
 
 
+def test_a_background_saves_early_copy_is_redone_when_the_state_no_longer_fits_and_a_failure_frees_it(
+    tmp_path: Path,
+) -> None:
+    """A background save starts copying into the staging arena before its tensors are checked
+    (`Staging.begin`). A tensor that grew since the last save makes that copy fail, and its bytes are staged
+    anew; a tensor the save cannot store fails the save with the general path's message, and frees the arena."""
+    import threading
+
+    from preemptible.errors import UnsupportedStateError
+
+    state = model_state()
+    train(state, 1)
+    ck, slow = Checkpointer(tmp_path / "ck", keep=10), general_only(Checkpointer(tmp_path / "slow", keep=10))
+    began: list[bool] = []
+    begin = ck.staging.begin
+    ck.staging.begin = lambda token, srcs: began.append(begin(token, srcs)) or began[-1]  # type: ignore[method-assign]
+
+    def save(step: int) -> None:
+        ck.save(state, step, blocking=False).wait()
+        slow.save(state, step).wait()
+        assert written(ck, step) == written(slow, step)
+        assert not ck.staging.early and not ck.staging.busy.locked()
+
+    save(1)
+    save(2)
+    state["extras"]["a"].data = torch.arange(300.0)  # grown: the early copy into the old 3 floats fails
+    save(3)
+    assert began == [True, True] and (ck.steady.misses, ck.steady.hits) == (2, 1)
+    state["extras"]["a"] = torch.ones(300).to_sparse()
+    with pytest.raises(UnsupportedStateError, match="sparse"):
+        ck.save(state, 4, blocking=False)
+    assert began == [True, True, True]
+    assert not ck.staging.early and not ck.staging.busy.locked() and ck.staging.current is None
+    assert not [th for th in threading.enumerate() if th.name.startswith("preemptible-")]
+    state["extras"]["a"] = torch.ones(300)
+    save(5)
+
+
 def test_numpy_arrays_are_refilled_and_what_the_scan_does_not_know_takes_the_general_path(tmp_path: Path) -> None:
     np = pytest.importorskip("numpy")
     ck, slow = Checkpointer(tmp_path / "ck", keep=10), general_only(Checkpointer(tmp_path / "slow", keep=10))

@@ -196,6 +196,7 @@ class Checkpointer(Lifecycle, Prestaging):
         self.bandwidth: float | None = None
         self.fixed_s = 0.05  # directory creation, fsyncs and the commit marker: refined by every save
         self._inflight: SaveHandle | None = None
+        self._go: threading.Event | None = None
         self._staging: Staging | None = None
         self.steady = SteadyPlans()
         """The steady state's plans (see `preemptible.checkpoint.steady`): ``steady.hits`` saves reused one."""
@@ -388,7 +389,14 @@ class Checkpointer(Lifecycle, Prestaging):
                 f"expected a step from 0 to {10**layout.STEP_DIGITS - 1} (the layout's width), found {step!r}"
             )
         with gc_paused():
-            return self._save(state, step, blocking=blocking, reason=str(reason), deadline=deadline, extra=extra)
+            try:
+                return self._save(state, step, blocking=blocking, reason=str(reason), deadline=deadline, extra=extra)
+            finally:
+                if self._staging is not None:
+                    self._staging.drop_early()  # a background save that failed before staging: nothing left running
+                go, self._go = self._go, None
+                if go is not None:
+                    go.set()  # the writer starts once the caller has its thread back
 
     def _save(
         self,
@@ -408,7 +416,10 @@ class Checkpointer(Lifecycle, Prestaging):
             self.events.event(Event.SAVE_SKIPPED, step, reason=reason, why="already committed")
             return SaveHandle(step, result=SaveResult(step=step, path=path, bytes=0, seconds=0.0, skipped=True))
         key = self.coordinator.round("save") if self.coordinator is not None else "save/0"
-        plan = self._plan(state, key=key, reason=reason)  # checks the whole state before anything is written
+        # A background save's copy into the staging arena starts while its plan is checked (`Staging.begin`):
+        # not with a probe, which runs the model on the live state before it is copied.
+        early = self.staging.begin if not blocking and self.probe is None else None
+        plan = self._plan(state, key=key, reason=reason, early=early)  # checks the whole state before any write
         if verdict.state is State.INVALID and self._leader:
             log.info("replacing the checkpoint of step %d, marked invalid (%s)", step, verdict.invalid_reason)
             deletion.delete_checkpoint(self.storage, self.root, step, verdict.state, transition=Transition.REPLACE)
@@ -480,8 +491,16 @@ class Checkpointer(Lifecycle, Prestaging):
             staging.busy.release()
             raise
 
-    def _plan(self, state: Mapping[str, Any], *, key: str, reason: str) -> SavePlan:
-        """This rank's share of the save, after checking that replicated state is the same on every rank."""
+    def _plan(
+        self,
+        state: Mapping[str, Any],
+        *,
+        key: str,
+        reason: str,
+        early: Callable[[object, list[torch.Tensor]], object] | None = None,
+    ) -> SavePlan:
+        """This rank's share of the save, after checking that replicated state is the same on every rank.
+        ``early``: see `SteadyPlans.plan`."""
         coord = self.coordinator
         world, me = (coord.world, coord.rank) if coord is not None else (1, 0)
         captured = capture(state)
@@ -502,7 +521,7 @@ class Checkpointer(Lifecycle, Prestaging):
 
         if world == 1:  # the steady state of one process: the plan of the last save, refilled
             config = (self.threads, self.max_file_bytes, self.moments_dtype, [(k, type(v)) for k, v in state.items()])
-            plan = self.steady.plan(state, captured, config, general)
+            plan = self.steady.plan(state, captured, config, general, early)
             if plan is not None:
                 return plan
         self.steady.last = "general"
@@ -616,7 +635,8 @@ class Checkpointer(Lifecycle, Prestaging):
 
     def _save_async(self, plan: SavePlan, job: Job) -> SaveHandle:
         staging = self.staging
-        staging.busy.acquire()
+        if not staging.early:  # an early copy holds it already
+            staging.busy.acquire()
         try:
             staged = staging.stage(plan, step=job.step)
         except BaseException:
@@ -638,14 +658,19 @@ class Checkpointer(Lifecycle, Prestaging):
             compress=job.choice.to_json() if job.choice is not None else None,
             plan=self.steady.last,
         )
-        return self._spawn(job, staged)
+        self._go = threading.Event()
+        return self._spawn(job, staged, go=self._go)
 
-    def _spawn(self, job: Job, staged: Staged) -> SaveHandle:
-        """Write ``staged`` in the background; the caller holds ``staging.busy``, released when writing ends."""
+    def _spawn(self, job: Job, staged: Staged, *, go: threading.Event | None = None) -> SaveHandle:
+        """Write ``staged`` in the background; the caller holds ``staging.busy``, released when writing ends.
+        ``go``: the writer waits for it first. A new thread that runs Python at once keeps the GIL from the thread
+        that started it for up to a switch interval (5 ms), which `save` would add to the training loop's stall."""
         handle = SaveHandle(job.step, progress=job.progress)
         handle.asynchronous = True
 
         def body() -> None:
+            if go is not None:
+                go.wait()
             _lower_priority(self.background_nice)
             try:
                 handle._result = self._write_and_commit(

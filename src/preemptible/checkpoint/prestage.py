@@ -5,6 +5,7 @@ Mixed into `Checkpointer`; the deadline decisions about when to flush are `preem
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +45,7 @@ class Prestaging:
     def _plan(self, state: Mapping[str, Any], *, key: str, reason: str) -> SavePlan:
         raise NotImplementedError
 
-    def _spawn(self, job: Job, staged: Staged) -> SaveHandle:
+    def _spawn(self, job: Job, staged: Staged, *, go: threading.Event | None = None) -> SaveHandle:
         raise NotImplementedError
 
     def _progress(self, total: int, deadline: float | None = None) -> Progress:

@@ -213,6 +213,18 @@ class Template:
     token: object
     prepared: list[list[Any]]
     """Per file: its safetensors layout and header, made at its first write (`tensor_format.encode`)."""
+    order: list[int]
+    """Tensor positions in file order (as staged)."""
+
+    def sources(self, now: Scan) -> list[torch.Tensor]:
+        """The tensors a refill of ``now`` stages, in file order, before ``now`` is known to match
+        (`writer.Staging.begin`)."""
+        tensors = now.tensors
+        if self.arrays:
+            tensors = list(tensors)
+            for i in self.arrays:
+                tensors[i] = from_numpy(tensors[i], "")
+        return list(map(tensors.__getitem__, self.order))
 
     def matches(self, meta: Meta) -> bool:
         """Whether tensors of this ``meta`` flatten to the template's names: each the same dtype, shape, strides
@@ -230,7 +242,9 @@ class Template:
             return False
         if not _still_apart(meta, moved) and _distinct(meta.rows()) != self.distinct:
             return False
-        self.meta = meta  # the same names: each moved tensor still shares its memory with no other
+        # The same names: each moved tensor still shares its memory with no other. Only the memory is kept: the
+        # rest is equal, and its 10,000s of new tuples kept alive would each be walked by the collector's next pass.
+        self.meta = Meta(meta.ptrs, old.rest)
         return True
 
     def fill(self, now: Scan) -> SavePlan:
@@ -285,16 +299,27 @@ class SteadyPlans:
         captured: Mapping[str, Any],
         config: object,
         general: Callable[[Mapping[str, Any]], SavePlan],
+        early: Callable[[object, list[torch.Tensor]], object] | None = None,
     ) -> SavePlan | None:
         """This save's plan, or None when the state has parts only the general path handles (``general`` then
         runs on the real tree, by the caller). ``general(tree)`` flattens and plans a captured tree; ``config``:
-        everything else a plan depends on (threads, file size, casts, the types of the state's objects)."""
+        everything else a plan depends on (threads, file size, casts, the types of the state's objects).
+        ``early(token, tensors)``: called with the remembered template's tensors once the state has its shape,
+        before its tensors are checked (`writer.Staging.begin`)."""
         now = scan(captured)
         if now is None:
             self._template = None
             return None
         t = self._template
-        if t is None or config != self._config or now.shape != t.shape or not t.matches(now.tensor_meta()):
+        fits = t is not None and config == self._config and now.shape == t.shape
+        if fits and early is not None and t is not None:
+            early(t.token, t.sources(now))
+        try:
+            meta = now.tensor_meta()
+        except RuntimeError:  # a tensor without strides or memory (sparse): the general path says what is wrong
+            self._template = None
+            return None
+        if t is None or not fits or not t.matches(meta):
             t = self._make(now, captured, general)
             if t is None:
                 self._template = None
@@ -362,6 +387,7 @@ class SteadyPlans:
             total_bytes=plan.total_bytes,
             token=object(),
             prepared=[[] for _ in specs],
+            order=[i for _, items, _ in specs for _, i in items],
         )
 
 
