@@ -34,6 +34,7 @@ class Event(str, Enum):
     ROTATED = "rotated"
     PLAN = "plan"
     LOG = "log"
+    PROGRESS = "progress"  # the steps done, at a boundary after `run.PROGRESS_QUIET_S` with no other event
     ADVISORY = "advisory"
     NOTICE = "notice"
     INFLIGHT = "inflight"

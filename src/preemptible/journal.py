@@ -54,6 +54,8 @@ class Journal:
         self._written = 0
         self._directory = directory
         self.report: Any = None
+        self.last_at: float | None = None
+        """When the last event was journaled (the clock's seconds), None before the first."""
         """A `preemptible.relay.ReportFile` that mirrors the milestones (set by `Run` under ``drill``)."""
 
     def earlier_starts(self) -> int:
@@ -67,7 +69,9 @@ class Journal:
         return sum(1 for n in names if n.endswith("-r0.jsonl") and n != own and n < own)
 
     def event(self, event: str, step: int | None, **fields: Any) -> dict[str, Any]:
-        record: dict[str, Any] = {"t": layout.now_iso(self._clock()), "event": event, "step": step, "rank": self.rank}
+        now = self._clock()
+        self.last_at = now
+        record: dict[str, Any] = {"t": layout.now_iso(now), "event": event, "step": step, "rank": self.rank}
         record.update(_clean(fields))
         line = json.dumps(record, allow_nan=False) + "\n"
         with self._lock:

@@ -9,7 +9,9 @@ included. It is split into:
 - **restore and start-up**: from an attempt's start to its first step (finding, verifying and loading the
   checkpoint);
 - **redone**: training time of steps an attempt ran past the checkpoint the next one resumed from (lost, done
-  again);
+  again). What an attempt ran is what its journal shows: a `Run` journals a ``progress`` event at a step boundary
+  after `run.PROGRESS_QUIET_S` seconds without any other event, so a process killed without a word (SIGKILL, the
+  machine gone) is known to have run its steps to within those seconds;
 - **waiting for the stop step**: from a notice to its emergency save's start (finishing the step, agreeing the
   stop step across ranks);
 - **between attempts**: from an attempt's last event to the next one's start (the machine's end, scheduling, a
@@ -30,7 +32,9 @@ from typing import Any
 from preemptible import journal
 from preemptible.store.io import Storage
 
-_STEP_EVENTS = frozenset({"log", "save_started", "save_committed", "notice", "exit", "done", "resume", "fresh"})
+_STEP_EVENTS = frozenset(
+    {"log", "progress", "save_started", "save_committed", "notice", "exit", "done", "resume", "fresh"}
+)
 
 
 BADPUT_LABELS = {

@@ -53,6 +53,11 @@ log = logging.getLogger("preemptible")
 ROOT_ENV = "PREEMPTIBLE_ROOT"
 """Overrides the root given in code (``preemptible drill --reference`` gives its reference run a root of its own)."""
 
+PROGRESS_QUIET_S = 5.0
+"""After this many seconds without a journal event, the next step boundary journals a ``progress`` event: what a
+process killed without a word ran past its last checkpoint shows in ``preemptible report`` (steps redone) to
+within these seconds, at one short line per 5 s at most."""
+
 _RNG = "_rng"
 _RUN = "_run"
 _LOOP = "_loop"
@@ -451,6 +456,9 @@ class Run:
             self._prepare()
         if self._pending is not None:
             self._reap()
+        journal = self.journal
+        if journal is not None and journal.last_at is not None and self._clock() - journal.last_at >= PROGRESS_QUIET_S:
+            journal.event(Event.PROGRESS, completed)  # a process killed without a word still shows what it ran
         return False
 
     def _prepare(self) -> None:

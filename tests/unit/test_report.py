@@ -33,6 +33,49 @@ def test_a_preempted_run_and_a_lost_one_are_accounted_for(tmp_path: Path, capsys
     assert "attempts                   3    finished" in out and "3 redone" in out
 
 
+def test_a_run_killed_without_a_word_shows_the_steps_it_ran_past_its_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No `run.log`, steps of 2 s (an injected clock): after `PROGRESS_QUIET_S` without an event a boundary
+    journals ``progress``, so the steps a SIGKILLed attempt ran past its last checkpoint count as redone, not as
+    time between attempts."""
+    import torch
+
+    from conftest import journal, make_model
+    from preemptible import Run
+    from preemptible.run import PROGRESS_QUIET_S
+
+    now = [1.8e9]
+
+    def clock() -> float:
+        return now[0]
+
+    def attempt_of(stop_at: int | None) -> None:
+        model = make_model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        run = Run(tmp_path, model=model, optimizer=opt, save_every=4, async_save=False, clock=clock, monotonic=clock)
+        for step in run.steps(12):
+            now[0] += 2.0
+            if step == stop_at:
+                break
+        now[0] += 30.0  # the machine's end, a new one starting
+
+    assert PROGRESS_QUIET_S == 5.0
+    attempt_of(stop_at=11)  # saves at 4 and 8, boundaries every 2 s; steps 8, 9 and 10 ran, then gone
+    for path in (tmp_path / "journal").glob("*.jsonl"):  # killed: nothing journaled after its last step
+        lines = path.read_text().splitlines(keepends=True)
+        path.write_text("".join(x for x in lines if json.loads(x)["event"] != "exit"))
+    assert [e["step"] for e in journal(tmp_path) if e["event"] == "progress"] == [3, 7, 11]
+    attempt_of(stop_at=None)
+    assert main(["report", str(tmp_path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    runs = [(r["from_step"], r["to_step"], r["kept_steps"], r["redone_steps"]) for r in doc["runs"]]
+    assert runs == [(0, 11, 8, 3), (8, 12, 4, 0)]
+    assert doc["badput_s"]["redone_s"] == pytest.approx(3 * 2.0, abs=0.01)
+    # after its last event: the step that was running when it was killed (2 s), then the 30 s gap
+    assert doc["badput_s"]["between_attempts_s"] == pytest.approx(32.0, abs=0.01)
+
+
 def test_a_root_without_a_journal_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["report", str(tmp_path)]) == 0
     assert "no journal" in capsys.readouterr().out
