@@ -529,7 +529,8 @@ class Staging:
             return False
         began, threads, errors = early
         for t in threads:
-            t.join()
+            if t.ident is not None:  # started (one that could not start left `begin` with its error)
+                t.join()
         if began is not token:
             return False
         if errors:

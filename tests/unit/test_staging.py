@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import torch
 
 from preemptible.state import capture, flatten
@@ -123,3 +126,33 @@ def test_an_early_copy_is_taken_by_the_stage_of_its_layout_and_redone_for_any_ot
     assert not [th for th in threading.enumerate() if th.name == "preemptible-stage"]
     staging.drop_early()  # nothing to drop: nothing happens
     assert not staging.busy.locked()
+
+
+def test_an_early_copy_whose_thread_cannot_start_fails_the_save_with_that_error_and_frees_the_arena(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread that cannot start (the process is out of threads: not something a test can cause for real, so
+    `Thread.start` is made to fail) fails the background save with that error; the arena is free and the next save
+    works."""
+    import threading
+
+    from preemptible import Checkpointer
+
+    state = {"w": {str(i): torch.ones(3) * i for i in range(300)}}
+    ck = Checkpointer(tmp_path, keep=10)
+    ck.save(state, 1, blocking=False).wait()
+    start = threading.Thread.start
+
+    def failing(self: threading.Thread) -> None:
+        if self.name == "preemptible-stage":
+            raise RuntimeError("can't start new thread")
+        start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", failing)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        ck.save(state, 2, blocking=False)
+    monkeypatch.undo()
+    assert not ck.staging.early and not ck.staging.busy.locked() and ck.staging.current is None
+    ck.save(state, 3, blocking=False).wait()
+    out = {"w": {str(i): torch.zeros(3) for i in range(300)}}
+    assert ck.restore(out) == 3 and all(torch.equal(out["w"][str(i)], torch.ones(3) * i) for i in range(300))

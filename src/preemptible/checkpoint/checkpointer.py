@@ -392,11 +392,11 @@ class Checkpointer(Lifecycle, Prestaging):
             try:
                 return self._save(state, step, blocking=blocking, reason=str(reason), deadline=deadline, extra=extra)
             finally:
-                if self._staging is not None:
-                    self._staging.drop_early()  # a background save that failed before staging: nothing left running
                 go, self._go = self._go, None
                 if go is not None:
                     go.set()  # the writer starts once the caller has its thread back
+                if self._staging is not None:
+                    self._staging.drop_early()  # a background save that failed before staging: nothing left running
 
     def _save(
         self,
