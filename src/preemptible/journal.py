@@ -54,9 +54,9 @@ class Journal:
         self._written = 0
         self._directory = directory
         self.report: Any = None
+        """A `preemptible.relay.ReportFile` that mirrors the milestones (set by `Run` under ``drill``)."""
         self.last_at: float | None = None
         """When the last event was journaled (the clock's seconds), None before the first."""
-        """A `preemptible.relay.ReportFile` that mirrors the milestones (set by `Run` under ``drill``)."""
 
     def earlier_starts(self) -> int:
         """How many process starts of rank 0 wrote a journal under this root before this one (their files), for the

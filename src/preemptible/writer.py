@@ -551,7 +551,7 @@ class Staging:
         self.current = None  # until the copy is whole
         specs = plan.specs
         token = plan.layout_token
-        if self._take_early(token) and token is self._token and token is self._buckets_token:
+        if self._take_early(token):  # `begin` saw the arena laid out for this token, and only a stage changes it
             return self._staged(plan, step, t0)
         self._prepare(specs, token)
         assert self._arena is not None
