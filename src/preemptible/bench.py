@@ -20,6 +20,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -151,14 +152,28 @@ def raw_read(path: str, block: int = 8 << 20) -> None:
             pass
 
 
-def train_steps(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int, x: torch.Tensor) -> float:
-    t = time.perf_counter()
-    for _ in range(steps):
+def train_steps(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    x: torch.Tensor,
+    *,
+    seconds: float = 0.0,
+    until: Callable[[], bool] | None = None,
+) -> list[float]:
+    """Training steps' wall times: steps for ``seconds``, or until ``until()`` is true after one (at least one)."""
+    clock = time.perf_counter
+    end = clock() + seconds
+    times: list[float] = []
+    while True:
+        t = clock()
         loss = model(x).square().mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-    return time.perf_counter() - t
+        now = clock()
+        times.append(now - t)
+        if until() if until is not None else now >= end:
+            return times
 
 
 @dataclass
@@ -488,7 +503,7 @@ def cpu_times() -> dict[str, float]:
 def training_beside(
     state: dict[str, Any],
     *,
-    seconds: float = 6.0,
+    seconds: float = 3.0,
     threads: int = 2,
     rounds: int = 3,
     rate: float | None = None,
@@ -496,12 +511,15 @@ def training_beside(
 ) -> dict[str, Any]:
     """Extra wall time of a real training loop while a background save runs: ours vs dcp.async_save.
 
-    A separate small training job (its own model, ``threads`` torch threads) runs a fixed number of steps alone,
-    then while a background save of ``state`` is writing; the difference is what the save cost training. Rounds
-    alternate alone / ours / alone / dcp; medians are reported, since training alone varies by itself here.
-    ``rate`` (bytes/s) paces our destination (`PacedStorage`), and the loop then runs as long as the save. The
-    breakdown is machine-wide CPU seconds by kind during the loop beside our save, less during the loop alone:
-    ``nice`` is the writer thread (it runs at nice 10), ``system`` and ``softirq`` the kernel's work for it.
+    A separate small training job (its own model, ``threads`` torch threads) trains for ``seconds`` alone, then for
+    as long as a background save of ``state`` runs, then ``seconds`` alone again. The save's cost is the steps'
+    time beside it less as many steps at the mean step time of the windows alone just before and after it: a
+    baseline taken around each save, since this machine's speed drifts by more than the effect between windows
+    seconds apart. Rounds alternate ours and dcp; medians are reported, with ``noise_s``, what the same sum gives
+    when the window before stands for the one after (how far the baseline itself moved). ``rate`` (bytes/s) paces
+    our destination (`PacedStorage`). The breakdown is machine-wide CPU seconds by kind beside our save, less the
+    same time's share of the CPU spent alone just before it: ``nice`` is the writer thread (it runs at nice 10),
+    ``system`` and ``softirq`` the kernel's work for it.
     """
     from preemptible.store.paced import PacedStorage
 
@@ -513,14 +531,8 @@ def training_beside(
         model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024))
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
         x = torch.randn(256, 1024)
-        train_steps(model, opt, 5, x)
-        per = train_steps(model, opt, 20, x) / 20
-        nbytes = flatten(capture(state)).tensor_bytes
-        if rate:
-            seconds = max(seconds, nbytes / rate)
-        steps = max(20, int(seconds / per))
+        train_steps(model, opt, x, seconds=0.5)  # warm
         work = tempfile.mkdtemp(prefix="bench-beside-", dir=os.environ.get("PREEMPTIBLE_BENCH_DIR"))
-        out: dict[str, Any] = {}
         try:
             root = os.path.join(work, "ours")
             local = LocalStorage(root)
@@ -528,42 +540,66 @@ def training_beside(
             ck = Checkpointer(root, storage=storage, keep=100)
             ck.save(state, 1, blocking=False).wait()  # warm staging
             sd = plain(state)
-            alone: list[float] = []
-            ours: list[float] = []
-            theirs: list[float] = []
+            figures: dict[str, list[tuple[float, float, float, int, float]]] = {"ours": [], "dcp": []}
             extra_cpu: list[dict[str, float]] = []
-            for r in range(rounds):
+
+            def beside(name: str, start: Callable[[], Any], finish: Callable[[Any], object]) -> None:
+                """Train alone, beside the job ``start()`` returns (anything with ``done()``), alone again."""
                 c0 = cpu_times()
-                alone.append(train_steps(model, opt, steps, x))
+                before = train_steps(model, opt, x, seconds=seconds)
                 c1 = cpu_times()
-                handle = ck.save(state, 2 + r, blocking=False)
+                job = start()
+                t = time.perf_counter()
+                during = train_steps(model, opt, x, until=job.done)
+                window = time.perf_counter() - t
                 c2 = cpu_times()
-                ours.append(train_steps(model, opt, steps, x))
-                c3 = cpu_times()
+                finish(job)
+                after = train_steps(model, opt, x, seconds=seconds)
+                alone = statistics.fmean(before + after)
+                moved = statistics.fmean(before) - statistics.fmean(after)
+                figures[name].append(
+                    (sum(during) - len(during) * alone, abs(moved) * len(during), window, len(during), alone)
+                )
+                if name == "ours":
+                    share = window / max(sum(before), 1e-9)
+                    extra_cpu.append({k: (c2[k] - c1[k]) - (c1[k] - c0[k]) * share for k in c0})
+
+            def dcp_async(d: str) -> Any:
+                assert dcp_mod is not None
+                return dcp_mod.async_save(sd, storage_writer=dcp_mod.FileSystemWriter(d))
+
+            def ours_done(handle: Any) -> None:
                 handle.wait()
-                shutil.rmtree(ck.path_of(2 + r), ignore_errors=True)
-                extra_cpu.append({k: (c3[k] - c2[k]) - (c1[k] - c0[k]) for k in c0})
-                alone.append(train_steps(model, opt, steps, x))
+                shutil.rmtree(ck.path_of(handle.step), ignore_errors=True)
+
+            def dcp_done(d: str, future: Any) -> None:
+                future.result()
+                shutil.rmtree(d, ignore_errors=True)
+
+            for r in range(rounds):
+                beside("ours", partial(ck.save, state, 2 + r, blocking=False), ours_done)
                 if dcp_mod is not None:
-                    with warnings.catch_warnings():
+                    d = os.path.join(work, f"dcp{r}")
+                    with warnings.catch_warnings():  # its warnings about running without a process group
                         warnings.simplefilter("ignore")
-                        writer = dcp_mod.FileSystemWriter(os.path.join(work, f"dcp{r}"))
-                        fut = dcp_mod.async_save(sd, storage_writer=writer)
-                        theirs.append(train_steps(model, opt, steps, x))
-                        fut.result()
-                    shutil.rmtree(os.path.join(work, f"dcp{r}"), ignore_errors=True)
-            base = statistics.median(alone)
-            out = {
-                "train_alone_s": base,
-                "train_alone_spread_s": max(alone) - min(alone),
-                "extra_ours_s": statistics.median(ours) - base,
-                "extra_dcp_async_s": statistics.median(theirs) - base if theirs else float("nan"),
+                        beside("dcp", partial(dcp_async, d), partial(dcp_done, d))
+
+            def median(name: str, i: int) -> float:
+                return statistics.median(f[i] for f in figures[name]) if figures[name] else float("nan")
+
+            return {
+                "extra_ours_s": median("ours", 0),
+                "extra_dcp_async_s": median("dcp", 0),
+                "noise_s": median("ours", 1),
+                "save_window_s": median("ours", 2),
+                "steps_beside": median("ours", 3),
+                "step_alone_ms": median("ours", 4) * 1e3,
+                "extra_each_s": [round(f[0], 3) for f in figures["ours"]],
                 "cpu_beside_ours_s": {k: round(statistics.median(d[k] for d in extra_cpu), 3) for k in CPU_FIELDS},
                 "rate_mb_s": rate / 1e6 if rate else None,
             }
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        return out
     finally:
         torch.set_num_threads(old)
 
@@ -697,8 +733,11 @@ def beside_report(b: dict[str, Any]) -> str:
     where = f"a destination paced to {b['rate_mb_s']:.0f} MB/s" if b.get("rate_mb_s") else "this disk"
     cpu = b.get("cpu_beside_ours_s") or {}
     lines = [
-        f"\ntraining beside a background save of the large state to {where} ({b['train_alone_s']:.2f} s of training):",
-        f"  extra time with preemptible async save: {b['extra_ours_s']:.2f} s",
+        f"\ntraining beside a background save of the large state to {where} (a {b['step_alone_ms']:.1f} ms step alone; "
+        f"the save ran {b['save_window_s']:.2f} s beside {b['steps_beside']:.0f} steps):",
+        f"  extra time with preemptible async save: {b['extra_ours_s']:.2f} s (rounds: "
+        + ", ".join(f"{v:.2f}" for v in b["extra_each_s"])
+        + f"; the baseline itself moved {b['noise_s']:.2f} s)",
     ]
     if not math.isnan(b["extra_dcp_async_s"]):
         lines.append(f"  extra time with dcp.async_save:          {b['extra_dcp_async_s']:.2f} s")

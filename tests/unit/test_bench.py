@@ -47,3 +47,24 @@ def test_bench_command(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyp
     assert doc["large"]["median_s"]["preemptible emergency save"] > 0
     assert "small_vs_large" in doc
     assert "ratios:" in capsys.readouterr().out
+
+
+def test_training_beside_measures_each_save_against_the_steps_around_it(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("PREEMPTIBLE_BENCH_DIR", str(tmp_path))
+    state = bench.small_state(count=8, total_bytes=4e5)
+    saved: list[int] = []
+    real_save = bench.Checkpointer.save
+
+    def save(self, state, step, **kw):  # type: ignore[no-untyped-def]
+        saved.append(step)
+        return real_save(self, state, step, **kw)
+
+    monkeypatch.setattr(bench.Checkpointer, "save", save)
+    out = bench.training_beside(state, seconds=0.05, rounds=2, dcp=False, rate=50e6)
+    assert saved == [1, 2, 3]  # the warm-up save, then one background save per round
+    assert len(out["extra_each_s"]) == 2
+    assert out["steps_beside"] >= 1 and out["save_window_s"] > 0 and out["step_alone_ms"] > 0
+    assert math.isnan(out["extra_dcp_async_s"]) and out["rate_mb_s"] == 50
+    assert set(out["cpu_beside_ours_s"]) == set(bench.CPU_FIELDS)
+    assert "the save ran" in bench.beside_report(out)
+    assert list(tmp_path.iterdir()) == []  # cleaned up

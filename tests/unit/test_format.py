@@ -263,3 +263,28 @@ def test_headers_read_as_json_reads_them_whatever_the_numbers_and_strings(header
     with mock.patch.object(tensor_format, "orjson", _JsonOnly):
         reference = _outcome(raw, data_bytes)
     assert repr(fast) == repr(reference)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 70_000), min_size=1, max_size=12),
+    chunk=st.sampled_from([1, 4096, 65_536, 200_000, tensor_format.READ_CHUNK_BYTES, 64 << 20]),
+    into=st.booleans(),
+)
+def test_runs_of_small_tensors_read_back_whatever_the_read_size(sizes: list[int], chunk: int, into: bool) -> None:
+    g = torch.Generator().manual_seed(len(sizes))
+    items = [(f"t{i}", torch.randint(0, 255, (n,), dtype=torch.uint8, generator=g)) for i, n in enumerate(sizes)]
+    data, digest = write_to_bytes(items)
+    targets = {name: torch.empty_like(t) for name, t in items}
+    out = tensor_format.read(
+        io.BytesIO(data),
+        len(data),
+        where="test",
+        expected_checksum=digest,
+        chunk=chunk,
+        into=(lambda run: [targets[e.name] for e in run]) if into else None,
+    )
+    for name, t in items:
+        assert torch.equal(out[name], t), name
+        if into:
+            assert out[name] is targets[name]

@@ -501,6 +501,9 @@ def read(
     out: dict[str, torch.Tensor] = {}
     run: list[Entry] = []
     run_bytes = cursor = 0
+    # A run of small tensors is read, hashed and scattered in pieces no larger than the reads of large ones: each
+    # stays in the CPU's cache for all three, and a restore's fresh threads fault in no more of their buffers.
+    run_cap = min(chunk, BATCH_BYTES)
     for e in entries:
         begin, end = e.begin, e.end
         if begin != cursor:  # parse_header leaves them in order, back to back; the bytes are read so
@@ -508,7 +511,7 @@ def read(
         cursor = end
         nbytes = end - begin
         if 0 < nbytes < SMALL_TENSOR_BYTES:
-            if run_bytes + nbytes > BATCH_BYTES:
+            if run and run_bytes + nbytes > run_cap:
                 _read_run(source, run, run_bytes, hasher=hasher, into=into, out=out, where=where)
                 run, run_bytes = [], 0
             run.append(e)
