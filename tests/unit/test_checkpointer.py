@@ -328,6 +328,10 @@ def test_rewriting_a_step_replaces_its_leftovers(tmp_path: Path) -> None:
         (lambda m: m.update(step=7), "says step 7"),
         (lambda m: m.update(files={}), "non-empty 'files'"),
         (lambda m: m.update(checksum_algorithm="md5"), "checksum algorithm 'md5' is unknown"),
+        (lambda m: _edit_sums(m, str.upper), "'sums': hex"),
+        (lambda m: _edit_sums(m, lambda s: s[:-4] + "  00"), "'sums': hex"),
+        (lambda m: _edit_sums(m, lambda s: s[:-1] + "g"), "'sums': hex"),
+        (lambda m: _edit_sums(m, lambda s: ""), "'sums': hex"),
     ],
 )
 def test_hostile_manifests_are_refused(tmp_path: Path, edit: Any, message: str) -> None:
@@ -339,6 +343,27 @@ def test_hostile_manifests_are_refused(tmp_path: Path, edit: Any, message: str) 
     path.write_text(json.dumps(seal(doc)))  # a consistent manifest: each check must catch it on its own
     with pytest.warns(CheckpointFallbackWarning), pytest.raises(CheckpointCorruptError, match=message):
         ck.restore(build())
+
+
+def _edit_sums(manifest: dict[str, Any], edit: Any) -> None:
+    chunks = manifest["files"]["model.safetensors"]["chunks"]
+    chunks["sums"] = edit(chunks["sums"])
+
+
+def test_a_manifest_is_parsed_again_only_when_its_bytes_changed(tmp_path: Path) -> None:
+    ck = Checkpointer(str(tmp_path))
+    ck.save(build(), 1)
+    first = ck.reader.manifest(1)
+    assert ck.reader.manifest(1) is first  # the same bytes: the same checked manifest
+    path = tmp_path / "step-000000000001" / "COMMIT.json"
+    doc = json.loads(path.read_text())
+    doc["timings"]["total"] = 123.0
+    path.write_text(json.dumps(seal(doc)))
+    again = ck.reader.manifest(1)
+    assert again is not first and again.timings["total"] == 123.0
+    path.write_text(path.read_text().replace('"step"', '"stop"'))  # altered after sealing: refused, not remembered
+    with pytest.raises(CheckpointCorruptError, match=r"does not match its own checksum|integer step"):
+        ck.reader.manifest(1)
 
 
 def test_commit_json_keys_are_the_documented_ones(tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ from preemptible.store.layout import FileRecord, Manifest
 from preemptible.writer import file_stem, parallel_map, stem_of_file
 
 OBJECT_READ_CHUNK = 32 << 20
+PARSED_MANIFESTS = 8  # a root keeps a few checkpoints; more are re-parsed
 
 
 @dataclass
@@ -90,6 +91,9 @@ class Reader:
         self.threads = threads
         self.bar: bool | None = False
         """Show a progress bar while reading: False (log lines for long reads), None (when stderr is a terminal)."""
+        self._parsed: dict[str, tuple[bytes, Manifest]] = {}
+        """Manifests parsed lately, by path, with the bytes they were parsed from: a restore lists the checkpoints
+        (each manifest parsed) and then opens one, and a large state's manifest takes milliseconds to check."""
 
     def path_of(self, step: int) -> str:
         return self.storage.join(self.root, layout.step_dir(step))
@@ -106,7 +110,14 @@ class Reader:
                 path=where,
                 step=step,
             ) from e
-        return Manifest.from_json(raw, where=where, expect_step=step)
+        known = self._parsed.get(where)
+        if known is not None and known[0] == raw:  # the very bytes parsed and checked before: the same manifest
+            return known[1]
+        manifest = Manifest.from_json(raw, where=where, expect_step=step)
+        if len(self._parsed) >= PARSED_MANIFESTS:
+            self._parsed.clear()
+        self._parsed[where] = (raw, manifest)
+        return manifest
 
     def open_base(self, step: int) -> Opened:
         """The manifest, checked, and every file it lists present with its recorded size."""
