@@ -312,8 +312,10 @@ def parallel_map(fn: Callable[[T], R], items: Sequence[T], *, threads: int, name
         work.put(i)
     results: list[Future[R]] = [Future() for _ in items]
     stop = threading.Event()
+    go = threading.Event()
 
     def worker() -> None:
+        go.wait()
         while not stop.is_set():
             try:
                 i = work.get_nowait()
@@ -326,10 +328,20 @@ def parallel_map(fn: Callable[[T], R], items: Sequence[T], *, threads: int, name
                 results[i].set_exception(e)
 
     pool = [threading.Thread(target=worker, name=f"{name}-{k}") for k in range(min(threads, len(items)))]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
+    # IMPORTANT: every thread is started before any works, so a thread that cannot start (a process out of threads)
+    # fails the map before a single item is done (no live tensor half read into, no file half written), and the
+    # threads that did start are joined, not left working after the error.
+    try:
+        for t in pool:
+            t.start()
+    except BaseException:  # out of threads: those started stop before their first item, and the error is raised
+        stop.set()
+        raise
+    finally:
+        go.set()
+        for t in pool:
+            if t.ident is not None:  # started
+                t.join()
     for f in results:
         error = f.exception() if f.done() else None
         if error is not None:
