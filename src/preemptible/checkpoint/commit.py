@@ -26,7 +26,7 @@ from typing import Any
 from preemptible import dist
 from preemptible.checkpoint.handle import SaveResult
 from preemptible.errors import AlreadyCommittedError, SaveError
-from preemptible.store import checksum, layout
+from preemptible.store import checksum, direct, layout
 from preemptible.store import format as tensor_format
 from preemptible.store.compress import Choice, Codec
 from preemptible.store.io import Storage
@@ -82,8 +82,8 @@ def read_back(storage: Storage, directory: str, records: Mapping[str, FileRecord
         stream = storage.open_read(storage.join(directory, name))
         hasher = checksum.new()
         try:
-            while n := stream.readinto(buf):
-                hasher.update(buf[:n])
+            for piece in direct.read_pieces(stream, buf):
+                hasher.update(piece)
         finally:
             stream.close()
         if hasher.hexdigest() != rec.checksum:

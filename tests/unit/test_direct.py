@@ -1,0 +1,56 @@
+"""`direct.read_pieces`, which reads back a file just written to verify it: the same bytes whatever the size, with
+O_DIRECT where the file system takes it, ordinary reads otherwise."""
+
+from __future__ import annotations
+
+import fcntl
+import io
+import os
+from pathlib import Path
+
+import pytest
+
+from preemptible.store import direct
+from preemptible.store.io import LocalStorage
+
+
+def _takes_o_direct(path: Path) -> bool:
+    try:
+        os.close(os.open(path, os.O_RDONLY | direct.O_DIRECT))
+    except OSError:
+        return False
+    return bool(direct.O_DIRECT)
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 4097, direct.BOUNCE_BYTES - 1, 2 * direct.BOUNCE_BYTES + 5000])
+def test_a_file_reads_back_exactly_whatever_its_size(tmp_path: Path, size: int) -> None:
+    data = os.urandom(size)
+    path = tmp_path / "f.safetensors"
+    path.write_bytes(data)
+    storage = LocalStorage(str(tmp_path))
+    stream = storage.open_read(str(path))
+    flags: list[int] = []
+    try:
+        parts = []
+        for piece in direct.read_pieces(stream, memoryview(bytearray(1000))):
+            flags.append(fcntl.fcntl(stream.fileno(), fcntl.F_GETFL))  # type: ignore[attr-defined]
+            parts.append(bytes(piece))
+    finally:
+        stream.close()
+    assert b"".join(parts) == data
+    if size and _takes_o_direct(path):  # from the disk, in the aligned buffer's pieces
+        assert all(f & direct.O_DIRECT for f in flags)
+        assert [len(p) for p in parts[:-1]] == [direct.BOUNCE_BYTES] * (len(parts) - 1)
+
+
+def test_other_streams_and_direct_io_off_take_ordinary_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = os.urandom(10_000)
+    pieces = [bytes(p) for p in direct.read_pieces(io.BytesIO(data), memoryview(bytearray(4096)))]
+    assert b"".join(pieces) == data and [len(p) for p in pieces] == [4096, 4096, 1808]
+    monkeypatch.setenv(direct.ENV, "0")
+    path = tmp_path / "f.bin"
+    path.write_bytes(data)
+    with open(path, "rb", buffering=0) as f:
+        got = b"".join(bytes(p) for p in direct.read_pieces(f, memoryview(bytearray(3000))))
+        assert not fcntl.fcntl(f.fileno(), fcntl.F_GETFL) & direct.O_DIRECT
+    assert got == data
