@@ -508,6 +508,7 @@ def training_beside(
     rounds: int = 3,
     rate: float | None = None,
     dcp: bool = True,
+    verify: bool = False,
 ) -> dict[str, Any]:
     """Extra wall time of a real training loop while a background save runs: ours vs dcp.async_save.
 
@@ -517,9 +518,10 @@ def training_beside(
     baseline taken around each save, since this machine's speed drifts by more than the effect between windows
     seconds apart. Rounds alternate ours and dcp; medians are reported, with ``noise_s``, what the same sum gives
     when the window before stands for the one after (how far the baseline itself moved). ``rate`` (bytes/s) paces
-    our destination (`PacedStorage`). The breakdown is machine-wide CPU seconds by kind beside our save, less the
-    same time's share of the CPU spent alone just before it: ``nice`` is the writer thread (it runs at nice 10),
-    ``system`` and ``softirq`` the kernel's work for it.
+    our destination (`PacedStorage`). ``verify``: each save is read back and checked before it commits, as a `Run`
+    (``keep=2``) does for every save that frees older checkpoints (there, after the commit). The breakdown is
+    machine-wide CPU seconds by kind beside our save, less the same time's share of the CPU spent alone just before
+    it: ``nice`` is the writer thread (it runs at nice 10), ``system`` and ``softirq`` the kernel's work for it.
     """
     from preemptible.store.paced import PacedStorage
 
@@ -537,7 +539,7 @@ def training_beside(
             root = os.path.join(work, "ours")
             local = LocalStorage(root)
             storage: Any = PacedStorage(local, rate) if rate else local
-            ck = Checkpointer(root, storage=storage, keep=100)
+            ck = Checkpointer(root, storage=storage, keep=100, verify_after_save=verify)
             ck.save(state, 1, blocking=False).wait()  # warm staging
             sd = plain(state)
             figures: dict[str, list[tuple[float, float, float, int, float]]] = {"ours": [], "dcp": []}
@@ -597,6 +599,7 @@ def training_beside(
                 "extra_each_s": [round(f[0], 3) for f in figures["ours"]],
                 "cpu_beside_ours_s": {k: round(statistics.median(d[k] for d in extra_cpu), 3) for k in CPU_FIELDS},
                 "rate_mb_s": rate / 1e6 if rate else None,
+                "verify": verify,
             }
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -731,6 +734,8 @@ def report(scenario: dict[str, Any]) -> str:
 
 def beside_report(b: dict[str, Any]) -> str:
     where = f"a destination paced to {b['rate_mb_s']:.0f} MB/s" if b.get("rate_mb_s") else "this disk"
+    if b.get("verify"):
+        where += ", each save read back and checked"
     cpu = b.get("cpu_beside_ours_s") or {}
     lines = [
         f"\ntraining beside a background save of the large state to {where} (a {b['step_alone_ms']:.1f} ms step alone; "
@@ -770,6 +775,8 @@ def main(
     if beside:
         out["beside"] = training_beside(large)
         log(beside_report(out["beside"]))
+        out["beside_verified"] = training_beside(large, dcp=False, verify=True)
+        log(beside_report(out["beside_verified"]))
         if throttle:
             out["beside_throttled"] = training_beside(large, rate=throttle, dcp=False)
             log(beside_report(out["beside_throttled"]))

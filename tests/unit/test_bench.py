@@ -68,3 +68,5 @@ def test_training_beside_measures_each_save_against_the_steps_around_it(tmp_path
     assert set(out["cpu_beside_ours_s"]) == set(bench.CPU_FIELDS)
     assert "the save ran" in bench.beside_report(out)
     assert list(tmp_path.iterdir()) == []  # cleaned up
+    verified = bench.training_beside(state, seconds=0.05, rounds=1, dcp=False, verify=True)
+    assert verified["verify"] and "each save read back and checked" in bench.beside_report(verified)
