@@ -154,10 +154,11 @@ def read_pieces(stream: Any, fallback: memoryview) -> Iterator[memoryview]:
         return
     size = os.fstat(fd).st_size
     _, view, _ = _bounce()
-    pos = 0
+    pos, aligned = 0, True
     while pos < size:
-        if pos % ALIGN:  # a short read before the end (the kernel may give one): go on without O_DIRECT
+        if aligned and pos % ALIGN:  # a short read before the end (the kernel may give one): the rest without O_DIRECT
             fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~O_DIRECT)
+            aligned = False
         n = os.readv(fd, [view])
         if n <= 0:  # the file shrank since: the caller's checksum tells
             return
