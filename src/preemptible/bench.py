@@ -432,31 +432,34 @@ def contenders(
             mirror[k].copy_(v)
         return Sample(time.perf_counter() - t)
 
-    out: dict[str, Contender] = {
-        "preemptible emergency save": ours_emergency,
-        "preemptible emergency save (after a periodic save)": emergency_of(state, warm=True),
+    # IMPORTANT: each ratio's two sides run back to back in a round (the report takes the median of each round's
+    # ratio): this machine's speed drifts by more than the gaps measured over the minute a round takes.
+    out: dict[str, Contender] = {"preemptible emergency save": ours_emergency}
+    if same_bytes is not None:
+        out["emergency save, the same bytes in a few tensors"] = emergency_of(same_bytes, warm=False)
+    out["ceiling: fsync'd write"] = ceiling_write
+    out["ceiling: O_DIRECT write"] = ceiling_direct
+    out["preemptible emergency save (after a periodic save)"] = emergency_of(state, warm=True)
+    if same_bytes is not None:
+        out["... after a periodic save"] = emergency_of(same_bytes, warm=True)
+    out |= {
         "preemptible async save": ours_async_save,
+        "ceiling: memcpy into reused buffers": ceiling_memcpy,
+        "ceiling: memcpy into one buffer": ceiling_memcpy_one,
         "preemptible restore (warm)": lambda w: ours_restore(w, cold=False),
+        "ceiling: read into the state's memory (warm)": ceiling_read_into,
+        "ceiling: read (warm)": lambda w: ceiling_read(w, cold=False),
+        "load_state_dict as a restore calls it": load_state_dict_as_restored,
         "preemptible restore (cold)": lambda w: ours_restore(w, cold=True),
+        "ceiling: read (cold)": lambda w: ceiling_read(w, cold=True),
         "torch.load + load_state_dict (warm)": torch_restore,
         "load_state_dict alone": load_state_dict_alone,
-        "load_state_dict as a restore calls it": load_state_dict_as_restored,
         "torch.save": torch_save,
         "dcp.save thread_count=1": dcp_save(1),
         "dcp.save thread_count=2": dcp_save(2),
         "dcp.async_save": dcp_async,
         "safetensors save_file": safetensors_save,
-        "ceiling: fsync'd write": ceiling_write,
-        "ceiling: O_DIRECT write": ceiling_direct,
-        "ceiling: read (warm)": lambda w: ceiling_read(w, cold=False),
-        "ceiling: read into the state's memory (warm)": ceiling_read_into,
-        "ceiling: read (cold)": lambda w: ceiling_read(w, cold=True),
-        "ceiling: memcpy into reused buffers": ceiling_memcpy,
-        "ceiling: memcpy into one buffer": ceiling_memcpy_one,
     }
-    if same_bytes is not None:
-        out["emergency save, the same bytes in a few tensors"] = emergency_of(same_bytes, warm=False)
-        out["... after a periodic save"] = emergency_of(same_bytes, warm=True)
     if quick:
         for name in ("dcp.save thread_count=2", "ceiling: read (cold)", "preemptible restore (cold)"):
             out.pop(name)
@@ -658,7 +661,6 @@ def run_scenario(
 def report(scenario: dict[str, Any]) -> str:
     res: dict[str, Result] = scenario["results"]
     nbytes = scenario["bytes"]
-    ceil_w = res["ceiling: fsync'd write"].median()
     lines = [
         f"\n{scenario['name']}: {nbytes / 1e9:.3f} GB in {scenario['tensors']} tensors (median seconds)",
         f"  {'contender':<52}{'s':>8}{'GB/s':>8}{'peak MB':>9}{'stall s':>9}",
@@ -671,62 +673,68 @@ def report(scenario: dict[str, Any]) -> str:
         stall_s = "" if math.isnan(stall) else f"{stall:.3f}"
         lines.append(f"  {k:<52}{s:>8.3f}{nbytes / s / 1e9:>8.2f}{peak_s:>9}{stall_s:>9}")
     ours = res["preemptible emergency save"].median()
-    ceil_d = res["ceiling: O_DIRECT write"].median() if "ceiling: O_DIRECT write" in res else float("nan")
+    n = max(1, scenario["tensors"])
+
+    def paired(f: Callable[..., float], *names: str, key: str = "seconds") -> float:
+        """``f`` of contenders that run back to back (the first's ``key``, the others' seconds), the median over
+        rounds: a ratio to a ceiling measured seconds apart, not a minute."""
+        if not all(k in res for k in names):
+            return math.nan
+        first, *rest = (res[k] for k in names)
+        rounds = [[s.seconds if key == "seconds" else s.extra.get(key, math.nan) for s in first.samples]]
+        rounds += [[s.seconds for s in r.samples] for r in rest]
+        if not rounds[0] or len({len(x) for x in rounds}) != 1:  # not measured in the same rounds
+            return float(f(first.median(key), *(r.median() for r in rest)))
+        return statistics.median(f(*xs) for xs in zip(*rounds, strict=True))
+
+    warm, into = "preemptible restore (warm)", "ceiling: read into the state's memory (warm)"
     ratios = {
-        "emergency save / fsync'd write ceiling (throughput)": ceil_w / ours,
-        "emergency save / O_DIRECT write ceiling (throughput)": ceil_d / ours,
+        "emergency save / fsync'd write ceiling (throughput)": paired(
+            lambda a, b: b / a, "preemptible emergency save", "ceiling: fsync'd write"
+        ),
+        "emergency save / O_DIRECT write ceiling (throughput)": paired(
+            lambda a, b: b / a, "preemptible emergency save", "ceiling: O_DIRECT write"
+        ),
         "emergency save speed vs torch.save": res["torch.save"].median() / ours,
         "emergency save speed vs dcp.save (1 thread)": res["dcp.save thread_count=1"].median() / ours,
         "emergency save speed vs safetensors": res["safetensors save_file"].median() / ours,
-        "async stall / memcpy of the same bytes": res["preemptible async save"].median("stall")
-        / res["ceiling: memcpy into reused buffers"].median(),
+        "async stall / memcpy of the same bytes": paired(
+            lambda a, b: a / b, "preemptible async save", "ceiling: memcpy into reused buffers", key="stall"
+        ),
         "dcp.async_save stall / memcpy": res["dcp.async_save"].median("stall")
         / res["ceiling: memcpy into reused buffers"].median(),
-        "restore (warm) / read ceiling (throughput)": res["ceiling: read (warm)"].median()
-        / res["preemptible restore (warm)"].median(),
-        "restore (warm) / read-into-memory ceiling (throughput)": res[
-            "ceiling: read into the state's memory (warm)"
-        ].median()
-        / res["preemptible restore (warm)"].median(),
-        "restore (warm) overhead per tensor beyond the read, us": (
-            res["preemptible restore (warm)"].median() - res["ceiling: read into the state's memory (warm)"].median()
-        )
-        / max(1, scenario["tensors"])
-        * 1e6,
-        "... beyond the read and torch's load_state_dict, us": (
-            res["preemptible restore (warm)"].median()
-            - res["ceiling: read into the state's memory (warm)"].median()
-            - res["load_state_dict as a restore calls it"].median()
-        )
-        / max(1, scenario["tensors"])
-        * 1e6,
-        "restore (warm) time / torch's load_state_dict alone": res["preemptible restore (warm)"].median()
+        "restore (warm) / read ceiling (throughput)": paired(lambda a, b: b / a, warm, "ceiling: read (warm)"),
+        "restore (warm) / read-into-memory ceiling (throughput)": paired(lambda a, b: b / a, warm, into),
+        "restore (warm) overhead per tensor beyond the read, us": paired(lambda a, b: (a - b) / n * 1e6, warm, into),
+        "... beyond the read and torch's load_state_dict, us": paired(
+            lambda a, b, c: (a - b - c) / n * 1e6, warm, into, "load_state_dict as a restore calls it"
+        ),
+        "restore (warm) time / torch's load_state_dict alone": res[warm].median()
         / res["load_state_dict alone"].median(),
         "restore (warm) speed vs torch.load + load_state_dict": res["torch.load + load_state_dict (warm)"].median()
-        / res["preemptible restore (warm)"].median(),
+        / res[warm].median(),
         "checksum time / emergency save time": scenario["checksum_share"],
-        "checksum time / restore (warm) time": scenario["checksum_share"]
-        * res["preemptible emergency save"].median()
-        / res["preemptible restore (warm)"].median(),
+        "checksum time / restore (warm) time": scenario["checksum_share"] * ours / res[warm].median(),
     }
-    ratios["async stall / memcpy of the same bytes into one buffer"] = (
-        res["preemptible async save"].median("stall") / res["ceiling: memcpy into one buffer"].median()
+    ratios["async stall / memcpy of the same bytes into one buffer"] = paired(
+        lambda a, b: a / b, "preemptible async save", "ceiling: memcpy into one buffer", key="stall"
     )
     if "emergency save, the same bytes in a few tensors" in res:
-        ratios["emergency save / the same bytes in a few tensors (throughput)"] = (
-            res["emergency save, the same bytes in a few tensors"].median() / ours
+        ratios["emergency save / the same bytes in a few tensors (throughput)"] = paired(
+            lambda a, b: b / a, "preemptible emergency save", "emergency save, the same bytes in a few tensors"
         )
-        ratios["... both after a periodic save"] = (
-            res["... after a periodic save"].median()
-            / res["preemptible emergency save (after a periodic save)"].median()
+        ratios["... both after a periodic save"] = paired(
+            lambda a, b: b / a, "preemptible emergency save (after a periodic save)", "... after a periodic save"
         )
     if "dcp.save thread_count=2" in res:
         ratios["emergency save speed vs dcp.save (2 threads)"] = res["dcp.save thread_count=2"].median() / ours
     if "preemptible restore (cold)" in res:
-        ratios["restore (cold) / read ceiling (throughput)"] = (
-            res["ceiling: read (cold)"].median() / res["preemptible restore (cold)"].median()
+        ratios["restore (cold) / read ceiling (throughput)"] = paired(
+            lambda a, b: b / a, "preemptible restore (cold)", "ceiling: read (cold)"
         )
-    lines.append("  ratios:")
+    lines.append(
+        "  ratios: (one to a ceiling, or between two saves of the same bytes: the median of each round's ratio)"
+    )
     lines += [f"    {k:<62}{v:>8.2f}" for k, v in ratios.items()]
     scenario["ratios"] = ratios
     return "\n".join(lines)

@@ -24,6 +24,40 @@ def test_scenario_measures_every_contender_and_reports_ratios(tmp_path: Path) ->
     assert list(tmp_path.iterdir()) == []  # cleaned up
 
 
+def test_a_ratio_to_a_ceiling_is_the_median_of_its_rounds_run_back_to_back() -> None:
+    state = bench.small_state(count=4, total_bytes=4e3)
+    names = list(bench.contenders(state, 4000, same_bytes=bench.small_state(count=2, total_bytes=4e3)))
+    after = {n: names[names.index(n) + 1] for n in names[:-1]}
+    assert after["preemptible async save"] == "ceiling: memcpy into reused buffers"
+    assert after["preemptible restore (warm)"] == "ceiling: read into the state's memory (warm)"
+    assert after["preemptible restore (cold)"] == "ceiling: read (cold)"
+    assert after["preemptible emergency save"] == "emergency save, the same bytes in a few tensors"
+    assert after["emergency save, the same bytes in a few tensors"] == "ceiling: fsync'd write"
+    assert after["preemptible emergency save (after a periodic save)"] == "... after a periodic save"
+
+    def result(name: str, seconds: list[float], stall: list[float] | None = None) -> bench.Result:
+        samples = [bench.Sample(s, {"stall": stall[i]} if stall else {}) for i, s in enumerate(seconds)]
+        return bench.Result(name, 1000, samples)
+
+    results = {n: result(n, [1.0, 1.0, 1.0], [0.5, 0.5, 0.5] if "async" in n else None) for n in names}
+    # per round the ceiling gets 0.9, 0.1, 0.9 of the restore: median 0.9; the medians' ratio would say 0.45
+    results["preemptible restore (warm)"] = result("r", [1.0, 2.0, 4.0])
+    results["ceiling: read into the state's memory (warm)"] = result("c", [0.9, 0.2, 3.6])
+    results["preemptible async save"] = result("a", [1.0, 1.0, 1.0], [0.2, 3.0, 0.4])
+    results["ceiling: memcpy into reused buffers"] = result("m", [0.1, 3.0, 0.1])
+    scenario = {"name": "t", "bytes": 1000, "tensors": 10, "results": results, "checksum_share": 0.1}
+    bench.report(scenario)
+    ratios = scenario["ratios"]
+    assert math.isclose(ratios["restore (warm) / read-into-memory ceiling (throughput)"], 0.9)
+    assert math.isclose(ratios["restore (warm) overhead per tensor beyond the read, us"], 0.4 / 10 * 1e6)
+    assert math.isclose(ratios["async stall / memcpy of the same bytes"], 2.0)  # 2, 1, 4
+    assert math.isclose(ratios["emergency save speed vs torch.save"], 1.0)  # not paired: the medians'
+    # rounds that do not line up (a contender that failed a round) fall back to the medians' ratio
+    results["ceiling: read into the state's memory (warm)"] = result("c", [0.9, 0.2])
+    bench.report(scenario)
+    assert math.isclose(scenario["ratios"]["restore (warm) / read-into-memory ceiling (throughput)"], 0.55 / 2.0)
+
+
 def test_bench_command(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     code = main(
         [
