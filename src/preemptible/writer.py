@@ -13,8 +13,10 @@ Two paths, one file format:
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import json
+import mmap
 import queue
 import re
 import threading
@@ -40,6 +42,8 @@ DEFAULT_THREADS = 2
 COALESCE_BELOW = 1 << 20
 COALESCE_BUFFER = 16 << 20
 ARENA_ALIGN = 4096  # file data regions start page-aligned in the arena, as on disk: direct I/O with no copy
+HUGE_PAGE = 2 << 20  # a transparent huge page (x86-64, and arm64 with 4 KiB pages)
+HUGE_ARENA_BYTES = 32 << 20  # arenas this large get huge pages: glibc maps them on their own (its mmap threshold)
 METADATA = {"format": "pt", "writer": "preemptible"}
 _FILE_SAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 _PART = re.compile(r"-[0-9]{5}-of-[0-9]{5}$")
@@ -616,12 +620,47 @@ class Staging:
 
 def _aligned_empty(nbytes: int, *, pin: bool) -> torch.Tensor:
     """A page-aligned uint8 buffer (pinned memory is page-aligned already; a plain one is cut from a slightly
-    larger allocation)."""
+    larger allocation). A large one starts on a huge page and is advised to use them (`advise_huge_pages`)."""
     if pin:
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    raw = torch.empty(nbytes + ARENA_ALIGN, dtype=torch.uint8)
-    skew = (-raw.data_ptr()) % ARENA_ALIGN
-    return raw[skew : skew + nbytes]
+    align = HUGE_PAGE if nbytes >= HUGE_ARENA_BYTES else ARENA_ALIGN
+    raw = torch.empty(nbytes + align, dtype=torch.uint8)
+    skew = (-raw.data_ptr()) % align
+    arena = raw[skew : skew + nbytes]
+    if align == HUGE_PAGE:
+        advise_huge_pages(arena)
+    return arena
+
+
+def advise_huge_pages(buf: torch.Tensor) -> bool:
+    """Ask Linux to back ``buf`` (not touched yet) with transparent huge pages: ``madvise(MADV_HUGEPAGE)``, which
+    takes effect where THP is ``always`` or ``madvise`` (the usual default). Each background save's direct writes
+    pin the arena's pages in the kernel: with 2 MiB pages a 1.2 GB save here took 0.055 s of system CPU instead of
+    0.097 and ran 0.92 s instead of 1.06 (medians of 8 alternating saves), which is what it takes from a training
+    loop beside it. The first copy into a fresh arena faults 512 times fewer (1.2 GB: 0.07 s against 0.32) where
+    free huge pages are at hand; on a VM whose balloon hands free memory back to its host (free page reporting, as
+    here) they must first come back, and that first copy took 1.7-1.9 s instead of 0.3. False where there is no
+    such advice (not Linux, a kernel without THP): the arena has ordinary pages."""
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is None or _libc is None:
+        return False
+    start, length = buf.data_ptr(), buf.nbytes // ARENA_ALIGN * ARENA_ALIGN
+    if start % ARENA_ALIGN or not length:
+        return False
+    return int(_libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), advice)) == 0
+
+
+def _load_libc() -> Any:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        libc.madvise.restype = ctypes.c_int
+        return libc
+    except (OSError, AttributeError):  # pragma: no cover - a platform without madvise
+        return None
+
+
+_libc = _load_libc()
 
 
 @torch.no_grad()

@@ -156,3 +156,32 @@ def test_an_early_copy_whose_thread_cannot_start_fails_the_save_with_that_error_
     ck.save(state, 3, blocking=False).wait()
     out = {"w": {str(i): torch.zeros(3) for i in range(300)}}
     assert ck.restore(out) == 3 and all(torch.equal(out["w"][str(i)], torch.ones(3) * i) for i in range(300))
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The VmFlags of the mapping that holds ``address`` (/proc/self/smaps)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split(" ", 1)[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and line.startswith("VmFlags:"):
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def test_a_large_arena_starts_on_a_huge_page_and_asks_the_kernel_for_huge_pages() -> None:
+    from preemptible.writer import ARENA_ALIGN, HUGE_ARENA_BYTES, HUGE_PAGE
+
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled").exists()  # a Linux kernel built with THP
+    staging = Staging(pin=False)
+    staged = staging.stage(plan_of({"w": {"a": torch.arange(HUGE_ARENA_BYTES // 4, dtype=torch.float32)}}), step=1)
+    arena = staging._arena
+    assert arena is not None and arena.data_ptr() % HUGE_PAGE == 0
+    assert ("hg" in _vm_flags(arena.data_ptr())) == thp  # MADV_HUGEPAGE on its mapping
+    assert torch.equal(staged_tensors(staged)["w/a"], torch.arange(HUGE_ARENA_BYTES // 4, dtype=torch.float32))
+    small = Staging(pin=False)
+    small.stage(plan_of({"w": {"a": torch.zeros(1000)}}), step=1)
+    assert small._arena is not None and small._arena.data_ptr() % ARENA_ALIGN == 0
+    assert "hg" not in _vm_flags(small._arena.data_ptr())  # small ones stay in the heap, as they were
