@@ -250,7 +250,13 @@ class LocalStorage:
 
     def read_bytes(self, path: str, limit: int) -> bytes:
         with _open_regular(path, self.root) as f:
-            data = f.read(limit + 1)
+            size = os.fstat(f.fileno()).st_size
+            if size > limit:
+                raise FileTooLargeError(f"{path} is {size} bytes, larger than the {limit} expected of it")
+            # its size, not the limit: a read of limit + 1 allocates that much first (64 MiB for a manifest)
+            data = f.read(size + 1)
+            if len(data) > size:  # it grew since, or its size says nothing (procfs): on, up to the limit
+                data += f.read(limit + 1 - len(data))
         if len(data) > limit:
             raise FileTooLargeError(f"{path} is larger than the {limit} bytes expected of it")
         return data
