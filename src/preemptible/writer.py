@@ -651,12 +651,15 @@ def advise_huge_pages(buf: torch.Tensor) -> bool:
 
 
 def _load_libc() -> Any:
+    """The C library's ``madvise``, where there is a huge-page advice to give (Linux); else None."""
+    if getattr(mmap, "MADV_HUGEPAGE", None) is None:  # pragma: no cover - not Linux
+        return None
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         libc.madvise.restype = ctypes.c_int
         return libc
-    except (OSError, AttributeError):  # pragma: no cover - a platform without madvise
+    except (OSError, AttributeError, TypeError):  # pragma: no cover - a C library without madvise
         return None
 
 
