@@ -14,6 +14,7 @@ Two paths, one file format:
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
 import json
 import mmap
@@ -642,28 +643,25 @@ def advise_huge_pages(buf: torch.Tensor) -> bool:
     here) they must first come back, and that first copy took 1.7-1.9 s instead of 0.3. False where there is no
     such advice (not Linux, a kernel without THP): the arena has ordinary pages."""
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
-    if advice is None or _libc is None:
+    madvise = _madvise() if advice is not None else None
+    if madvise is None:
         return False
     start, length = buf.data_ptr(), buf.nbytes // ARENA_ALIGN * ARENA_ALIGN
     if start % ARENA_ALIGN or not length:
         return False
-    return int(_libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), advice)) == 0
+    return int(madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), advice)) == 0
 
 
-def _load_libc() -> Any:
-    """The C library's ``madvise``, where there is a huge-page advice to give (Linux); else None."""
-    if getattr(mmap, "MADV_HUGEPAGE", None) is None:  # pragma: no cover - not Linux
-        return None
+@functools.cache
+def _madvise() -> Any:
+    """The C library's ``madvise``, opened on first use (the first large arena), or None where it has none."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        libc.madvise.restype = ctypes.c_int
-        return libc
+        fn = ctypes.CDLL(None, use_errno=True).madvise
     except (OSError, AttributeError, TypeError):  # pragma: no cover - a C library without madvise
         return None
-
-
-_libc = _load_libc()
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
 
 
 @torch.no_grad()
