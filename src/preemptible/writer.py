@@ -13,8 +13,7 @@ Two paths, one file format:
 
 from __future__ import annotations
 
-import ctypes
-import functools
+import contextlib
 import itertools
 import json
 import mmap
@@ -44,7 +43,7 @@ COALESCE_BELOW = 1 << 20
 COALESCE_BUFFER = 16 << 20
 ARENA_ALIGN = 4096  # file data regions start page-aligned in the arena, as on disk: direct I/O with no copy
 HUGE_PAGE = 2 << 20  # a transparent huge page (x86-64, and arm64 with 4 KiB pages)
-HUGE_ARENA_BYTES = 32 << 20  # arenas this large get huge pages: glibc maps them on their own (its mmap threshold)
+HUGE_ARENA_BYTES = 32 << 20  # arenas this large get a mapping of their own, on huge pages (`huge_page_arena`)
 METADATA = {"format": "pt", "writer": "preemptible"}
 _FILE_SAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 _PART = re.compile(r"-[0-9]{5}-of-[0-9]{5}$")
@@ -621,47 +620,37 @@ class Staging:
 
 def _aligned_empty(nbytes: int, *, pin: bool) -> torch.Tensor:
     """A page-aligned uint8 buffer (pinned memory is page-aligned already; a plain one is cut from a slightly
-    larger allocation). A large one starts on a huge page and is advised to use them (`advise_huge_pages`)."""
+    larger allocation). A large one is a mapping of its own on huge pages where Linux has them (`huge_page_arena`)."""
     if pin:
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    align = HUGE_PAGE if nbytes >= HUGE_ARENA_BYTES else ARENA_ALIGN
-    raw = torch.empty(nbytes + align, dtype=torch.uint8)
-    skew = (-raw.data_ptr()) % align
-    arena = raw[skew : skew + nbytes]
-    if align == HUGE_PAGE:
-        advise_huge_pages(arena)
-    return arena
+    if nbytes >= HUGE_ARENA_BYTES and hasattr(mmap, "MADV_HUGEPAGE"):
+        return huge_page_arena(nbytes)
+    raw = torch.empty(nbytes + ARENA_ALIGN, dtype=torch.uint8)
+    skew = (-raw.data_ptr()) % ARENA_ALIGN
+    return raw[skew : skew + nbytes]
 
 
-def advise_huge_pages(buf: torch.Tensor) -> bool:
-    """Ask Linux to back ``buf`` (not touched yet) with transparent huge pages: ``madvise(MADV_HUGEPAGE)``, which
-    takes effect where THP is ``always`` or ``madvise`` (the usual default). Each background save's direct writes
-    pin the arena's pages in the kernel: with 2 MiB pages a 1.2 GB save here took 0.055 s of system CPU instead of
-    0.097 and ran 0.92 s instead of 1.06 (medians of 8 alternating saves), which is what it takes from a training
-    loop beside it. The first copy into a fresh arena faults 512 times fewer (1.2 GB: 0.07 s against 0.32) where
-    free huge pages are at hand; on a VM whose balloon hands free memory back to its host (free page reporting, as
-    here) they must first come back, and that first copy took 1.7-1.9 s instead of 0.3. False where there is no
-    such advice (not Linux, a kernel without THP): the arena has ordinary pages."""
-    advice = getattr(mmap, "MADV_HUGEPAGE", None)
-    madvise = _madvise() if advice is not None else None
-    if madvise is None:
-        return False
-    start, length = buf.data_ptr(), buf.nbytes // ARENA_ALIGN * ARENA_ALIGN
-    if start % ARENA_ALIGN or not length:
-        return False
-    return int(madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), advice)) == 0
+def huge_page_arena(nbytes: int) -> torch.Tensor:
+    """``nbytes`` (not touched yet) on a 2 MiB boundary of an anonymous mapping of its own, advised to use
+    transparent huge pages (``madvise(MADV_HUGEPAGE)``, which takes effect where THP is ``always`` or ``madvise``,
+    the usual default). The mapping goes back to the kernel when the last view of it is freed.
 
+    Why huge pages: each background save's direct writes pin the arena's pages in the kernel. With 2 MiB pages a
+    1.2 GB save here took 0.055 s of system CPU instead of 0.097 and ran 0.92 s instead of 1.06 (medians of 8
+    alternating saves), which is what it takes from a training loop beside it. The first copy into a fresh arena
+    faults 512 times fewer (1.2 GB: 0.07 s against 0.32) where free huge pages are at hand; on a VM whose balloon
+    hands free memory back to its host (free page reporting, as here) they must first come back, and that first
+    copy took 1.7-1.9 s instead of 0.3.
 
-@functools.cache
-def _madvise() -> Any:
-    """The C library's ``madvise``, opened on first use (the first large arena), or None where it has none."""
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError, TypeError):  # pragma: no cover - a C library without madvise
-        return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn
+    Why a mapping of its own: the advice sticks to the address range. Given to memory from malloc, which may come
+    from its heap, it would outlive the arena there, and later small allocations would get huge pages too.
+    A kernel without THP refuses the advice (EINVAL): the arena then has ordinary pages."""
+    mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE)  # never touched outside the arena
+    whole = torch.frombuffer(mapping, dtype=torch.uint8)  # holds the mapping until the last view is freed
+    skew = (-whole.data_ptr()) % HUGE_PAGE
+    with contextlib.suppress(OSError):  # EINVAL from a kernel built without THP
+        mapping.madvise(mmap.MADV_HUGEPAGE, skew, nbytes)
+    return whole[skew : skew + nbytes]
 
 
 @torch.no_grad()
