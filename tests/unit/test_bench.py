@@ -104,3 +104,21 @@ def test_training_beside_measures_each_save_against_the_steps_around_it(tmp_path
     assert list(tmp_path.iterdir()) == []  # cleaned up
     verified = bench.training_beside(state, seconds=0.05, rounds=1, dcp=False, verify=True)
     assert verified["verify"] and "each save read back and checked" in bench.beside_report(verified)
+
+
+def test_training_beside_takes_its_median_over_more_rounds_than_it_measures_dcp_in(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("PREEMPTIBLE_BENCH_DIR", str(tmp_path))
+    dcp = bench._dcp()
+    real_async = dcp.async_save
+    calls: list[object] = []
+
+    def async_save(*a, **kw):  # type: ignore[no-untyped-def]
+        calls.append(kw.get("storage_writer"))
+        return real_async(*a, **kw)
+
+    monkeypatch.setattr(dcp, "async_save", async_save)
+    state = bench.small_state(count=8, total_bytes=4e5)
+    out = bench.training_beside(state, seconds=0.05, rounds=3, dcp_rounds=1)
+    assert len(out["extra_each_s"]) == 3 and len(calls) == 1
+    assert math.isclose(out["extra_ours_s"], sorted(out["extra_each_s"])[1], abs_tol=1e-3)  # each is rounded
+    assert "median of 3:" in bench.beside_report(out)

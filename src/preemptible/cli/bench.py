@@ -34,6 +34,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--quick", action="store_true", help="fewer contenders (CI smoke run)")
     p.add_argument("--no-beside", action="store_true", help="skip the training-beside-a-save measurement")
     p.add_argument(
+        "--beside-rounds",
+        type=integer(low=1, high=1000),
+        default=7,
+        help="saves measured beside training, for each destination (default 7; about 8 s each)",
+    )
+    p.add_argument(
         "--throttle-mb-s",
         type=number(low=0, above=True, high=1e6),
         default=None,
@@ -53,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         quick=args.quick,
         beside=not args.no_beside,
+        beside_rounds=args.beside_rounds,
         throttle=args.throttle_mb_s * 1e6 if args.throttle_mb_s else None,
         work_dir=args.dir,
     )
