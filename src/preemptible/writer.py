@@ -30,7 +30,7 @@ import torch
 
 from preemptible.errors import SaveCancelled
 from preemptible.state import FlatState, group_of
-from preemptible.store import checksum, compress, layout
+from preemptible.store import checksum, compress, direct, layout
 from preemptible.store import format as tensor_format
 from preemptible.store.compress import Codec
 from preemptible.store.io import Storage, WriteStream
@@ -40,7 +40,6 @@ DEFAULT_MAX_FILE_BYTES = 1 << 30
 MIN_PART_BYTES = 64 << 20
 DEFAULT_THREADS = 2
 COALESCE_BELOW = 1 << 20
-COALESCE_BUFFER = 16 << 20
 ARENA_ALIGN = 4096  # file data regions start page-aligned in the arena, as on disk: direct I/O with no copy
 HUGE_PAGE = 2 << 20  # a transparent huge page (x86-64, and arm64 with 4 KiB pages)
 HUGE_ARENA_BYTES = 32 << 20  # arenas this large get a mapping of their own, on huge pages (`huge_page_arena`)
@@ -142,21 +141,25 @@ def plan_files(
 
 
 class _Sink:
-    """Writes to a storage stream: small pieces coalesced into a reused buffer (unless the stream gathers them
-    itself, as the direct-I/O writer does), large ones passed through; counts progress."""
+    """Writes to a storage stream: small pieces coalesced into a pooled buffer (`direct.PooledBuffer`, taken at
+    the first small piece, given back by `release`), unless the stream gathers them itself, as the direct-I/O
+    writer does; large ones passed through; counts progress."""
 
-    def __init__(self, stream: WriteStream, progress: Progress | None, buffer: bytearray) -> None:
+    def __init__(self, stream: WriteStream, progress: Progress | None) -> None:
         self._stream = stream
         self._progress = progress
-        self._buf = buffer
-        self._view = memoryview(buffer)
+        self._buffer: direct.PooledBuffer | None = None
+        self._view = memoryview(b"")
         self._used = 0
         self._coalesce = not getattr(stream, "coalesces", False)
 
     def write(self, data: memoryview) -> None:
         n = len(data)
         if n < COALESCE_BELOW and self._coalesce:
-            if self._used + n > len(self._buf):
+            if self._buffer is None:
+                self._buffer = direct.PooledBuffer.take()
+                self._view = self._buffer.view
+            if self._used + n > len(self._view):
                 self.flush()
             self._view[self._used : self._used + n] = data
             self._used += n
@@ -173,15 +176,11 @@ class _Sink:
                 self._progress.add(self._used)
             self._used = 0
 
-
-_buffers = threading.local()
-
-
-def _coalesce_buffer() -> bytearray:
-    buf: bytearray | None = getattr(_buffers, "buf", None)
-    if buf is None:
-        buf = _buffers.buf = bytearray(COALESCE_BUFFER)
-    return buf
+    def release(self) -> None:
+        buffer, self._buffer = self._buffer, None
+        if buffer is not None:
+            self._view = memoryview(b"")
+            buffer.give_back()
 
 
 def stored_name(spec: FileSpec, codec: Codec | None) -> str:
@@ -199,15 +198,14 @@ def write_tensor_file(
     codec: Codec | None = None,
 ) -> FileRecord:
     stream = storage.open_write(storage.join(directory, stored_name(spec, codec)))
+    sink = _Sink(stream, progress if codec is None else None)
     try:
         if codec is None:
-            sink = _Sink(stream, progress, _coalesce_buffer())
             nbytes, digest, chunks = tensor_format.write(
                 sink, spec.items, METADATA, stored=spec.stored, blob=blob, prepared=spec.prepared
             )
             sink.flush()
         else:
-            sink = _Sink(stream, None, _coalesce_buffer())
             nbytes, digest, stats = compress.write(
                 sink,
                 spec.items,
@@ -226,6 +224,8 @@ def write_tensor_file(
     except BaseException:
         stream.abort()
         raise
+    finally:
+        sink.release()
     stream.close()
     return FileRecord(nbytes, digest, chunks)
 

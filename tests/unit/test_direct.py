@@ -54,3 +54,47 @@ def test_other_streams_and_direct_io_off_take_ordinary_reads(tmp_path: Path, mon
         got = b"".join(bytes(p) for p in direct.read_pieces(f, memoryview(bytearray(3000))))
         assert not fcntl.fcntl(f.fileno(), fcntl.F_GETFL) & direct.O_DIRECT
     assert got == data
+
+
+def _pool() -> tuple[int, int]:
+    """(buffers made, buffers idle) in this process."""
+    return direct.PooledBuffer._made, len(direct.PooledBuffer._idle)
+
+
+def test_a_periodic_save_readies_the_buffers_an_emergency_save_needs_and_every_save_gives_them_back(
+    tmp_path: Path,
+) -> None:
+    import torch
+
+    from preemptible import Checkpointer
+
+    threads = _pool()[0] + 2  # more than this process has made so far: the emergency save needs new ones
+    state = {"w": {f"t{i}": torch.randn(50_000) for i in range(4 * threads)}}  # 200 KB each, not page-aligned
+    ck = Checkpointer(str(tmp_path / "ck"), threads=threads, max_file_bytes=400_000)
+    ck.save(state, 1, blocking=False).wait()  # a periodic save, on its one writer thread
+    made, idle = _pool()
+    assert made >= threads and idle == made  # made ready, and none held after the save
+    ck.save(state, 2).wait()  # the emergency save: `threads` writers at once, every byte through a buffer
+    assert _pool() == (made, made)  # nothing new to make (and fault in) in the notice window; all given back
+    fresh = {"w": {k: torch.zeros_like(v) for k, v in state["w"].items()}}
+    assert ck.restore(fresh) == 2
+    assert all(torch.equal(fresh["w"][k], v) for k, v in state["w"].items())  # the bytes went through intact
+
+
+def test_a_reader_that_stops_early_and_a_writer_that_aborts_give_their_buffer_back(tmp_path: Path) -> None:
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(3 * direct.BOUNCE_BYTES))
+    direct.PooledBuffer.reserve(1)
+    made, idle = _pool()
+    with LocalStorage(str(tmp_path)).open_read(str(path)) as stream:
+        pieces = direct.read_pieces(stream, memoryview(bytearray(4096)))
+        next(pieces)
+        assert _pool() == (made, idle - 1)  # held while it is read
+        pieces.close()  # the caller stops after the first piece (a checksum failed, say)
+    assert _pool() == (made, idle)
+    fd = direct.open_direct(str(tmp_path / "g.bin"))
+    if fd is not None:
+        writer = direct.DirectWriter(str(tmp_path / "g.bin"), fd)
+        writer.write(memoryview(b"x" * 5000))
+        writer.abort()
+        assert _pool() == (made, idle)

@@ -44,7 +44,7 @@ from preemptible.notice import Clock
 from preemptible.progress import Meter
 from preemptible.state import capture, check_state, flatten, gc_paused
 from preemptible.store import compress as compress_mod
-from preemptible.store import deletion, layout
+from preemptible.store import deletion, direct, layout
 from preemptible.store import format as tensor_format
 from preemptible.store.io import Storage, storage_for
 from preemptible.store.layout import CheckpointInfo
@@ -673,6 +673,7 @@ class Checkpointer(Lifecycle, Prestaging):
                 go.wait()
             _lower_priority(self.background_nice)
             try:
+                direct.PooledBuffer.reserve(self.threads)  # ready, faulted in, for an emergency save's threads
                 handle._result = self._write_and_commit(
                     job, staged.specs, staged.docs, blobs=staged.blobs, threads=self.background_threads
                 )
