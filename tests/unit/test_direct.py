@@ -74,6 +74,7 @@ def test_a_periodic_save_readies_the_buffers_an_emergency_save_needs_and_every_s
     ck.save(state, 1, blocking=False).wait()  # a periodic save, on its one writer thread
     made, idle = _pool()
     assert made >= threads and idle == made  # made ready, and none held after the save
+    assert all(b.touched for b in direct.PooledBuffer._idle)  # every page faulted in, after the commit
     ck.save(state, 2).wait()  # the emergency save: `threads` writers at once, every byte through a buffer
     assert _pool() == (made, made)  # nothing new to make (and fault in) in the notice window; all given back
     fresh = {"w": {k: torch.zeros_like(v) for k, v in state["w"].items()}}
