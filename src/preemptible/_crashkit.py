@@ -3,8 +3,10 @@ check that a restore afterwards yields a committed checkpoint holding exactly th
 
 Processes come from a zygote: one pristine Python that imports torch and preemptible once, then forks a fresh
 saver per kill (a fork takes milliseconds; a new interpreter with torch takes seconds). The zygote never runs
-torch ops or starts threads before forking, so its children start clean. Used by the test suite (a short
-sweep) and by ``benchmarks/crash_sweep.py`` (the full one).
+torch ops or starts threads before forking, so its children start clean. A child says when it is ready to
+save (its modules imported) and the random instant is counted from then: on a loaded
+machine its start alone can take longer than the longest delay, and kills would land before any save. Used by
+the test suite (a short sweep) and by ``benchmarks/crash_sweep.py`` (the full one).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ def _saver(root: str, seed: int) -> None:  # pragma: no cover - runs in a forked
     torch.set_num_threads(1)
     rng = random.Random(seed)
     size = rng.choice([1_000, 200_000, 2_000_000])  # 8 KB to 24 MB of tensors: kills land in every phase
+    print(f"ready {os.getpid()}", flush=True)  # the sweep's delay starts now
     ck = Checkpointer(root, keep=2)
     found = ck.latest()
     step = (found or 0) + 1
@@ -77,13 +80,13 @@ def zygote_main() -> None:  # pragma: no cover - the zygote process
         if not cmd:
             continue
         if cmd[0] == "run":
-            pid = os.fork()
-            if pid == 0:
+            if os.fork() == 0:
                 try:
                     _saver(cmd[1], int(cmd[2]))
+                except BaseException as e:  # before it was ready: the sweep reports it
+                    print(f"failed {type(e).__name__}: {e}".replace("\n", " "), flush=True)
                 finally:
                     os._exit(1)
-            print(pid, flush=True)
         elif cmd[0] == "wait":
             os.waitpid(int(cmd[1]), 0)
             print("dead", flush=True)
@@ -133,7 +136,10 @@ def sweep(root: Path, kills: int, *, seed: int = 0, max_delay: float = 0.35) -> 
         for i in range(kills):
             zygote.stdin.write(f"run {root} {rng.randrange(1 << 30)}\n")
             zygote.stdin.flush()
-            pid = int(zygote.stdout.readline())
+            said = zygote.stdout.readline().split(maxsplit=1)
+            if not said or said[0] != "ready":
+                raise RuntimeError(f"expected a saver to say 'ready PID'; it said {' '.join(said)!r}")
+            pid = int(said[1])
             time.sleep(rng.uniform(0.005, max_delay))
             os.kill(pid, signal.SIGKILL)
             zygote.stdin.write(f"wait {pid}\n")
