@@ -336,7 +336,7 @@ def _check_tensor(t: torch.Tensor, path: str) -> None:
             "state_dict()",
             key=path,
         )
-    if t.device.type == "meta":
+    if t.is_meta:
         raise UnsupportedStateError(
             f"tensor {path!r} is on the meta device and has no data; materialise the model before saving", key=path
         )

@@ -82,7 +82,7 @@ def check_dtype(tensor: torch.Tensor, key: str) -> None:
 def host(tensor: torch.Tensor) -> torch.Tensor:
     """A contiguous CPU tensor with the same values (the tensor itself when it already is one)."""
     t = tensor.detach()
-    if t.device.type != "cpu":
+    if not t.is_cpu:
         t = t.cpu()
     return t if t.is_contiguous() else t.contiguous()
 
@@ -314,7 +314,7 @@ def _tensor_pieces(entries: Sequence[Entry], by_name: Mapping[str, torch.Tensor]
     batch_dtype: torch.dtype | None = None
     for e in entries:
         t = by_name[e.name]
-        small = 0 < e.nbytes < SMALL_TENSOR_BYTES and t.device.type == "cpu" and t.dtype == e.dtype
+        small = 0 < e.nbytes < SMALL_TENSOR_BYTES and t.is_cpu and t.dtype == e.dtype
         if batch and (not small or e.dtype != batch_dtype or batched + e.nbytes > BATCH_BYTES):
             yield _gather(batch, batched, batch_dtype)  # type: ignore[arg-type]
             batch, batched = [], 0
