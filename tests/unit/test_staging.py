@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -195,15 +196,10 @@ import gc, json, torch
 from preemptible.writer import HUGE_ARENA_BYTES, _aligned_empty
 
 def flags(address):
-    found = None
-    for line in open("/proc/self/smaps").read().splitlines():
-        head = line.split(" ", 1)[0]
-        if "-" in head and ":" not in head:
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = lo <= address < hi
-        elif inside and line.startswith("VmFlags:"):
-            found = line.split()[1:]
-    return found
+    try:
+        return _vm_flags(address)
+    except AssertionError:  # no mapping holds it
+        return None
 
 small = _aligned_empty(3 * 4096, pin=False)
 arena = _aligned_empty(HUGE_ARENA_BYTES, pin=False)
@@ -223,7 +219,8 @@ def test_the_huge_page_advice_leaves_with_the_arena_and_never_reaches_a_small_on
     arena stays in the heap without advice. A fresh process: others advise heap memory too (numpy, for its
     arrays of 4 MiB and more), so only one that ran nothing else shows what preemptible does."""
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 30)}
-    out = subprocess.run([sys.executable, "-c", _ADVICE_LEFT], env=env, capture_output=True, text=True, check=True)
+    script = "from pathlib import Path\n" + inspect.getsource(_vm_flags) + _ADVICE_LEFT
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
     flags = json.loads(out.stdout)
     assert flags["freed"] is None or "hg" not in flags["freed"], f"the freed arena's addresses keep the advice: {flags}"
     assert flags["small"] is not None and "hg" not in flags["small"], f"a small arena was advised: {flags}"
