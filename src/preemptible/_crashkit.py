@@ -17,6 +17,8 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,13 +58,13 @@ def check(state: dict[str, Any], step: int) -> str | None:
     return None
 
 
-def _saver(root: str, seed: int) -> None:  # pragma: no cover - runs in a forked child, killed mid-flight
+def _saver(root: str, seed: int, ready: Callable[[], None]) -> None:  # pragma: no cover - a forked child, killed
     from preemptible import Checkpointer
 
     torch.set_num_threads(1)
     rng = random.Random(seed)
     size = rng.choice([1_000, 200_000, 2_000_000])  # 8 KB to 24 MB of tensors: kills land in every phase
-    print(f"ready {os.getpid()}", flush=True)  # the sweep's delay starts now
+    ready()  # the sweep's delay starts now
     ck = Checkpointer(root, keep=2)
     found = ck.latest()
     step = (found or 0) + 1
@@ -70,6 +72,26 @@ def _saver(root: str, seed: int) -> None:  # pragma: no cover - runs in a forked
         state = values(step, size)
         ck.save(state, step, blocking=rng.random() < 0.6).wait()
         step += 1
+
+
+def _child(root: str, seed: int) -> None:  # pragma: no cover - a forked child, killed mid-flight
+    """Run a saver; it says ``ready PID`` once imported. A failure before that is said instead (the sweep waits for
+    that line); one after it goes to stderr (the sweep reads only ``dead`` from then on)."""
+    said: list[str] = []
+
+    def ready() -> None:
+        said.append(f"ready {os.getpid()}")
+        print(said[-1], flush=True)
+
+    try:
+        _saver(root, seed, ready)
+    except BaseException as e:
+        if said:
+            traceback.print_exc()
+        else:
+            print(f"failed {type(e).__name__}: {e}".replace("\n", " "), flush=True)
+    finally:
+        os._exit(1)
 
 
 def zygote_main() -> None:  # pragma: no cover - the zygote process
@@ -81,12 +103,7 @@ def zygote_main() -> None:  # pragma: no cover - the zygote process
             continue
         if cmd[0] == "run":
             if os.fork() == 0:
-                try:
-                    _saver(cmd[1], int(cmd[2]))
-                except BaseException as e:  # before it was ready: the sweep reports it
-                    print(f"failed {type(e).__name__}: {e}".replace("\n", " "), flush=True)
-                finally:
-                    os._exit(1)
+                _child(cmd[1], int(cmd[2]))
         elif cmd[0] == "wait":
             os.waitpid(int(cmd[1]), 0)
             print("dead", flush=True)
