@@ -143,7 +143,7 @@ def plan_files(
 class _Sink:
     """Writes to a storage stream: small pieces coalesced into a pooled buffer (`direct.PooledBuffer`, taken at
     the first small piece, given back by `release`), unless the stream gathers them itself, as the direct-I/O
-    writer does; large ones passed through; counts progress."""
+    writer does; large ones passed through; counts progress, and the seconds spent in the stream (``io_s``)."""
 
     def __init__(self, stream: WriteStream, progress: Progress | None) -> None:
         self._stream = stream
@@ -152,6 +152,7 @@ class _Sink:
         self._view = memoryview(b"")
         self._used = 0
         self._coalesce = not getattr(stream, "coalesces", False)
+        self.io_s = 0.0
 
     def write(self, data: memoryview) -> None:
         n = len(data)
@@ -165,13 +166,17 @@ class _Sink:
             self._used += n
             return
         self.flush()
+        t0 = time.perf_counter()
         self._stream.write(data)
+        self.io_s += time.perf_counter() - t0
         if self._progress is not None:
             self._progress.add(n)
 
     def flush(self) -> None:
         if self._used:
+            t0 = time.perf_counter()
             self._stream.write(self._view[: self._used])
+            self.io_s += time.perf_counter() - t0
             if self._progress is not None:
                 self._progress.add(self._used)
             self._used = 0
@@ -196,7 +201,11 @@ def write_tensor_file(
     progress: Progress | None = None,
     blob: memoryview | None = None,
     codec: Codec | None = None,
+    io: list[tuple[int, float]] | None = None,
 ) -> FileRecord:
+    """Write one tensor file. ``io``: ``(thread, seconds)`` is appended to it, the seconds this file spent in the
+    storage stream (its writes, and its close, which makes it durable) on this thread: for the destination's
+    measured bandwidth."""
     stream = storage.open_write(storage.join(directory, stored_name(spec, codec)))
     sink = _Sink(stream, progress if codec is None else None)
     try:
@@ -220,13 +229,18 @@ def write_tensor_file(
             stream.close()
             stats.io_s += time.perf_counter() - t0
             codec.record(stats)
+            if io is not None:
+                io.append((threading.get_ident(), stats.io_s))
             return FileRecord(nbytes, digest)
     except BaseException:
         stream.abort()
         raise
     finally:
         sink.release()
+    t0 = time.perf_counter()
     stream.close()
+    if io is not None:
+        io.append((threading.get_ident(), sink.io_s + time.perf_counter() - t0))  # append: whole under the GIL
     return FileRecord(nbytes, digest, chunks)
 
 
@@ -262,9 +276,10 @@ def write_files(
     progress: Progress | None = None,
     blobs: dict[str, memoryview] | None = None,
     codec: Codec | None = None,
+    io: list[tuple[int, float]] | None = None,
 ) -> dict[str, FileRecord]:
     """Write the tensor files, largest first, ``threads`` at a time from one work queue; compressed with
-    ``codec`` when given (its frames are encoded by the codec's own threads).
+    ``codec`` when given (its frames are encoded by the codec's own threads). ``io``: see `write_tensor_file`.
 
     The first failure stops the others at their next write and is re-raised with its own type.
 
@@ -277,12 +292,14 @@ def write_files(
     def write_one(spec: FileSpec) -> FileRecord:
         if storage.kind != "object":
             return write_tensor_file(
-                storage, directory, spec, progress=progress, blob=found.get(spec.name), codec=codec
+                storage, directory, spec, progress=progress, blob=found.get(spec.name), codec=codec, io=io
             )
         from preemptible.store.objstore import retrying
 
         def upload() -> FileRecord:  # whole-file retry: a failed or short upload goes up again from the start
-            record = write_tensor_file(storage, directory, spec, progress=None, blob=found.get(spec.name), codec=codec)
+            record = write_tensor_file(
+                storage, directory, spec, progress=None, blob=found.get(spec.name), codec=codec, io=io
+            )
             stored = storage.size(storage.join(directory, stored_name(spec, codec)))
             if stored != record.bytes:
                 raise ConnectionError(f"{spec.name}: the store holds {stored} bytes of the {record.bytes} uploaded")

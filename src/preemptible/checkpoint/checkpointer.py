@@ -142,8 +142,12 @@ class Checkpointer(Lifecycle, Prestaging):
         clock: epoch seconds. monotonic: a monotonic clock for durations.
 
     Attributes:
-        bandwidth: bytes per second of recent saves (write phase), or None before the first; used for deadline
-            arithmetic.
+        bandwidth: bytes of state per second of recent saves (their write phase, end to end), or None before the
+            first; used for deadline arithmetic.
+        storage_bandwidth: bytes per second the destination took in while recent saves wrote to it (stored bytes
+            over the seconds their threads spent in its writes and fsyncs), or None before the first: what the
+            compression choice weighs compressing against. A background save, paced, on one thread at low
+            priority, is slower end to end than the destination; this figure is not.
     """
 
     def __init__(
@@ -194,6 +198,7 @@ class Checkpointer(Lifecycle, Prestaging):
         self._writing: set[int] = set()
         self.moments_dtype = moments_dtype
         self.bandwidth: float | None = None
+        self.storage_bandwidth: float | None = None
         self.fixed_s = 0.05  # directory creation, fsyncs and the commit marker: refined by every save
         self._inflight: SaveHandle | None = None
         self._go: threading.Event | None = None
@@ -538,7 +543,7 @@ class Checkpointer(Lifecycle, Prestaging):
             plan.nbytes,
             setting=self.compress,
             measured=self.compression,
-            bandwidth=self.bandwidth,
+            bandwidth=self.storage_bandwidth,
             threads=threads,
             cores=_cores(),
             background=background,
@@ -549,16 +554,11 @@ class Checkpointer(Lifecycle, Prestaging):
             return choice, None
         return choice, compress_mod.Codec(threads=1 if background else max(1, min(threads, _cores())))
 
-    def _learn(self, codec: compress_mod.Codec, files: int, threads: int) -> dict[str, Any]:
-        """What a compressed save measured: the destination's bandwidth (stored bytes over the time spent
-        writing them, not compressing), and this state's ratio and speed."""
+    def _learn(self, codec: compress_mod.Codec) -> dict[str, Any]:
+        """What a compressed save measured of this state: its ratio and its compression speed."""
         stats = codec.stats
         if not stats.decoded:
             return {}
-        if stats.io_s > 0 and stats.stored:
-            io_wall = stats.io_s / max(1, min(threads, files))
-            bw = stats.stored / io_wall
-            self.bandwidth = bw if self.bandwidth is None else 0.5 * self.bandwidth + 0.5 * bw
         if stats.encode_s > 0:
             ratio, rate = stats.stored / stats.decoded, stats.decoded / stats.encode_s
             old = self.compression
@@ -727,9 +727,14 @@ class Checkpointer(Lifecycle, Prestaging):
         write_s = result.timings.get("write", 0.0)
         if job.codec is not None:
             job.codec.close()
-            compression = self._learn(job.codec, len(specs), threads or self.threads)
-        elif result.bytes and write_s > 0:
-            bw = result.bytes / write_s
+            compression = self._learn(job.codec)
+        if result.timings.get("io") and job.stored_here:  # the destination's bandwidth: stored bytes over the
+            bw = job.stored_here / result.timings["io"]  # seconds it took to take them in
+            old = self.storage_bandwidth
+            self.storage_bandwidth = bw if old is None else 0.5 * old + 0.5 * bw
+        state_bytes = job.progress.total or result.bytes  # the state's bytes, compressed or not
+        if state_bytes and write_s > 0:
+            bw = state_bytes / write_s
             self.bandwidth = bw if self.bandwidth is None else 0.5 * self.bandwidth + 0.5 * bw
             self.fixed_s = 0.5 * self.fixed_s + 0.5 * result.timings.get("commit", self.fixed_s)
         remaining = job.deadline - self._clock() if job.deadline is not None else None

@@ -55,6 +55,17 @@ class Job:
     write_dir: str = ""  # where this attempt writes its files (see the module docs); empty until prepared
     codec: Codec | None = None  # compresses the tensor files, when this save does
     choice: Choice | None = None  # why it does or does not
+    stored_here: int = 0  # bytes of tensor files this rank wrote (all ranks' are in the result)
+
+
+def busiest(io: list[tuple[int, float]]) -> float:
+    """The seconds the busiest writer thread spent in the storage's streams: the time the destination took to
+    take in a save's files. Threads that write at once share the destination, so their seconds overlap rather
+    than add; one that ran out of files early leaves it to the others."""
+    by_thread: dict[int, float] = {}
+    for thread, seconds in io:
+        by_thread[thread] = by_thread.get(thread, 0.0) + seconds
+    return max(by_thread.values())
 
 
 def _records_doc(records: Mapping[str, FileRecord]) -> dict[str, dict[str, Any]]:
@@ -157,6 +168,7 @@ class Committer:
         t0 = self._monotonic()
         coord = self.coord
         self._prepare(job, store)
+        io: list[tuple[int, float]] = []  # each tensor file's thread and seconds in the storage stream
         try:
             records: dict[str, FileRecord] = write_files(
                 self.storage,
@@ -166,7 +178,9 @@ class Committer:
                 progress=job.progress,
                 blobs=blobs,
                 codec=job.codec,
+                io=io,
             )
+            job.stored_here = sum(r.bytes for r in records.values())
             for name, doc in docs.items():
                 records[name] = write_bytes(self.storage, job.write_dir, name, doc)
             self.storage.sync_dir(job.write_dir)
@@ -182,6 +196,8 @@ class Committer:
             raise
         t_write = self._monotonic()
         job.timings["write"] = t_write - t0
+        if io:
+            job.timings["io"] = busiest(io)
         world = 1
         if store is not None and coord is not None:
             # IMPORTANT: the commit barrier. Every rank reports its files as durable; rank 0 commits only if all
