@@ -288,3 +288,83 @@ def test_runs_of_small_tensors_read_back_whatever_the_read_size(sizes: list[int]
         assert torch.equal(out[name], t), name
         if into:
             assert out[name] is targets[name]
+
+
+@st.composite
+def mixed_tensors(draw: Any) -> tuple[list[tuple[str, torch.Tensor]], dict[str, torch.dtype]]:
+    """Tensors of a few dtypes and sizes around the patched small-tensor line: contiguous, strided, 0-d, empty,
+    and some written cast (as bf16 moments are)."""
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
+    items, stored = [], {}
+    for i in range(draw(st.integers(1, 24))):
+        dtype = draw(st.sampled_from([torch.float32, torch.bfloat16, torch.int64, torch.uint8]))
+        n = draw(st.integers(0, 900))
+        t = (torch.randn(n, generator=g) * 100).to(dtype)
+        kind = draw(st.sampled_from(["flat", "2d", "strided", "scalar"]))
+        if kind == "2d" and n % 3 == 0:
+            t = t.reshape(3, n // 3)
+        elif kind == "strided" and n >= 2:
+            t = t[::2]
+        elif kind == "scalar":
+            t = t[:1].reshape(()) if n else torch.tensor(7, dtype=dtype)
+        if dtype == torch.float32 and draw(st.booleans()):
+            stored[f"t{i}"] = torch.bfloat16
+        items.append((f"t{i}", t))
+    return items, stored
+
+
+@settings(max_examples=80, deadline=None)
+@given(case=mixed_tensors(), gather=st.sampled_from([8, 24, 64, 1000, 4096]))
+def test_written_pieces_are_each_tensors_bytes_in_layout_order_however_gathered(
+    case: tuple[list[tuple[str, torch.Tensor]], dict[str, torch.dtype]], gather: int
+) -> None:
+    """Runs of small tensors are gathered into a pooled buffer in pieces of its whole size (here patched small, so
+    that tensors are cut across pieces); the bytes are each tensor's, as stored, in layout order, and the buffer
+    goes back to the pool whether the pieces are read to the end or closed early."""
+    from preemptible.store import direct
+
+    items, stored = case
+    entries = tensor_format.layout(items, stored)
+    by_name = dict(items)
+    expected = b"".join(
+        bytes(tensor_format.byte_view(tensor_format.host(by_name[e.name].to(e.dtype)))) for e in entries
+    )
+    with (
+        mock.patch.object(tensor_format, "GATHER_BYTES", gather),
+        mock.patch.object(tensor_format, "SMALL_TENSOR_BYTES", 1200),
+    ):
+        held = direct.PooledBuffer._made - len(direct.PooledBuffer._idle)
+        pieces = list(map(bytes, tensor_format._tensor_pieces(entries, by_name, 100)))
+        assert b"".join(pieces) == expected
+        assert all(len(p) <= max(gather, 100) for p in pieces)
+        assert direct.PooledBuffer._made - len(direct.PooledBuffer._idle) == held
+        stream = tensor_format._tensor_pieces(entries, by_name, 100)
+        if next(stream, None) is not None:
+            stream.close()  # stopped early
+        assert direct.PooledBuffer._made - len(direct.PooledBuffer._idle) == held
+    data, digest = write_to_bytes([(n, t.to(stored.get(n, t.dtype))) for n, t in items])
+    out = read_bytes(data, digest)
+    for name, t in items:
+        assert torch.equal(out[name], t.to(stored.get(name, t.dtype))), name
+
+
+def test_a_run_of_small_tensors_goes_out_in_whole_aligned_pieces_of_the_pooled_buffer() -> None:
+    """10,000 small float tensors (0-d ones among them): every piece but the last is the pooled buffer whole, its
+    memory page-aligned (a direct-I/O writer sends it from there), and the tensor at each cut is split exactly."""
+    from preemptible.store import direct
+
+    g = torch.Generator().manual_seed(3)
+    items = [
+        (f"t{i:05d}", torch.randn(700 + i % 9, generator=g) if i % 4 else torch.tensor(float(i))) for i in range(10_000)
+    ]
+    entries = tensor_format.layout(items)
+    by_name = dict(items)
+    seen = []
+    for piece in tensor_format._tensor_pieces(entries, by_name, tensor_format.CHUNK_BYTES):
+        assert direct.address(piece) is not None and direct.address(piece) % direct.ALIGN == 0
+        seen.append(bytes(piece))
+    total = entries[-1].end
+    assert [len(p) for p in seen] == [tensor_format.GATHER_BYTES] * (total // tensor_format.GATHER_BYTES) + [
+        total % tensor_format.GATHER_BYTES
+    ]
+    assert b"".join(seen) == b"".join(bytes(tensor_format.byte_view(t)) for _, t in items)

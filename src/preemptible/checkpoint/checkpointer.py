@@ -682,7 +682,7 @@ class Checkpointer(Lifecycle, Prestaging):
                 self.staging.busy.release()
             if handle._error is None:  # committed: now, unhurried, the buffers an emergency save's threads need
                 with contextlib.suppress(OSError):  # no memory to map them: an emergency save makes its own
-                    direct.PooledBuffer.reserve(self.threads)
+                    direct.PooledBuffer.reserve(direct.BUFFERS_PER_WRITER * self.threads)
 
         handle._thread = threading.Thread(target=body, name="preemptible-writer")
         handle._thread.start()

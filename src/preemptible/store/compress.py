@@ -270,6 +270,7 @@ def write(
             drain(window)
         drain(0)
     finally:
+        pieces.close()  # a pooled buffer goes back (the last piece was copied out by now)
         for future, _ in inflight:
             future.cancel()
         for future, _ in inflight:

@@ -41,12 +41,16 @@ def address(view: memoryview) -> int | None:
         return None
 
 
+BUFFERS_PER_WRITER = 2  # a writer thread holds a bounce buffer, and one that gathers small tensors
+
+
 class PooledBuffer:
     """An aligned ``BOUNCE_BYTES`` buffer, held by one user at a time and given back: a `DirectWriter`'s bounce
-    buffer, `read_pieces`' read buffer, or the writer's buffer that gathers small writes for a stream that does not
-    (an object store's upload, a file system without ``O_DIRECT``).
+    buffer, `read_pieces`' read buffer, the buffer a tensor file's small tensors are gathered into
+    (`format._tensor_pieces`), or the writer's buffer that gathers small writes for a stream that does not (an
+    object store's upload, a file system without ``O_DIRECT``).
 
-    Kept for the life of the process (as many as ran at once: with 2 writer threads, 32 MiB). Why: a save's threads
+    Kept for the life of the process (as many as ran at once: with 2 writer threads, 64 MiB). Why: a save's threads
     are new each time, and each made buffers of its own, faulted them page by page and dropped them at every save:
     16,500 page faults and 0.05-0.07 s of system CPU per save here, paid in the emergency save too, which copies
     every byte of the live tensors through one (their memory is seldom page-aligned). A new buffer's pages are
@@ -83,8 +87,8 @@ class PooledBuffer:
     @staticmethod
     def reserve(count: int) -> None:
         """Make buffers until ``count`` exist, and touch every page of the idle ones: an emergency save's
-        ``count`` threads then fault nothing in their window. Not in a hurry (a background save's writer runs it
-        after its commit): 32 MiB once."""
+        buffers then fault nothing in their window. Not in a hurry (a background save's writer runs it after its
+        commit): 64 MiB once, with 2 writer threads."""
         with PooledBuffer._lock:
             missing = count - PooledBuffer._made
         for _ in range(missing):

@@ -12,20 +12,22 @@ size and the dtype/shape, and reads into tensors it allocates itself (or into on
 
 from __future__ import annotations
 
+import bisect
 import ctypes
+import itertools
 import json
 import math
 import operator
 import struct
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import orjson
 import torch
 
 from preemptible.errors import CheckpointCorruptError, UnsupportedStateError
-from preemptible.store import checksum
+from preemptible.store import checksum, direct
 from preemptible.store.layout import Chunks
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the limit safetensors itself enforces
@@ -227,7 +229,7 @@ def encode(
     blob: memoryview | None = None,
     chunk: int = CHUNK_BYTES,
     prepared: list[Any] | None = None,
-) -> tuple[list[Entry], bytes, Iterable[memoryview]]:
+) -> tuple[list[Entry], bytes, Generator[memoryview, None, None]]:
     """A safetensors file of ``items`` as its entries, its header bytes and its data in pieces (in file order).
 
     Without ``blob`` each tensor's bytes come from its own memory: a contiguous CPU tensor without any copy, others
@@ -237,7 +239,8 @@ def encode(
     ``prepared``: a box (a list) shared by files of the same names, dtypes and shapes (one steady-state file, save
     after save): its layout and header are computed once, kept in the box and reused.
 
-    IMPORTANT: a piece may live in a reused buffer: the consumer must be done with it before taking the next.
+    IMPORTANT: a piece may live in a reused buffer: the consumer must be done with it before taking the next, and
+    must close the pieces (``.close()``) if it stops before their end, so that the buffer goes back to its pool.
     """
     by_name = dict(items)
     if prepared is not None:
@@ -248,7 +251,7 @@ def encode(
     if blob is not None:
         if len(blob) != (entries[-1].end if entries else 0):
             raise ValueError(f"staged blob holds {len(blob)} bytes, the layout needs {entries[-1].end}")
-        pieces: Iterable[memoryview] = (blob[s : s + chunk] for s in range(0, len(blob), chunk))
+        pieces: Generator[memoryview, None, None] = (blob[s : s + chunk] for s in range(0, len(blob), chunk))
     else:
         pieces = _tensor_pieces(entries, by_name, chunk)
     return entries, head, pieces
@@ -280,18 +283,22 @@ def write(
     pieces_hasher = _ChunkHasher(spans)
     sink.write(memoryview(head))
     total = len(head)
-    for piece in pieces:
-        for at in range(0, len(piece), HASH_BYTES):  # both sums of each part while it is still in the CPU's cache
-            part = piece[at : at + HASH_BYTES]
-            hasher.update(part)
-            pieces_hasher.update(part)
-        sink.write(piece)
-        total += len(piece)
+    try:
+        for piece in pieces:
+            for at in range(0, len(piece), HASH_BYTES):  # both sums of each part while it is still in the CPU's cache
+                part = piece[at : at + HASH_BYTES]
+                hasher.update(part)
+                pieces_hasher.update(part)
+            sink.write(piece)
+            total += len(piece)
+    finally:
+        pieces.close()
     return total, hasher.hexdigest(), Chunks(size, checksum.of_bytes(head) + "".join(pieces_hasher.sums))
 
 
 SMALL_TENSOR_BYTES = 256 << 10
-BATCH_BYTES = 8 << 20
+BATCH_BYTES = 8 << 20  # a read's buffer for runs of small tensors (of which reads use a few MiB)
+GATHER_BYTES = direct.BOUNCE_BYTES  # a write's: a pooled buffer, whole
 _scratch = threading.local()
 
 
@@ -302,43 +309,127 @@ def _batch_buffer() -> torch.Tensor:
     return buf
 
 
-def _tensor_pieces(entries: Sequence[Entry], by_name: Mapping[str, torch.Tensor], chunk: int) -> Iterable[memoryview]:
-    """Each tensor's bytes in layout order. Runs of small CPU tensors of one dtype are gathered by one
-    ``torch.cat`` into a reused buffer per thread (a Python step per tiny tensor would cost more than its bytes);
-    large ones go out from their own memory.
+def _tensor_pieces(
+    entries: Sequence[Entry], by_name: Mapping[str, torch.Tensor], chunk: int
+) -> Generator[memoryview, None, None]:
+    """Each tensor's bytes in layout order. Large tensors go out from their own memory. Runs of small ones of one
+    dtype (a Python step per tiny tensor would cost more than its bytes) are gathered into a page-aligned buffer
+    from the pool (`direct.PooledBuffer`, taken at the first run, given back when the pieces end or are closed), in
+    pieces of exactly its size while the run lasts: a direct-I/O writer sends such a piece to the disk from where
+    it lies instead of copying it into its bounce buffer, and a save's new threads fault no new buffer.
 
-    IMPORTANT: a yielded piece may live in the reused buffer: the consumer must write it before the next one.
+    IMPORTANT: a yielded piece may live in the pooled buffer: the consumer must write it before the next one.
     """
-    batch: list[torch.Tensor] = []
-    batched = 0
-    batch_dtype: torch.dtype | None = None
-    for e in entries:
-        t = by_name[e.name]
-        small = 0 < e.nbytes < SMALL_TENSOR_BYTES and t.is_cpu and t.dtype == e.dtype
-        if batch and (not small or e.dtype != batch_dtype or batched + e.nbytes > BATCH_BYTES):
-            yield _gather(batch, batched, batch_dtype)  # type: ignore[arg-type]
-            batch, batched = [], 0
-        if small:
-            batch.append(t if t.dim() == 1 else t.reshape(-1))
-            batched += e.nbytes
-            batch_dtype = e.dtype
-            continue
-        if t.dtype != e.dtype:
-            t = t.detach().to(device="cpu", dtype=e.dtype)
-        data = byte_view(host(t))
-        for start in range(0, len(data), chunk):
-            yield data[start : start + chunk]
-    if batch:
-        yield _gather(batch, batched, batch_dtype)  # type: ignore[arg-type]
+    pooled: direct.PooledBuffer | None = None
+    try:
+        i, n = 0, len(entries)
+        while i < n:
+            e = entries[i]
+            if not 0 < e.end - e.begin < SMALL_TENSOR_BYTES:
+                yield from _own_pieces(by_name[e.name], e, chunk)
+                i += 1
+                continue
+            j = i + 1
+            while j < n and entries[j].dtype is e.dtype and 0 < entries[j].end - entries[j].begin < SMALL_TENSOR_BYTES:
+                j += 1
+            if pooled is None:
+                pooled = direct.PooledBuffer.take()
+            run = entries[i:j]
+            tensors = list(map(by_name.__getitem__, [x.name for x in run]))
+            if _raw(run, tensors):
+                yield from _gather_raw(pooled, run, tensors)
+            else:
+                yield from _gather_each(pooled, run, tensors, chunk)
+            i = j
+    finally:
+        if pooled is not None:
+            pooled.give_back()
 
 
-def _gather(batch: list[torch.Tensor], nbytes: int, dtype: torch.dtype) -> memoryview:
-    out = _batch_buffer()[:nbytes].view(dtype)
-    torch.cat(batch, out=out)
-    return byte_view(out)
+def _own_pieces(t: torch.Tensor, e: Entry, chunk: int) -> Iterable[memoryview]:
+    """A tensor's bytes from its own memory (through a copy only when it lives elsewhere, or is cast)."""
+    if t.dtype != e.dtype:
+        t = t.detach().to(device="cpu", dtype=e.dtype)
+    data = byte_view(host(t))
+    return (data[start : start + chunk] for start in range(0, len(data), chunk))
 
 
-# reading ---------------------------------------------------------------------------------------------------
+_IS_CPU = operator.attrgetter("is_cpu")
+_DTYPE = operator.attrgetter("dtype")
+_NBYTES = operator.attrgetter("nbytes")
+
+
+def _raw(run: Sequence[Entry], tensors: list[torch.Tensor]) -> bool:
+    """Whether every tensor of the run can be copied as raw bytes: contiguous on the CPU, in the run's dtype, of
+    exactly its entry's bytes. Asked in C (``map``), not tensor by tensor in Python: 10,000s of tensors."""
+    dtype = run[0].dtype
+    return (
+        all(map(_IS_CPU, tensors))
+        and all(map(torch.Tensor.is_contiguous, tensors))
+        and all(map(operator.is_, map(_DTYPE, tensors), itertools.repeat(dtype)))
+        and list(map(_NBYTES, tensors)) == [x.end - x.begin for x in run]
+    )
+
+
+def _gather_raw(pooled: direct.PooledBuffer, run: Sequence[Entry], tensors: list[torch.Tensor]) -> Iterable[memoryview]:
+    """A run (`_raw`) copied into the pooled buffer by memmove, one call per tensor made from C (``map``), cut into
+    pieces of the buffer's whole size: the tensor that crosses its end goes in two parts."""
+    view, base = pooled.view, pooled.addr
+    begins = [x.begin for x in run]
+    ends = [x.end for x in run]
+    ptrs = list(map(torch.Tensor.data_ptr, tensors))
+    origin, stop_at = begins[0], ends[-1]
+    k, done = 0, 0  # the next tensor to copy, and how many of its bytes are copied already (a cut one)
+    while origin < stop_at:
+        stop = min(origin + GATHER_BYTES, stop_at)
+        if done:  # more of the tensor cut at the last piece's end (all of it, unless it is larger than a piece)
+            part = min(ends[k] - begins[k] - done, stop - origin)
+            _memmove(base, ptrs[k] + done, part)
+            done += part
+            if begins[k] + done < ends[k]:
+                yield view[: stop - origin]
+                origin = stop
+                continue
+            k, done = k + 1, 0
+        whole = bisect.bisect_right(ends, stop, lo=k)  # tensors k..whole-1 end inside this piece
+        list(
+            map(
+                _memmove,
+                map(operator.add, itertools.repeat(base - origin), begins[k:whole]),
+                ptrs[k:whole],
+                map(operator.sub, ends[k:whole], begins[k:whole]),
+            )
+        )
+        k = whole
+        if k < len(run) and begins[k] < stop:  # it crosses the end: its first part
+            done = stop - begins[k]
+            _memmove(base + begins[k] - origin, ptrs[k], done)
+        yield view[: stop - origin]
+        origin = stop
+
+
+def _gather_each(
+    pooled: direct.PooledBuffer, run: Sequence[Entry], tensors: list[torch.Tensor], chunk: int
+) -> Iterable[memoryview]:
+    """A run that is not all raw (a tensor on a GPU, strided, or cast), gathered tensor by tensor: each as its own
+    pieces, copied into the pooled buffer, which goes out whenever it is full."""
+    view = pooled.view
+    used = 0
+    for e, t in zip(run, tensors, strict=True):
+        for piece in _own_pieces(t, e, chunk):
+            left = piece
+            while left:
+                take = min(len(left), GATHER_BYTES - used)
+                view[used : used + take] = left[:take]
+                used += take
+                left = left[take:]
+                if used == GATHER_BYTES:
+                    yield view[:used]
+                    used = 0
+    if used:
+        yield view[:used]
+
+
 def _corrupt(where: str, why: str) -> CheckpointCorruptError:
     return CheckpointCorruptError(f"{where}: {why}", path=where)
 
