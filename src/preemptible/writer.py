@@ -14,9 +14,11 @@ Two paths, one file format:
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import mmap
+import operator
 import queue
 import re
 import threading
@@ -44,6 +46,7 @@ ARENA_ALIGN = 4096  # file data regions start page-aligned in the arena, as on d
 HUGE_PAGE = 2 << 20  # a transparent huge page (x86-64, and arm64 with 4 KiB pages)
 HUGE_ARENA_BYTES = 32 << 20  # arenas this large get a mapping of their own, on huge pages (`huge_page_arena`)
 METADATA = {"format": "pt", "writer": "preemptible"}
+_IS_CPU = operator.attrgetter("is_cpu")
 _FILE_SAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 _PART = re.compile(r"-[0-9]{5}-of-[0-9]{5}$")
 
@@ -98,10 +101,14 @@ class FileSpec:
     """Shared by the specs of one steady-state file, save after save: its safetensors layout and header, made
     once (see `tensor_format.encode`)."""
 
-    @property
-    def nbytes(self) -> int:
+    @functools.cached_property
+    def nbytes(self) -> int:  # once: a save asks more than once, and a file may hold 10,000s of tensors
         stored = self.stored
         return sum(t.nbytes if n not in stored else t.numel() * stored[n].itemsize for n, t in self.items)
+
+    def all_cpu(self) -> bool:
+        """Whether every tensor is on the CPU (asked from C: 10,000s of tensors)."""
+        return all(map(_IS_CPU, map(operator.itemgetter(1), self.items)))
 
 
 def plan_files(
@@ -387,6 +394,11 @@ class SavePlan:
     total_bytes: int  # tensor bytes of the whole checkpoint (all ranks)
     layout_token: object = None
     """Set by `checkpoint.steady`: plans with the same token have the same staging layout."""
+    on_cpu: bool | None = None
+    """Whether every tensor is on the CPU, when known already (`checkpoint.steady` knows its plans' devices)."""
+
+    def all_cpu(self) -> bool:
+        return self.on_cpu if self.on_cpu is not None else all(spec.all_cpu() for spec in self.specs)
 
 
 @dataclass

@@ -481,7 +481,7 @@ class Checkpointer(Lifecycle, Prestaging):
         ``.cpu()`` copy per tensor (about 40x slower on an H200). Never allocates an arena here: an emergency is
         no time to pin the state's size in host memory. Returns the staged state (``staging.busy`` held), or None.
         """
-        if all(t.is_cpu for spec in plan.specs for _, t in spec.items):  # is_cpu costs a sixth of .device.type
+        if plan.all_cpu():
             return None
         staging = self._staging
         if (

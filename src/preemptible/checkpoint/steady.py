@@ -27,7 +27,7 @@ import re
 import secrets
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy
@@ -76,6 +76,7 @@ class Scan:
 
 
 _DATA_PTR = operator.methodcaller("data_ptr")
+_CPU = torch.device("cpu")
 
 
 @dataclass
@@ -215,6 +216,14 @@ class Template:
     """Per file: its safetensors layout and header, made at its first write (`tensor_format.encode`)."""
     order: list[int]
     """Tensor positions in file order (as staged)."""
+    columns: list[tuple[tuple[str, ...], list[int]]] = field(default_factory=list)
+    """Per file: its tensor names and their positions (``specs`` by column, zipped from C at every refill)."""
+    on_cpu: bool = False
+    """Whether every tensor is on the CPU: their devices are part of ``meta``, the same at every refill."""
+
+    def __post_init__(self) -> None:
+        self.columns = [(tuple(n for n, _ in items), [i for _, i in items]) for _, items, _ in self.specs]
+        self.on_cpu = all(row[3] == _CPU or row[3] == "numpy" for row in self.meta.rest)  # arrays: made tensors
 
     def sources(self, now: Scan) -> list[torch.Tensor]:
         """The tensors a refill of ``now`` stages, in file order, before ``now`` is known to match
@@ -266,9 +275,10 @@ class Template:
                 tensors[i] = tensors[i].detach()
             for i in self.arrays:
                 tensors[i] = from_numpy(tensors[i], "")
+        get = tensors.__getitem__
         specs = [
-            FileSpec(name, tuple([(n, tensors[i]) for n, i in items]), stored, prepared=box)
-            for (name, items, stored), box in zip(self.specs, self.prepared, strict=True)
+            FileSpec(name, tuple(zip(names, map(get, positions), strict=True)), stored, prepared=box)
+            for (name, _, stored), (names, positions), box in zip(self.specs, self.columns, self.prepared, strict=True)
         ]
         docs = {}
         for doc, (cuts, order) in self.pieces.items():
@@ -277,7 +287,7 @@ class Template:
                 parts.append(text[i])
                 parts.append(piece)
             docs[doc] = "".join(parts).encode()
-        return SavePlan(specs, docs, self.nbytes, self.total_bytes, layout_token=self.token)
+        return SavePlan(specs, docs, self.nbytes, self.total_bytes, layout_token=self.token, on_cpu=self.on_cpu)
 
 
 class SteadyPlans:
