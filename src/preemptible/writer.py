@@ -284,9 +284,11 @@ def write_files(
     blobs: dict[str, memoryview] | None = None,
     codec: Codec | None = None,
     io: list[tuple[int, float]] | None = None,
+    meanwhile: Callable[[], bool] | None = None,
 ) -> dict[str, FileRecord]:
     """Write the tensor files, largest first, ``threads`` at a time from one work queue; compressed with
     ``codec`` when given (its frames are encoded by the codec's own threads). ``io``: see `write_tensor_file`.
+    ``meanwhile``: the check of the plan, run while the files are written (see `parallel_map`).
 
     The first failure stops the others at their next write and is re-raised with its own type.
 
@@ -320,7 +322,7 @@ def write_files(
             progress.add(spec.nbytes if codec is not None else record.bytes)
         return record
 
-    records = parallel_map(write_one, ordered, threads=threads, name="preemptible-write")
+    records = parallel_map(write_one, ordered, threads=threads, name="preemptible-write", meanwhile=meanwhile)
     return {stored_name(s, codec): r for s, r in zip(ordered, records, strict=True)}
 
 
@@ -328,12 +330,28 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-def parallel_map(fn: Callable[[T], R], items: Sequence[T], *, threads: int, name: str) -> list[R]:
+class PlanChanged(Exception):
+    """A save's plan, written while it was checked (`parallel_map`'s ``meanwhile``), did not fit the state: what was
+    written must be thrown away and the state planned again. Never leaves the checkpointer."""
+
+
+def parallel_map(
+    fn: Callable[[T], R],
+    items: Sequence[T],
+    *,
+    threads: int,
+    name: str,
+    meanwhile: Callable[[], bool] | None = None,
+) -> list[R]:
     """``[fn(x) for x in items]`` on up to ``threads`` named threads pulling from one work queue, in order.
 
-    The first failure stops the others before their next item and is re-raised with its own type.
+    The first failure stops the others before their next item and is re-raised with its own type. ``meanwhile``:
+    run by the calling thread while the others work (first, when there are no others); False stops them before
+    their next item and raises `PlanChanged` once they are done.
     """
     if threads <= 1 or len(items) <= 1:
+        if meanwhile is not None and not meanwhile():
+            raise PlanChanged
         return [fn(x) for x in items]
     work: queue.Queue[int] = queue.Queue()
     for i in range(len(items)):
@@ -359,9 +377,14 @@ def parallel_map(fn: Callable[[T], R], items: Sequence[T], *, threads: int, name
     # IMPORTANT: every thread is started before any works, so a thread that cannot start (a process out of threads)
     # fails the map before a single item is done (no live tensor half read into, no file half written), and the
     # threads that did start are joined, not left working after the error.
+    fits = True
     try:
         for t in pool:
             t.start()
+        go.set()
+        if meanwhile is not None and not meanwhile():
+            fits = False
+            stop.set()
     except BaseException:  # out of threads: those started stop before their first item, and the error is raised
         stop.set()
         raise
@@ -370,6 +393,8 @@ def parallel_map(fn: Callable[[T], R], items: Sequence[T], *, threads: int, name
         for t in pool:
             if t.ident is not None:  # started
                 t.join()
+    if not fits:
+        raise PlanChanged
     for f in results:
         error = f.exception() if f.done() else None
         if error is not None:
@@ -394,6 +419,9 @@ class SavePlan:
     total_bytes: int  # tensor bytes of the whole checkpoint (all ranks)
     layout_token: object = None
     """Set by `checkpoint.steady`: plans with the same token have the same staging layout."""
+    check: Callable[[], bool] | None = None
+    """A check still to make that the plan fits the state, run while its files are written (`checkpoint.steady`);
+    False: throw them away and plan again."""
     on_cpu: bool | None = None
     """Whether every tensor is on the CPU, when known already (`checkpoint.steady` knows its plans' devices)."""
 

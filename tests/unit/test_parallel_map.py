@@ -54,3 +54,35 @@ def test_a_thread_that_cannot_start_fails_the_map_and_leaves_no_work_running(mon
         parallel_map(done.append, list(range(10)), threads=3, name="pm")
     assert done == []  # the thread that started stopped before its first item
     assert threading.active_count() == before  # and was joined
+
+
+def test_the_callers_check_runs_while_the_threads_work_and_a_failed_one_stops_them() -> None:
+    """``meanwhile`` runs in the calling thread once the workers go; False stops them before their next item and
+    raises PlanChanged after every one has finished what it had started."""
+    from preemptible.writer import PlanChanged
+
+    started = threading.Event()
+    release = threading.Event()
+    done: list[int] = []
+
+    def work(x: int) -> int:
+        started.set()
+        release.wait(30)  # the first items wait for the check: it runs while they work
+        done.append(x)
+        return x
+
+    def check(verdict: bool) -> bool:
+        assert started.wait(30)  # a worker is inside an item already
+        release.set()
+        return verdict
+
+    assert parallel_map(work, list(range(6)), threads=2, name="t", meanwhile=lambda: check(True)) == list(range(6))
+    started.clear()
+    release.clear()
+    done.clear()
+    with pytest.raises(PlanChanged):
+        parallel_map(work, list(range(50)), threads=2, name="t", meanwhile=lambda: check(False))
+    assert 1 <= len(done) < 50  # stopped at their next item, each one started finished
+    assert not [t for t in threading.enumerate() if t.name.startswith("t-")]
+    with pytest.raises(PlanChanged):  # one thread: the check comes first, and nothing is done
+        parallel_map(done.append, [1], threads=1, name="t", meanwhile=lambda: False)

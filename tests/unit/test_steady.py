@@ -325,3 +325,36 @@ def test_a_run_prepares_the_plan_after_its_first_step_so_the_emergency_save_only
     assert Checkpointer(tmp_path).restore({"model": other, "optimizer": other_opt}) == 2
     for a, b in zip(model.parameters(), other.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_a_blocking_refill_is_checked_while_written_and_thrown_away_when_its_tensors_changed(tmp_path: Path) -> None:
+    """An emergency save refills the template and checks its tensors while its files are written. A parameter made
+    a view of its own start (the same object and memory, another shape) fails the check: the files written are thrown away, the
+    state is planned again, and what commits is what the general path writes; no attempt is left behind."""
+    state = model_state()
+    train(state, 1)
+    ck, slow = Checkpointer(tmp_path / "ck", keep=10), general_only(Checkpointer(tmp_path / "slow", keep=10))
+    checks: list[bool] = []
+    check = steady.SteadyPlans._check
+
+    def spy(self: steady.SteadyPlans, t: Any, now: Any) -> bool:
+        checks.append(check(self, t, now))
+        return checks[-1]
+
+    ck.steady._check = spy.__get__(ck.steady)  # type: ignore[method-assign]
+    ck.save(state, 1, blocking=False).wait()
+    slow.save(state, 1).wait()
+    train(state, 1)
+    ck.save(state, 2).wait()
+    slow.save(state, 2).wait()
+    assert written(ck, 2) == written(slow, 2) and checks == [True]
+    bias = state["model"][0].bias
+    ptr = bias.data_ptr()
+    bias.data = bias.data[:-1]  # the same object at the same memory, of another shape
+    assert bias.data_ptr() == ptr
+    ck.save(state, 3).wait()
+    slow.save(state, 3).wait()
+    assert checks == [True, False]
+    assert written(ck, 3) == written(slow, 3)
+    assert (ck.steady.misses, ck.steady.hits) == (2, 1)
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [layout.step_dir(s) for s in (1, 2, 3)]

@@ -55,6 +55,7 @@ from preemptible.writer import (
     DEFAULT_THREADS,
     METADATA,
     FileSpec,
+    PlanChanged,
     Progress,
     SavePlan,
     Staged,
@@ -424,7 +425,9 @@ class Checkpointer(Lifecycle, Prestaging):
         # A background save's copy into the staging arena starts while its plan is checked (`Staging.begin`):
         # not with a probe, which runs the model on the live state before it is copied.
         early = self.staging.begin if not blocking and self.probe is None else None
-        plan = self._plan(state, key=key, reason=reason, early=early)  # checks the whole state before any write
+        # Checks the whole state before any write; but a blocking refill of CPU tensors checks its tensors while
+        # its files are written, and commits only if they fit (`SavePlan.check`).
+        plan = self._plan(state, key=key, reason=reason, early=early, defer=blocking and self.probe is None)
         if verdict.state is State.INVALID and self._leader:
             log.info("replacing the checkpoint of step %d, marked invalid (%s)", step, verdict.invalid_reason)
             deletion.delete_checkpoint(self.storage, self.root, step, verdict.state, transition=Transition.REPLACE)
@@ -472,7 +475,16 @@ class Checkpointer(Lifecycle, Prestaging):
             finally:
                 self.staging.busy.release()
         else:
-            result = self._write_and_commit(job, plan.specs, plan.docs, blobs=None)
+            job.check = plan.check
+            try:
+                result = self._write_and_commit(job, plan.specs, plan.docs, blobs=None)
+            except PlanChanged:  # thrown away: planned again, checked first this time
+                log.info("step %d: the state changed its tensors since the last save; planning it again", step)
+                plan = self._plan(state, key=key, reason=reason)
+                job.check = None
+                job.progress = self._progress(plan.nbytes, deadline, what=f"{reason} save of step {step}")
+                job.choice, job.codec = self._codec(plan, background=False)
+                result = self._write_and_commit(job, plan.specs, plan.docs, blobs=None)
         return SaveHandle(step, result=result, progress=job.progress)
 
     def _stage_device_tensors(self, plan: SavePlan, step: int) -> Staged | None:
@@ -503,9 +515,10 @@ class Checkpointer(Lifecycle, Prestaging):
         key: str,
         reason: str,
         early: Callable[[object, list[torch.Tensor]], object] | None = None,
+        defer: bool = False,
     ) -> SavePlan:
         """This rank's share of the save, after checking that replicated state is the same on every rank.
-        ``early``: see `SteadyPlans.plan`."""
+        ``early``, ``defer``: see `SteadyPlans.plan`."""
         coord = self.coordinator
         world, me = (coord.world, coord.rank) if coord is not None else (1, 0)
         captured = capture(state)
@@ -526,7 +539,7 @@ class Checkpointer(Lifecycle, Prestaging):
 
         if world == 1:  # the steady state of one process: the plan of the last save, refilled
             config = (self.threads, self.max_file_bytes, self.moments_dtype, [(k, type(v)) for k, v in state.items()])
-            plan = self.steady.plan(state, captured, config, general, early)
+            plan = self.steady.plan(state, captured, config, general, early, defer=defer)
             if plan is not None:
                 return plan
         self.steady.last = "general"
@@ -714,6 +727,8 @@ class Checkpointer(Lifecycle, Prestaging):
                 job.codec.close()
             if self._leader and job.write_dir:
                 self._abandon(job.write_dir)  # this attempt's own files only: never a committed step's
+            if isinstance(e, PlanChanged):
+                raise
             if isinstance(e, SaveCancelled):
                 self.events.event(Event.SAVE_ABANDONED, job.step, reason=job.reason, written=job.progress.done)
                 raise

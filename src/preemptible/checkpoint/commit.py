@@ -56,6 +56,7 @@ class Job:
     codec: Codec | None = None  # compresses the tensor files, when this save does
     choice: Choice | None = None  # why it does or does not
     stored_here: int = 0  # bytes of tensor files this rank wrote (all ranks' are in the result)
+    check: Callable[[], bool] | None = None  # the plan's check, made while its files are written (`SavePlan.check`)
 
 
 def busiest(io: list[tuple[int, float]]) -> float:
@@ -179,6 +180,7 @@ class Committer:
                 blobs=blobs,
                 codec=job.codec,
                 io=io,
+                meanwhile=job.check,
             )
             job.stored_here = sum(r.bytes for r in records.values())
             for name, doc in docs.items():

@@ -310,12 +310,16 @@ class SteadyPlans:
         config: object,
         general: Callable[[Mapping[str, Any]], SavePlan],
         early: Callable[[object, list[torch.Tensor]], object] | None = None,
+        *,
+        defer: bool = False,
     ) -> SavePlan | None:
         """This save's plan, or None when the state has parts only the general path handles (``general`` then
         runs on the real tree, by the caller). ``general(tree)`` flattens and plans a captured tree; ``config``:
         everything else a plan depends on (threads, file size, casts, the types of the state's objects).
         ``early(token, tensors)``: called with the remembered template's tensors once the state has its shape,
-        before its tensors are checked (`writer.Staging.begin`)."""
+        before its tensors are checked (`writer.Staging.begin`). ``defer``: a refill of a template of CPU tensors
+        leaves the check of its tensors to its writer (`SavePlan.check`, made while the files are written: 10,000s
+        of tensors' metadata is most of a refill's time); a failed check drops the template."""
         now = scan(captured)
         if now is None:
             self._template = None
@@ -324,6 +328,12 @@ class SteadyPlans:
         fits = t is not None and config == self._config and now.shape == t.shape
         if fits and early is not None and t is not None:
             early(t.token, t.sources(now))
+        if fits and defer and t is not None and t.on_cpu:
+            self.hits += 1
+            self.last = "refilled"
+            plan = t.fill(now)
+            plan.check = lambda: self._check(t, now)
+            return plan
         try:
             meta = now.tensor_meta()
         except RuntimeError:  # a tensor without strides or memory (sparse): the general path says what is wrong
@@ -341,6 +351,18 @@ class SteadyPlans:
             self.hits += 1
             self.last = "refilled"
         return t.fill(now)
+
+    def _check(self, t: Template, now: Scan) -> bool:
+        """Whether the tensors of a deferred refill fit its template; if not, the template is dropped and the next
+        plan is made anew."""
+        try:
+            fits = t.matches(now.tensor_meta())
+        except RuntimeError:  # a tensor without strides or memory: the general path says what is wrong
+            fits = False
+        if not fits:
+            self._template = None
+            self.hits -= 1
+        return fits
 
     def _make(
         self, now: Scan, captured: Mapping[str, Any], general: Callable[[Mapping[str, Any]], SavePlan]
