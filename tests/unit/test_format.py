@@ -368,3 +368,15 @@ def test_a_run_of_small_tensors_goes_out_in_whole_aligned_pieces_of_the_pooled_b
         total % tensor_format.GATHER_BYTES
     ]
     assert b"".join(seen) == b"".join(bytes(tensor_format.byte_view(t)) for _, t in items)
+
+
+@pytest.mark.parametrize("kind", ["large", "strided small"])
+def test_a_tensor_that_changed_size_after_the_layout_is_refused_by_name(kind: str) -> None:
+    """A tensor whose bytes no longer match its entry (its shape changed after the save was planned) is an error
+    naming it, never a file whose data disagrees with its header."""
+    big = kind == "large"
+    items = [("a", torch.zeros(100_000 if big else 10)), ("b", torch.zeros(7))]
+    entries = tensor_format.layout(items)
+    changed = torch.zeros(99_999) if big else torch.zeros(18)[::2]  # strided: one element short of the entry's 10
+    with pytest.raises(ValueError, match="'a' holds"):
+        list(tensor_format._tensor_pieces(entries, {"a": changed, "b": items[1][1]}, 1 << 20))

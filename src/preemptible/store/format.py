@@ -351,6 +351,11 @@ def _own_pieces(t: torch.Tensor, e: Entry, chunk: int) -> Iterable[memoryview]:
     if t.dtype != e.dtype:
         t = t.detach().to(device="cpu", dtype=e.dtype)
     data = byte_view(host(t))
+    if len(data) != e.end - e.begin:
+        raise ValueError(
+            f"tensor {e.name!r} holds {len(data)} bytes where its file's layout has {e.end - e.begin}: it changed "
+            "shape or dtype after the save was planned"
+        )
     return (data[start : start + chunk] for start in range(0, len(data), chunk))
 
 
