@@ -329,8 +329,9 @@ def test_a_run_prepares_the_plan_after_its_first_step_so_the_emergency_save_only
 
 def test_a_blocking_refill_is_checked_while_written_and_thrown_away_when_its_tensors_changed(tmp_path: Path) -> None:
     """An emergency save refills the template and checks its tensors while its files are written. A parameter made
-    a view of its own start (the same object and memory, another shape) fails the check: the files written are thrown away, the
-    state is planned again, and what commits is what the general path writes; no attempt is left behind."""
+    a view of its own start (the same object and memory, another shape) fails the check: the files written are
+    thrown away, the state is planned again, and what commits is what the general path writes; no attempt is left
+    behind."""
     state = model_state()
     train(state, 1)
     ck, slow = Checkpointer(tmp_path / "ck", keep=10), general_only(Checkpointer(tmp_path / "slow", keep=10))
