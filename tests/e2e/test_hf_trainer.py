@@ -36,10 +36,10 @@ def drill(*args: str) -> tuple[int, dict[str, Any], str]:
         raise AssertionError(f"drill printed no JSON (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}") from None
 
 
-def trainer(root: Path, *args: str) -> subprocess.Popen[str]:
+def trainer(root: Path, *args: str, **env: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, str(HF), "--root", str(root), *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(**env),
     )  # fmt: skip
 
 
@@ -110,9 +110,12 @@ def test_a_truncated_newest_checkpoint_falls_back_to_the_previous_and_still_ends
     model = root / f"step-{newest:012d}" / "model.safetensors"
     model.write_bytes(model.read_bytes()[: model.stat().st_size // 2])  # a torn write, after the commit
 
-    proc = trainer(root, "--epochs", "2")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    proc = trainer(root, "--epochs", "2", TMPDIR=str(temp))
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 0 and "finished at global step 32" in out, err[-3000:]
+    assert not list(temp.glob("preemptible-step-*"))  # the directory handed to the Trainer is not left behind
     assert f"skipping the checkpoint of step {newest}" in err
     assert f"resumes at global step {steps[-2]}" in err
     invalid = [e for e in journal(root) if e["event"] == "checkpoint_invalid"]
