@@ -180,12 +180,15 @@ def test_training_without_resume_from_over_existing_checkpoints_is_a_clear_error
         "sys.argv = ['hf_trainer.py', '--root', sys.argv[1], '--epochs', '1']\n"
         f"runpy.run_path({str(HF)!r}, run_name='__main__')\n"
     )
+    temp = tmp_path / "tmp"
+    temp.mkdir()
     proc = subprocess.run(
-        [sys.executable, "-c", script, str(root)], capture_output=True, text=True, env=clean_env(), timeout=120,
-        check=False,
+        [sys.executable, "-c", script, str(root)], capture_output=True, text=True, env=clean_env(TMPDIR=str(temp)),
+        timeout=120, check=False,
     )  # fmt: skip
     assert proc.returncode != 0
     assert "expected trainer.train(resume_from_checkpoint=cb.resume_from)" in proc.stderr, proc.stderr[-3000:]
+    assert not list(temp.glob("preemptible-step-*"))  # nothing left behind by the refused start either
 
 
 def test_trackers_tensorboard_flushed_and_wandb_marked_on_the_notice_and_continued_after(tmp_path: Path) -> None:

@@ -230,6 +230,10 @@ class PreemptibleCallback(TrainerCallback, Settings):
             passed = self.run is not None and state.global_step == self.run.resumed_from
         run = self.run
         assert run is not None
+        if self._resume_dir is not None:
+            # The Trainer has read trainer_state.json from it by now, and calls the loaders above with its name only:
+            # removed here, not left behind in the temp dir at every resume (a notice ends the process, not train()).
+            shutil.rmtree(self._resume_dir, ignore_errors=True)
         if self._resume_dir is not None and not passed:
             run.close()
             raise PreemptibleError(
@@ -246,9 +250,6 @@ class PreemptibleCallback(TrainerCallback, Settings):
         run.state["trainer"] = _TrainerParts(self._trainer, "shared")
         run.state["trainer_rank"] = _TrainerParts(self._trainer, "rank")
         if self._resume_dir is not None:
-            # The Trainer has read trainer_state.json from it by now, and calls the loaders above with its name only:
-            # removed here, not left behind in the temp dir at every resume (a notice ends the process, not train()).
-            shutil.rmtree(self._resume_dir, ignore_errors=True)
             for name, saved in self._held.get("logging", {}).items():
                 current: Any = getattr(self._trainer, name, None)
                 moved = saved.to(current.device) if hasattr(current, "device") and hasattr(saved, "to") else saved
