@@ -380,3 +380,21 @@ def test_a_tensor_that_changed_size_after_the_layout_is_refused_by_name(kind: st
     changed = torch.zeros(99_999) if big else torch.zeros(18)[::2]  # strided: one element short of the entry's 10
     with pytest.raises(ValueError, match="'a' holds"):
         list(tensor_format._tensor_pieces(entries, {"a": changed, "b": items[1][1]}, 1 << 20))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.uint8])
+def test_one_element_sliced_with_a_step_is_saved_beside_a_strided_one(tmp_path: Any, dtype: torch.dtype) -> None:
+    """``x[::2]`` of two elements is contiguous to torch but has a stride of 2, which no byte view can take. Beside a
+    strided tensor of its dtype its run is gathered tensor by tensor, through a byte view of each: the save failed
+    with torch's "must be 1 to view ... as Byte"."""
+    from preemptible import Checkpointer
+
+    g = torch.Generator().manual_seed(1)
+    one = (torch.randn(2, generator=g) * 50).to(dtype)[::2]
+    assert one.is_contiguous() and one.stride() == (2,)
+    assert bytes(tensor_format.byte_view(one)) == bytes(tensor_format.byte_view(one.clone()))
+    state = {"w": {"one": one, "strided": (torch.randn(8, generator=g) * 50).to(dtype)[::2]}}
+    Checkpointer(str(tmp_path)).save(state, 1)
+    fresh = {"w": {k: torch.zeros_like(v) for k, v in state["w"].items()}}
+    assert Checkpointer(str(tmp_path)).restore(fresh) == 1
+    assert all(torch.equal(fresh["w"][k], v) for k, v in state["w"].items())

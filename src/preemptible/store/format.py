@@ -94,6 +94,8 @@ def byte_view(tensor: torch.Tensor) -> memoryview:
     flat = tensor.reshape(-1)
     if flat.numel() == 0:
         return memoryview(b"")
+    if flat.stride(0) != 1:  # one element, sliced with a step (x[::2] of two): contiguous to torch, but not viewable
+        flat = flat.as_strided((1,), (1,))
     return memoryview(flat.view(torch.uint8).numpy()).cast("B")  # type: ignore[arg-type]
 
 
