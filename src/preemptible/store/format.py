@@ -364,6 +364,7 @@ def _own_pieces(t: torch.Tensor, e: Entry, chunk: int) -> Iterable[memoryview]:
 _IS_CPU = operator.attrgetter("is_cpu")
 _DTYPE = operator.attrgetter("dtype")
 _NBYTES = operator.attrgetter("nbytes")
+_ENTRY_NAME = operator.itemgetter(0)  # an Entry's name
 
 
 def _raw(run: Sequence[Entry], tensors: list[torch.Tensor]) -> bool:
@@ -657,26 +658,29 @@ def _read_run(
     out: dict[str, torch.Tensor],
     where: str,
 ) -> None:
-    """Many small tensors stored back to back: one read into the reused buffer, then scattered out."""
+    """Many small tensors stored back to back: one read into the reused buffer, then scattered out by memmove, one
+    call per tensor made from C (``map``): a restore scatters 10,000s of them."""
     buf = _batch_buffer()[:nbytes]
     view = byte_view(buf)
     _readinto_exact(source, view, where)
     hasher.update(view)
-    src = buf.data_ptr() - run[0].begin
-    empty = torch.empty
-    given = into(run) if into is not None else [None] * len(run)
-    for e, target in zip(run, given, strict=True):  # one target per entry, or a ValueError
-        name, _, shape, begin, end = e
-        nbytes = end - begin
-        # IMPORTANT: a raw copy, so the target must be a contiguous CPU tensor of exactly e's bytes (what `into`
-        # promises, and what torch.empty gives; `into`'s size is checked here). Per tensor it costs a third of
-        # torch's view-view-copy dispatch.
-        if target is None:  # a tensor of its own, not a view into one shared block: it owns (and frees) its memory
-            target = empty(shape, dtype=e.dtype)  # noqa: PLW2901 - the one to read into
-        elif target.nbytes != nbytes:
-            raise ValueError(f"{where}: a target of {target.nbytes} bytes for tensor {name!r} of {nbytes}")
-        _memmove(target.data_ptr(), src + begin, nbytes)
-        out[name] = target
+    begins = [x.begin for x in run]
+    sizes = [x.end - x.begin for x in run]
+    given = list(into(run)) if into is not None else [None] * len(run)
+    if len(given) != len(run):
+        raise ValueError(f"{where}: {len(given)} targets for a run of {len(run)} tensors")
+    targets = [  # None: a tensor of its own, not a view into one shared block: it owns (and frees) its memory
+        t if t is not None else torch.empty(e.shape, dtype=e.dtype) for t, e in zip(given, run, strict=True)
+    ]
+    # IMPORTANT: a raw copy, so each target must be a contiguous CPU tensor of exactly its entry's bytes (what
+    # `into` promises, and what torch.empty gives; the size is checked here).
+    found = list(map(_NBYTES, targets))
+    if found != sizes:
+        i = next(i for i, (a, b) in enumerate(zip(found, sizes, strict=True)) if a != b)
+        raise ValueError(f"{where}: a target of {found[i]} bytes for tensor {run[i].name!r} of {sizes[i]}")
+    src = buf.data_ptr() - begins[0]
+    list(map(_memmove, map(torch.Tensor.data_ptr, targets), map(src.__add__, begins), sizes))
+    out.update(zip(map(_ENTRY_NAME, run), targets, strict=True))
 
 
 def _read_exact(source: Source, n: int, where: str) -> bytes:
