@@ -618,13 +618,18 @@ class Staging:
             finally:
                 self.busy.release()
 
-    def stage(self, plan: SavePlan, *, step: int | None = None) -> Staged:
-        """Copy every tensor of the plan into the arena (the caller holds ``busy``). Returns what to write."""
+    def stage(self, plan: SavePlan, *, step: int | None = None, meanwhile: Callable[[], bool] | None = None) -> Staged:
+        """Copy every tensor of the plan into the arena (the caller holds ``busy``). Returns what to write.
+
+        ``meanwhile``: the plan's check, made while a CPU copy runs (first, when none does); False: `PlanChanged`
+        (the arena then holds no whole state)."""
         t0 = self._monotonic()
         self.current = None  # until the copy is whole
         specs = plan.specs
         token = plan.layout_token
         if self._take_early(token):  # `begin` saw the arena laid out for this token, and only a stage changes it
+            if meanwhile is not None and not meanwhile():
+                raise PlanChanged
             return self._staged(plan, step, t0)
         self._prepare(specs, token)
         assert self._arena is not None
@@ -651,9 +656,12 @@ class Staging:
                 spans = self._spans.get(key)
                 if spans is None:
                     spans = self._spans[key] = _copy_spans(dsts)
-                _copy_split(dsts, srcs, spans)
+                _copy_split(dsts, srcs, spans, meanwhile=meanwhile)
+                meanwhile = None
         for stream in cuda_streams:
             stream.synchronize()
+        if meanwhile is not None and not meanwhile():
+            raise PlanChanged
         return self._staged(plan, step, t0)
 
     def _staged(self, plan: SavePlan, step: int | None, t0: float) -> Staged:
@@ -739,12 +747,20 @@ def _copy_spans(dsts: list[torch.Tensor], parts: int | None = None) -> list[tupl
     return [(a, b) for a, b in itertools.pairwise(cuts) if b > a]
 
 
-def _copy_split(dsts: list[torch.Tensor], srcs: list[torch.Tensor], spans: list[tuple[int, int]]) -> None:
+def _copy_split(
+    dsts: list[torch.Tensor],
+    srcs: list[torch.Tensor],
+    spans: list[tuple[int, int]],
+    *,
+    meanwhile: Callable[[], bool] | None = None,
+) -> None:
     """`_copy_all` of CPU tensors, the ``spans`` at once on threads of their own (each ``_foreach_copy_`` lets the
-    GIL go). The training loop waits for this copy (the stall of a background save), so its cores are free for it."""
+    GIL go). The training loop waits for this copy (the stall of a background save), so its cores are free for it.
+    ``meanwhile``: see `parallel_map`."""
     parallel_map(
         lambda span: _copy_all(dsts[span[0] : span[1]], srcs[span[0] : span[1]], non_blocking=False),
         spans,
         threads=len(spans),
         name="preemptible-stage",
+        meanwhile=meanwhile,
     )

@@ -346,7 +346,7 @@ def test_a_blocking_refill_is_checked_while_written_and_thrown_away_when_its_ten
     ck.save(state, 1, blocking=False).wait()
     slow.save(state, 1).wait()
     train(state, 1)
-    ck.save(state, 2).wait()
+    assert "stage" in ck.save(state, 2).wait().timings  # small CPU tensors: copied into the arena, checked meanwhile
     slow.save(state, 2).wait()
     assert written(ck, 2) == written(slow, 2) and checks == [True]
     bias = state["model"][0].bias
@@ -359,3 +359,28 @@ def test_a_blocking_refill_is_checked_while_written_and_thrown_away_when_its_ten
     assert written(ck, 3) == written(slow, 3)
     assert (ck.steady.misses, ck.steady.hits) == (2, 1)
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [layout.step_dir(s) for s in (1, 2, 3)]
+
+
+@pytest.mark.parametrize("small", [True, False])
+def test_a_blocking_save_of_mostly_small_cpu_tensors_goes_through_the_arena_a_background_save_laid_out(
+    tmp_path: Path, small: bool
+) -> None:
+    """After a background save (its arena is laid out for the state, and free), a blocking save of CPU tensors most
+    of whose bytes are in small ones copies them into the arena in one batch and writes its aligned regions (the
+    writers would otherwise gather them one memmove at a time); one of mostly large tensors writes each from its
+    own memory, with no copy. Either way it writes the bytes the general path writes."""
+    g = torch.Generator().manual_seed(5)
+    many = {f"p{i}": torch.randn(50, generator=g) for i in range(300)}  # 200 bytes each
+    big = {"w": torch.randn(300_000, generator=g)}  # 1.2 MB: above the small-tensor line
+    state = {"m": {**many, **(big if not small else {})}}
+    ck, slow = Checkpointer(tmp_path / "ck", keep=10), general_only(Checkpointer(tmp_path / "slow", keep=10))
+    ck.save(state, 1, blocking=False).wait()
+    for t in many.values():
+        t.add_(1)
+    result = ck.save(state, 2).wait()
+    slow.save(state, 2).wait()
+    assert ("stage" in result.timings) is small
+    assert written(ck, 2) == written(slow, 2)
+    fresh = {"m": {k: torch.zeros_like(v) for k, v in state["m"].items()}}
+    assert Checkpointer(tmp_path / "ck").restore(fresh) == 2
+    assert all(torch.equal(fresh["m"][k], v) for k, v in state["m"].items())

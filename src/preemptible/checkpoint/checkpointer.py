@@ -204,6 +204,7 @@ class Checkpointer(Lifecycle, Prestaging):
         self._inflight: SaveHandle | None = None
         self._go: threading.Event | None = None
         self._staging: Staging | None = None
+        self._small_layout: tuple[object, bool] | None = None  # `_mostly_small`, for the last steady layout
         self.steady = SteadyPlans()
         """The steady state's plans (see `preemptible.checkpoint.steady`): ``steady.hits`` saves reused one."""
         self._coordinator: Any = _UNSET
@@ -467,46 +468,65 @@ class Checkpointer(Lifecycle, Prestaging):
             plan=self.steady.last,
         )
         job.timings["capture"] = self._monotonic() - start
-        staged = self._stage_device_tensors(plan, step)
-        if staged is not None:
-            try:
-                job.timings["stage"] = staged.seconds
-                result = self._write_and_commit(job, staged.specs, staged.docs, blobs=staged.blobs)
-            finally:
-                self.staging.busy.release()
-        else:
-            job.check = plan.check
-            try:
+        try:
+            staged = self._stage_blocking(plan, step)
+            if staged is not None:
+                try:
+                    job.timings["stage"] = staged.seconds
+                    result = self._write_and_commit(job, staged.specs, staged.docs, blobs=staged.blobs)
+                finally:
+                    self.staging.busy.release()
+            else:
+                job.check = plan.check
                 result = self._write_and_commit(job, plan.specs, plan.docs, blobs=None)
-            except PlanChanged:  # thrown away: planned again, checked first this time
-                log.info("step %d: the state changed its tensors since the last save; planning it again", step)
-                plan = self._plan(state, key=key, reason=reason)
-                job.check = None
-                job.progress = self._progress(plan.nbytes, deadline, what=f"{reason} save of step {step}")
-                job.choice, job.codec = self._codec(plan, background=False)
-                result = self._write_and_commit(job, plan.specs, plan.docs, blobs=None)
+        except PlanChanged:  # thrown away: planned again, checked first this time
+            log.info("step %d: the state changed its tensors since the last save; planning it again", step)
+            plan = self._plan(state, key=key, reason=reason)
+            job.check = None
+            job.progress = self._progress(plan.nbytes, deadline, what=f"{reason} save of step {step}")
+            job.choice, job.codec = self._codec(plan, background=False)
+            result = self._write_and_commit(job, plan.specs, plan.docs, blobs=None)
         return SaveHandle(step, result=result, progress=job.progress)
 
-    def _stage_device_tensors(self, plan: SavePlan, step: int) -> Staged | None:
-        """For a blocking save of GPU tensors: copy them into the pinned staging arena in one batch (device-to-host
-        at the bus's speed, on side streams) when the arena already has this layout, instead of one pageable
-        ``.cpu()`` copy per tensor (about 40x slower on an H200). Never allocates an arena here: an emergency is
-        no time to pin the state's size in host memory. Returns the staged state (``staging.busy`` held), or None.
-        """
-        if plan.all_cpu():
-            return None
+    def _stage_blocking(self, plan: SavePlan, step: int) -> Staged | None:
+        """For a blocking save, when the staging arena is laid out for its tensors already (background saves of
+        this state came before) and is free: copy them into it in one batch and write its page-aligned regions,
+        where that beats writing each tensor from its own memory:
+
+        - GPU tensors: device-to-host at the bus's speed, on side streams, instead of one pageable ``.cpu()`` copy
+          per tensor (about 40x slower on an H200);
+        - CPU tensors, most of whose bytes are in small ones (`_mostly_small`): the writers would copy those
+          anyway, gathering them one memmove at a time under the GIL (threads that write take turns at it); the
+          arena copy is one ``_foreach_copy_`` per thread that lets it go, and leaves the writers nothing to gather.
+
+        The plan's deferred check (`SavePlan.check`) is made while the copy runs: `PlanChanged` when it fails.
+        Never allocates an arena here: an emergency is no time to take the state's size in host memory (pinned,
+        for GPU tensors). Returns the staged state (``staging.busy`` held), or None."""
         staging = self._staging
-        if (
-            staging is None
-            or not staging.fits(plan.specs, plan.layout_token)
-            or not staging.busy.acquire(blocking=False)
-        ):
+        if staging is None or not staging.fits(plan.specs, plan.layout_token):
+            return None
+        if plan.all_cpu() and not self._mostly_small(plan):
+            return None
+        if not staging.busy.acquire(blocking=False):  # a background save is writing from it
             return None
         try:
-            return staging.stage(plan, step=step)
+            return staging.stage(plan, step=step, meanwhile=plan.check)
         except BaseException:
             staging.busy.release()
             raise
+
+    def _mostly_small(self, plan: SavePlan) -> bool:
+        """Whether at least half the plan's bytes are in tensors under `tensor_format.SMALL_TENSOR_BYTES` (asked once
+        per steady-state layout: 10,000s of tensors)."""
+        token = plan.layout_token
+        known = self._small_layout
+        if token is not None and known is not None and known[0] is token:
+            return known[1]
+        sizes = [t.nbytes for spec in plan.specs for _, t in spec.items]
+        small = sum(n for n in sizes if n < tensor_format.SMALL_TENSOR_BYTES)
+        verdict = 2 * small >= sum(sizes) > 0
+        self._small_layout = (token, verdict) if token is not None else None
+        return verdict
 
     def _plan(
         self,
