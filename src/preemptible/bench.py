@@ -493,14 +493,18 @@ CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "ste
 
 def cpu_times() -> dict[str, float]:
     """Machine-wide CPU seconds by kind (/proc/stat). The background writer runs at nice 10, so its user time shows
-    as ``nice``: training's is ``user``, the kernel's work for the save ``system``/``softirq``."""
+    as ``nice``: training's is ``user``, the kernel's work for the save ``system``/``softirq``. ``process``: this
+    process's own (training and the save's threads, without a store or proxy running in a process of its own)."""
     try:
         with open("/proc/stat") as f:
             fields = f.readline().split()[1:9]
     except OSError:  # pragma: no cover - not Linux
         return {}
     tick = os.sysconf("SC_CLK_TCK")
-    return {name: int(v) / tick for name, v in zip(CPU_FIELDS, fields, strict=False)}
+    own = os.times()
+    return {name: int(v) / tick for name, v in zip(CPU_FIELDS, fields, strict=False)} | {
+        "process": own.user + own.system
+    }
 
 
 def training_beside(
@@ -513,6 +517,8 @@ def training_beside(
     dcp: bool = True,
     dcp_rounds: int = 3,
     verify: bool = False,
+    url: str | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Extra wall time of a real training loop while a background save runs: ours vs dcp.async_save.
 
@@ -528,7 +534,8 @@ def training_beside(
     before it commits, as a `Run` (``keep=2``) does for every save that frees older checkpoints (there, after the
     commit). The breakdown is machine-wide CPU seconds by kind beside our save, less the same time's share of the CPU
     spent alone just before it: ``nice`` is the writer thread (it runs at nice 10), ``system`` and ``softirq`` the
-    kernel's work for it.
+    kernel's work for it. ``url``: save to this object store root instead (``s3://...``, with ``storage_options``;
+    no dcp there), each checkpoint removed after its round.
     """
     from preemptible.store.paced import PacedStorage
 
@@ -543,10 +550,13 @@ def training_beside(
         train_steps(model, opt, x, seconds=0.5)  # warm
         work = tempfile.mkdtemp(prefix="bench-beside-", dir=os.environ.get("PREEMPTIBLE_BENCH_DIR"))
         try:
-            root = os.path.join(work, "ours")
-            local = LocalStorage(root)
-            storage: Any = PacedStorage(local, rate) if rate else local
-            ck = Checkpointer(root, storage=storage, keep=100, verify_after_save=verify)
+            if url is not None:
+                ck = Checkpointer(url, storage_options=storage_options, keep=100, verify_after_save=verify)
+            else:
+                root = os.path.join(work, "ours")
+                local = LocalStorage(root)
+                storage: Any = PacedStorage(local, rate) if rate else local
+                ck = Checkpointer(root, storage=storage, keep=100, verify_after_save=verify)
             ck.save(state, 1, blocking=False).wait()  # warm staging
             sd = plain(state)
             figures: dict[str, list[tuple[float, float, float, int, float]]] = {"ours": [], "dcp": []}
@@ -579,7 +589,7 @@ def training_beside(
 
             def ours_done(handle: Any) -> None:
                 handle.wait()
-                shutil.rmtree(ck.path_of(handle.step), ignore_errors=True)
+                ck.storage.remove_tree(ck.path_of(handle.step))
 
             def dcp_done(d: str, future: Any) -> None:
                 future.result()
@@ -587,11 +597,14 @@ def training_beside(
 
             for r in range(rounds):
                 beside("ours", partial(ck.save, state, 2 + r, blocking=False), ours_done)
-                if dcp_mod is not None and r < dcp_rounds:
+                if dcp_mod is not None and url is None and r < dcp_rounds:
                     d = os.path.join(work, f"dcp{r}")
                     with warnings.catch_warnings():  # its warnings about running without a process group
                         warnings.simplefilter("ignore")
                         beside("dcp", partial(dcp_async, d), partial(dcp_done, d))
+
+            if url is not None:  # the warm-up save, the journal: nothing left in the store
+                ck.storage.remove_tree(ck.root)
 
             def median(name: str, i: int) -> float:
                 return statistics.median(f[i] for f in figures[name]) if figures[name] else float("nan")
@@ -604,9 +617,12 @@ def training_beside(
                 "steps_beside": median("ours", 3),
                 "step_alone_ms": median("ours", 4) * 1e3,
                 "extra_each_s": [round(f[0], 3) for f in figures["ours"]],
-                "cpu_beside_ours_s": {k: round(statistics.median(d[k] for d in extra_cpu), 3) for k in CPU_FIELDS},
+                "cpu_beside_ours_s": {
+                    k: round(statistics.median(d[k] for d in extra_cpu), 3) for k in (*CPU_FIELDS, "process")
+                },
                 "rate_mb_s": rate / 1e6 if rate else None,
                 "verify": verify,
+                "url": url,
             }
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -746,6 +762,8 @@ def report(scenario: dict[str, Any]) -> str:
 
 def beside_report(b: dict[str, Any]) -> str:
     where = f"a destination paced to {b['rate_mb_s']:.0f} MB/s" if b.get("rate_mb_s") else "this disk"
+    if b.get("url"):
+        where = f"object storage ({b['url']})"
     if b.get("verify"):
         where += ", each save read back and checked"
     cpu = b.get("cpu_beside_ours_s") or {}
@@ -763,6 +781,11 @@ def beside_report(b: dict[str, Any]) -> str:
             "  machine CPU beside the save, less alone: "
             + ", ".join(f"{k} {cpu[k]:+.2f} s" for k in ("nice", "system", "softirq", "iowait", "steal", "user"))
             + " (nice: the writer thread; system/softirq: the kernel's I/O work)"
+        )
+    if "process" in cpu:
+        lines.append(
+            f"  this process's CPU beside the save, less alone: {cpu['process']:+.2f} s (training and the save's; "
+            "below zero: training got less of the CPU than alone)"
         )
     return "\n".join(lines)
 

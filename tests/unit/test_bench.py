@@ -99,7 +99,7 @@ def test_training_beside_measures_each_save_against_the_steps_around_it(tmp_path
     assert len(out["extra_each_s"]) == 2
     assert out["steps_beside"] >= 1 and out["save_window_s"] > 0 and out["step_alone_ms"] > 0
     assert math.isnan(out["extra_dcp_async_s"]) and out["rate_mb_s"] == 50
-    assert set(out["cpu_beside_ours_s"]) == set(bench.CPU_FIELDS)
+    assert set(out["cpu_beside_ours_s"]) == {*bench.CPU_FIELDS, "process"}
     assert "the save ran" in bench.beside_report(out)
     assert list(tmp_path.iterdir()) == []  # cleaned up
     verified = bench.training_beside(state, seconds=0.05, rounds=1, dcp=False, verify=True)
@@ -122,3 +122,23 @@ def test_training_beside_takes_its_median_over_more_rounds_than_it_measures_dcp_
     assert len(out["extra_each_s"]) == 3 and len(calls) == 1
     assert math.isclose(out["extra_ours_s"], sorted(out["extra_each_s"])[1], abs_tol=1e-3)  # each is rounded
     assert "median of 3:" in bench.beside_report(out)
+
+
+def test_training_beside_a_save_to_object_storage_leaves_nothing_in_the_store(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`benchmarks/beside_s3.py`'s measurement, against moto on loopback: every round's checkpoint goes up and is
+    removed, and the report names the destination."""
+    from objkit import make_bucket, moto_server
+
+    monkeypatch.setenv("PREEMPTIBLE_BENCH_DIR", str(tmp_path))
+    with moto_server() as endpoint:
+        fs = make_bucket(endpoint, "beside")
+        opts = {"client_kwargs": {"endpoint_url": endpoint}, "key": "testing", "secret": "testing"}
+        state = bench.small_state(count=8, total_bytes=4e5)
+        out = bench.training_beside(
+            state, seconds=0.05, rounds=2, dcp=False, url="s3://beside/ck", storage_options=opts
+        )
+        assert len(out["extra_each_s"]) == 2 and math.isnan(out["extra_dcp_async_s"])
+        assert "object storage (s3://beside/ck)" in bench.beside_report(out)
+        fs.invalidate_cache()
+        assert fs.find("beside") == []
+    assert list(tmp_path.iterdir()) == []
