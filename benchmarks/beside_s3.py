@@ -2,7 +2,7 @@
 asynchronous save of the large state uploads to moto S3 behind a paced link, as `preemptible bench` measures it
 beside a save to this disk and to a paced local directory (`preemptible.bench.training_beside`, median of rounds).
 
-    python benchmarks/beside_s3.py                           # 1.2 GB at 100 MB/s, 5 rounds (about 3 minutes)
+    python benchmarks/beside_s3.py                           # 1.2 GB at 100 MB/s, 5 rounds (about 8 minutes)
     python benchmarks/beside_s3.py --params 25e6 --rounds 3  # a quick look
 
 moto and the pacing proxy (`preemptible.store.paced.PacedProxy`) run in a process of their own: on a 2-core machine

@@ -666,12 +666,10 @@ def _read_run(
     hasher.update(view)
     begins = [x.begin for x in run]
     sizes = [x.end - x.begin for x in run]
-    given = list(into(run)) if into is not None else [None] * len(run)
-    if len(given) != len(run):
-        raise ValueError(f"{where}: {len(given)} targets for a run of {len(run)} tensors")
+    given = into(run) if into is not None else [None] * len(run)
     targets = [  # None: a tensor of its own, not a view into one shared block: it owns (and frees) its memory
         t if t is not None else torch.empty(e.shape, dtype=e.dtype) for t, e in zip(given, run, strict=True)
-    ]
+    ]  # one target per entry, or a ValueError
     # IMPORTANT: a raw copy, so each target must be a contiguous CPU tensor of exactly its entry's bytes (what
     # `into` promises, and what torch.empty gives; the size is checked here).
     found = list(map(_NBYTES, targets))
