@@ -360,9 +360,7 @@ class Drill:
         t_notice = self._deliver(first)
         code = first.wait(self.window + SLACK_S)
         if code is None:
-            report.check(
-                "the process exited after the notice", False, f"still running {self.window + SLACK_S:g} s after it"
-            )
+            report.check("the process exited after the notice", False, self._hung(first))
             return
         assert first.exited_at is not None
         notices = first.events("notice")
@@ -427,7 +425,7 @@ class Drill:
         self._deliver(child)
         code = child.wait(self.window + SLACK_S)
         ok, detail = _clean_exit(code, child)
-        report.check("a second notice stops the resumed run", ok, detail)
+        report.check("a second notice stops the resumed run", ok, detail if code is not None else self._hung(child))
 
     def _finish_and_compare(self, report: DrillReport, child: _Child, reference_root: str) -> None:
         code = child.wait(self.finish_timeout)
@@ -478,6 +476,22 @@ class Drill:
             return Checkpointer(root).is_committed(int(step))
         except Exception:
             return False
+
+    def _hung(self, child: _Child) -> str:
+        """What a run that outlived its notice last did: its last journaled event and its last output."""
+        events = [e for e in child.report().get("events", []) if isinstance(e, dict)]
+        last = events[-1] if events else {}
+        if last.get("event") == "exit" and last.get("reason") == "notice":
+            done = (
+                f"its Run stopped at step {last.get('step')} (saved: {last.get('saved')}) and chose exit code "
+                f"{last.get('code')}, yet the process lives on: code after the loop (an evaluation, an upload, a "
+                "thread that is not a daemon) or, under a launcher, a rank or the launcher itself is holding it"
+            )
+        elif last:
+            done = f"it last journaled {last.get('event')} at step {last.get('step')}"
+        else:
+            done = "it journaled nothing"
+        return f"still running {self.window + SLACK_S:g} s after it; {done}; its last output:\n{child.tail(10)}"
 
     def _not_started(self, child: _Child) -> str:
         if child.poll() is not None:

@@ -130,3 +130,35 @@ def test_drill_text_report_and_bad_arguments() -> None:
         check=False,
     )
     assert bad.returncode == 2 and "expected seconds or 'random'" in bad.stderr
+
+
+HANGS_AFTER_THE_LOOP = """
+import sys, time, torch, preemptible
+model = torch.nn.Linear(4, 1)
+run = preemptible.Run(sys.argv[1], model=model, exit_on_notice=False)
+for step in run.steps(100_000):
+    time.sleep(0.005)
+print("evaluating on the whole test set", flush=True)  # after the notice, where a stopped run should exit
+time.sleep(600)
+"""
+
+
+def test_a_run_that_outlives_its_notice_is_reported_with_what_it_last_did(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import preemptible.drill as drill_module
+
+    monkeypatch.setattr(drill_module, "SLACK_S", 2.0)  # the drill's wait past the window, shortened for the test
+    monkeypatch.setenv("PREEMPTIBLE_SOURCES", "signal")
+    script = tmp_path / "train.py"
+    script.write_text(HANGS_AFTER_THE_LOOP)
+    report = drill_module.Drill(
+        [sys.executable, str(script), str(tmp_path / "ckpt")], at=0.3, window=1.0, start_timeout=120
+    ).run()
+    assert not report.passed
+    failed = [c for c in report.checks if not c.passed]
+    assert [c.name for c in failed] == ["the process exited after the notice"]
+    detail = failed[0].detail
+    assert detail.startswith("still running 3 s after it; its Run stopped at step")
+    assert "chose exit code 0" in detail and "code after the loop" in detail
+    assert detail.rstrip().endswith("evaluating on the whole test set")

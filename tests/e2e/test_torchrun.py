@@ -202,7 +202,7 @@ def test_drill_of_a_torchrun_job(tmp_path: Path) -> None:
         check=False,
     )
     doc = json.loads(proc.stdout)
-    assert proc.returncode == 0 and doc["passed"], json.dumps(doc, indent=1)
+    assert proc.returncode == 0 and doc["passed"], json.dumps(doc, indent=1) + "\n" + proc.stderr[-4000:]
     assert doc["checkpoint_step"] == doc["resumed_step"] > 0
     (exited,) = [c for c in doc["checks"] if c["name"] == "the process exited cleanly"]
     assert "torchrun's agent" in exited["detail"]
