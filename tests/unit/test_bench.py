@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from preemptible import bench
 from preemptible.cli import main
@@ -56,6 +59,27 @@ def test_a_ratio_to_a_ceiling_is_the_median_of_its_rounds_run_back_to_back() -> 
     results["ceiling: read into the state's memory (warm)"] = result("c", [0.9, 0.2])
     bench.report(scenario)
     assert math.isclose(scenario["ratios"]["restore (warm) / read-into-memory ceiling (throughput)"], 0.55 / 2.0)
+
+
+def test_a_warm_emergency_sample_is_the_median_of_several_saves_after_one_periodic(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    saves: list[tuple[int, bool]] = []
+    real = bench.Checkpointer.save
+
+    def save(self: bench.Checkpointer, state: Any, step: int, **kw: Any) -> Any:
+        saves.append((step, kw.get("blocking", True)))
+        return real(self, state, step, **kw)
+
+    monkeypatch.setattr(bench.Checkpointer, "save", save)
+    state = bench.small_state(count=8, total_bytes=8e3)
+    fns = bench.contenders(state, 8000, same_bytes=bench.small_state(count=4, total_bytes=8e3))
+    sample = fns["preemptible emergency save (after a periodic save)"](str(tmp_path))
+    assert saves == [(1, False)] + [(s, True) for s in range(2, 2 + bench.WARM_SAVES)]
+    assert sample.seconds > 0 and not list(tmp_path.iterdir())  # its checkpoints are gone with it
+    saves.clear()
+    fns["emergency save, the same bytes in a few tensors"](str(tmp_path))
+    assert saves == [(2, True)]  # a cold save is one save, of a new Checkpointer
 
 
 def test_bench_command(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
