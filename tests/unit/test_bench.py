@@ -95,16 +95,24 @@ def test_bench_command(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyp
             "--quick",
             "--no-beside",
             "--dir",
-            str(tmp_path),
+            str(tmp_path / "not" / "made"),  # made, as a first-time user names it
             "--json",
             str(tmp_path / "figures.json"),
         ]
     )
-    assert code == 0
+    assert code == 0 and not list((tmp_path / "not" / "made").iterdir())  # made, and left empty
     doc = json.loads((tmp_path / "figures.json").read_text())
     assert doc["large"]["median_s"]["preemptible emergency save"] > 0
     assert "small_vs_large" in doc
     assert "ratios:" in capsys.readouterr().out
+
+
+def test_bench_refuses_a_url_for_its_directory_before_it_measures_anything(capsys) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--dir", "s3://bucket/bench"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "expected a local directory" in err and "s3://bucket/bench" in err and "beside_s3.py" in err
 
 
 def test_training_beside_measures_each_save_against_the_steps_around_it(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -4,9 +4,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any
 
 from preemptible.cli.args import directory, integer, number
+
+
+def local_directory(text: str) -> str:
+    """A local directory to bench in, made if missing (the benchmark's ceilings are a file system's)."""
+    path = directory(text)
+    if "://" in path:
+        raise argparse.ArgumentTypeError(
+            f"expected a local directory (a mounted disk, network disk or bucket), found the URL {text!r}; for "
+            "an object store, run benchmarks/beside_s3.py, or mount the bucket and bench the mount"
+        )
+    return path
 
 
 def add_parser(sub: Any) -> None:
@@ -21,7 +33,10 @@ def add_parser(sub: Any) -> None:
         ),
     )
     p.add_argument(
-        "--dir", type=directory, default=None, help="where to write (default: the system temp dir; use the real target)"
+        "--dir",
+        type=local_directory,
+        default=None,
+        help="where to write, made if missing (default: the system temp dir; use the real target)",
     )
     p.add_argument(
         "--params",
@@ -52,6 +67,8 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from preemptible import bench
 
+    if args.dir is not None:
+        os.makedirs(args.dir, exist_ok=True)
     out = bench.main(
         params=args.params,
         small_tensors=args.small_tensors,
