@@ -95,7 +95,7 @@ def test_bench_command(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyp
             "--quick",
             "--no-beside",
             "--dir",
-            str(tmp_path / "not" / "made"),  # made, as a first-time user names it
+            f"file://{tmp_path / 'not' / 'made'}",  # made, as a first-time user names it (a file:// URL is local)
             "--json",
             str(tmp_path / "figures.json"),
         ]

@@ -92,6 +92,14 @@ def directory(text: str) -> str:
     return text
 
 
+def local_directory(text: str) -> str:
+    """A local directory to write into, there or not yet: its path (``file://``, ``~`` resolved); a URL is refused."""
+    checked = directory(text)
+    if "://" in checked and not checked.startswith("file://"):
+        raise argparse.ArgumentTypeError(f"expected a local directory, found the URL {text!r}")
+    return os.path.expanduser(checked.removeprefix("file://"))
+
+
 def existing_directory(text: str) -> str:
     """A directory that must already be there (a root to read)."""
     checked = directory(text)

@@ -7,18 +7,17 @@ import json
 import os
 from typing import Any
 
-from preemptible.cli.args import directory, integer, number
+from preemptible.cli.args import integer, local_directory, number
 
 
-def local_directory(text: str) -> str:
+def bench_directory(text: str) -> str:
     """A local directory to bench in, made if missing (the benchmark's ceilings are a file system's)."""
-    path = directory(text)
-    if "://" in path:
+    try:
+        return local_directory(text)
+    except argparse.ArgumentTypeError as e:
         raise argparse.ArgumentTypeError(
-            f"expected a local directory (a mounted disk, network disk or bucket), found the URL {text!r}; for "
-            "an object store, run benchmarks/beside_s3.py, or mount the bucket and bench the mount"
-        )
-    return path
+            f"{e}; for an object store, run benchmarks/beside_s3.py, or mount the bucket and bench the mount"
+        ) from None
 
 
 def add_parser(sub: Any) -> None:
@@ -34,7 +33,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--dir",
-        type=local_directory,
+        type=bench_directory,
         default=None,
         help="where to write, made if missing (default: the system temp dir; use the real target)",
     )
