@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from preemptible.cli.args import directory, existing_directory, fail, integer
+from preemptible.cli.args import existing_directory, fail, integer, local_directory
 
 
 def add_parser(sub: Any) -> None:
@@ -23,7 +23,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("root", type=existing_directory)
     p.add_argument("--step", type=integer(low=0, high=10**12 - 1), default=None)
-    p.add_argument("--out", type=directory, required=True, help="an empty or new local directory")
+    p.add_argument("--out", type=local_directory, required=True, help="an empty or new local directory")
     p.add_argument(
         "--entry",
         default=None,
@@ -46,8 +46,6 @@ def run(args: argparse.Namespace) -> int:
     from preemptible.export import export, export_entry, export_hf
     from preemptible.progress import Meter
 
-    if "://" in args.out and not args.out.startswith("file://"):
-        return fail("preemptible export", f"expected a local directory for --out, found {args.out!r}")
     meter: Meter | None = None
 
     def total(n: int) -> None:
@@ -60,11 +58,11 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         if args.format == "hf":
-            result = export_hf(args.root, args.out.removeprefix("file://"), args.entry or "model", step=args.step)
+            result = export_hf(args.root, args.out, args.entry or "model", step=args.step)
         elif args.entry is not None:
-            result = export_entry(args.root, args.out.removeprefix("file://"), args.entry, step=args.step)
+            result = export_entry(args.root, args.out, args.entry, step=args.step)
         else:
-            result = export(args.root, args.out.removeprefix("file://"), step=args.step, on_bytes=add, on_total=total)
+            result = export(args.root, args.out, step=args.step, on_bytes=add, on_total=total)
     except CheckpointCorruptError as e:  # first: it is a ValueError too
         print(f"FAIL  {e}")
         return 1
