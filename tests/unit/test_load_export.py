@@ -134,3 +134,13 @@ def test_export_format_hf_writes_what_from_pretrained_loads(tmp_path: Path, caps
     assert main(["export", str(root), "--format", "hf", "--entry", "optimizer", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert "records no Hugging Face model for entry 'optimizer'" in err and err.count("\n") == 1
+
+
+def test_export_refuses_a_url_for_out_and_takes_a_file_url_as_local(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from preemptible.cli.args import local_directory
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["export", str(tmp_path), "--out", "s3://bucket/out"])
+    assert exit_.value.code == 2
+    assert "expected a local directory, found the URL 's3://bucket/out'" in capsys.readouterr().err
+    assert local_directory(f"file://{tmp_path}/new") == f"{tmp_path}/new"
