@@ -174,3 +174,36 @@ def test_training_beside_a_save_to_object_storage_leaves_nothing_in_the_store(tm
         fs.invalidate_cache()
         assert fs.find("beside") == []
     assert list(tmp_path.iterdir()) == []
+
+
+def test_median_of_takes_the_middle_sample_by_seconds() -> None:
+    seconds = iter([0.3, 0.1, 0.2])
+    calls: list[str] = []
+
+    def fn(work: str) -> bench.Sample:
+        calls.append(work)
+        s = next(seconds)
+        return bench.Sample(s, {"tag": s})
+
+    sample = bench.median_of(fn, 3)("w")
+    assert calls == ["w"] * 3 and sample.seconds == 0.2 and sample.extra == {"tag": 0.2}
+
+
+def test_a_warm_restore_sample_is_the_median_of_several_restores_a_cold_one_is_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    restores: list[int | None] = []
+    real = bench.Checkpointer.restore
+
+    def restore(self: bench.Checkpointer, state: Any, step: int | None = None) -> int | None:
+        restores.append(real(self, state, step))
+        return restores[-1]
+
+    monkeypatch.setattr(bench.Checkpointer, "restore", restore)
+    state = bench.small_state(count=8, total_bytes=8e3)
+    fns = bench.contenders(state, 8000)
+    assert fns["preemptible restore (warm)"](str(tmp_path)).seconds > 0
+    assert restores == [1] * bench.WARM_READS  # each restored the checkpoint it saved first
+    restores.clear()
+    fns["preemptible restore (cold)"](str(tmp_path))
+    assert restores == [1]
