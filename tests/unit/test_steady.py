@@ -327,11 +327,16 @@ def test_a_run_prepares_the_plan_after_its_first_step_so_the_emergency_save_only
         assert torch.equal(a, b)
 
 
-def test_a_blocking_refill_is_checked_while_written_and_thrown_away_when_its_tensors_changed(tmp_path: Path) -> None:
-    """An emergency save refills the template and checks its tensors while its files are written. A parameter made
-    a view of its own start (the same object and memory, another shape) fails the check: the files written are
-    thrown away, the state is planned again, and what commits is what the general path writes; no attempt is left
-    behind."""
+@pytest.mark.parametrize("keep", [-1, 1], ids=["copy-refuses", "copy-broadcasts"])
+def test_a_blocking_refill_is_checked_while_written_and_thrown_away_when_its_tensors_changed(
+    tmp_path: Path, keep: int
+) -> None:
+    """An emergency save refills the template and checks its tensors while they are copied into the arena (here:
+    mostly small tensors). A parameter made a view of its own start (the same object and memory, another shape)
+    fails the check: what was copied is thrown away, the state is planned again, and what commits is what the
+    general path writes; no attempt is left behind, and the arena is not taken for a staged state. Cut short by one
+    element, the copy refuses it; cut to one element, the copy broadcasts it without a word, and only the check
+    catches it."""
     state = model_state()
     train(state, 1)
     ck, slow = Checkpointer(tmp_path / "ck", keep=10), general_only(Checkpointer(tmp_path / "slow", keep=10))
@@ -351,11 +356,12 @@ def test_a_blocking_refill_is_checked_while_written_and_thrown_away_when_its_ten
     assert written(ck, 2) == written(slow, 2) and checks == [True]
     bias = state["model"][0].bias
     ptr = bias.data_ptr()
-    bias.data = bias.data[:-1]  # the same object at the same memory, of another shape
+    bias.data = bias.data[:keep]  # the same object at the same memory, of another shape
     assert bias.data_ptr() == ptr
     ck.save(state, 3).wait()
     slow.save(state, 3).wait()
     assert checks == [True, False]
+    assert ck.staging.current is None
     assert written(ck, 3) == written(slow, 3)
     assert (ck.steady.misses, ck.steady.hits) == (2, 1)
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [layout.step_dir(s) for s in (1, 2, 3)]
