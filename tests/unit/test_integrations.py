@@ -21,7 +21,24 @@ def test_the_callbacks_refuse_options_run_does_not_apply_to_a_trainer(tmp_path: 
     for cls in (HFCallback, LightningCallback):
         with pytest.raises(TypeError, match=r"got options \['prestage_every'\]; expected those of preemptible.Run"):
             cls(tmp_path, prestage_every=3)
+        with pytest.raises(TypeError, match=r"keep_best: the framework's metrics are not reported"):
+            cls(tmp_path, keep_best=("loss", "min"))
         assert cls(tmp_path, keep=3, probe_rtol=1e-4).options == {"keep": 3, "probe_rtol": 1e-4}
+        assert cls(tmp_path, compress=True).options == {"compress": True}
+
+
+def test_every_option_of_run_is_passed_on_by_the_callbacks_or_refused_with_a_reason() -> None:
+    """An option added to Run must be placed: passed on by the framework callbacks, or refused with a reason (as
+    ``compress`` once was refused, unplaced, though it applies to any trainer)."""
+    import inspect
+
+    from preemptible.integrations import _common
+    from preemptible.run import Run
+
+    params = inspect.signature(Run).parameters.values()
+    keywords = {p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert not _common.OPTIONS & _common.NOT_PASSED.keys()
+    assert _common.OPTIONS | _common.NOT_PASSED.keys() == keywords
 
 
 def test_settings_that_make_the_trainer_s_resume_inexact_are_named(tmp_path: Path) -> None:

@@ -99,7 +99,7 @@ class PreemptibleCallback(TrainerCallback, Settings):
             with `preempted` True.
         **options: `preemptible.Run`'s options where they apply: ``keep``, ``sources``, ``grace``, ``exit_code``,
             ``on_advisory``, ``requeue``, ``async_save``, ``bf16_moments``, ``probe``, ``probe_rtol``,
-            ``verify_after_save``, ``allow_fresh_start``, ``storage_options``.
+            ``verify_after_save``, ``compress``, ``allow_fresh_start``, ``storage_options``.
     """
 
     def __init__(
