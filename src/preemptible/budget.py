@@ -7,6 +7,7 @@ the storage the checkpoints will go to, compared with the platform's notice wind
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -190,8 +191,11 @@ def probe(
         storage.sync_dir(tmp)
         storage.publish(storage.join(tmp, layout.COMMIT), b"{}")
         t3 = time.perf_counter()
-    finally:
-        storage.remove_tree(tmp)
+    except BaseException:
+        with contextlib.suppress(Exception):  # the failure that brought us here is the one to tell
+            storage.remove_tree(tmp)
+        raise
+    storage.remove_tree(tmp)
     return Bandwidth(nbytes / (t2 - t1), (t1 - t0) + (t3 - t2), nbytes, storage.root)
 
 

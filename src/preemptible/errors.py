@@ -122,6 +122,11 @@ class StorageUnavailableError(PreemptibleError, ImportError):
     """The fsspec backend for a URL is not installed."""
 
 
+class StorageCredentialsError(PreemptibleError, PermissionError):
+    """An object store's client found no credentials, or the ones it found were refused before any request (the
+    message names what to set). Never retried: another try finds the same."""
+
+
 class SaveCancelled(PreemptibleError):
     """An asynchronous save was abandoned on purpose (a notice left no time to finish it); nothing committed."""
 

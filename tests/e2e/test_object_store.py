@@ -15,9 +15,10 @@ import torch
 from conftest import Trainer, final_digest, make_model, train_some
 from objkit import FaultProxy, azurite, gcs_emulator, make_bucket, make_container, moto_server, set_env, set_gcs_env
 from preemptible import CheckpointCorruptError, Checkpointer, SaveError
-from preemptible.errors import CheckpointFallbackWarning, StorageUnavailableError
+from preemptible.cli import main
+from preemptible.errors import CheckpointFallbackWarning, StorageCredentialsError, StorageUnavailableError
 from preemptible.store.io import ephemeral_reason, storage_for
-from preemptible.store.objstore import retrying, transient
+from preemptible.store.objstore import credentials_error, retrying, transient
 
 
 @pytest.fixture(scope="module")
@@ -312,6 +313,59 @@ def test_retry_policy() -> None:
 
     with pytest.raises(ConnectionResetError):
         retrying(always, what="get", budget_s=1.0, sleep=lambda s: now.__setitem__(0, now[0] + s), clock=lambda: now[0])
+
+
+def no_aws_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """botocore's whole search comes up empty: no variables (the autouse fixture removed them), no files, and no
+    instance metadata service asked (never a real cloud address from a test)."""
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # never reached: signing fails first
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+
+
+def test_no_credentials_is_said_once_with_what_to_set_by_the_library_and_the_commands(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """botocore finds no credentials: its NoCredentialsError is no OSError, and ended runs and commands with its
+    traceback. Now a Run's start, a save's upload, and every command say which variables or storage_options to
+    set (exit code 2 from a command), without retrying."""
+    no_aws_credentials(monkeypatch, tmp_path)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(StorageCredentialsError, match=r"s3: list bucket/run.*AWS_ACCESS_KEY_ID"):
+        Checkpointer("s3://bucket/run").checkpoints()
+    stream = Checkpointer("s3://bucket/run").storage.open_write("bucket/run/x.bin")
+    stream.write(memoryview(b"x"))
+    with pytest.raises(StorageCredentialsError, match=r"upload of bucket/run/x.bin failed.*NoCredentialsError"):
+        stream.close()  # the upload starts here
+    import preemptible
+
+    run = preemptible.Run("s3://bucket/run", model=model, optimizer=opt)
+    with pytest.raises(StorageCredentialsError, match=r"storage_options=\{'key'"):
+        for _ in run.steps(3):
+            pass
+    plan = ["plan", "s3://bucket/run", "--params", "1e6", "--probe-mb", "1"]
+    for argv in (["verify", "s3://bucket/run"], ["inspect", "s3://bucket/run"], plan):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"preemptible {argv[0]}: ") and "AWS_ACCESS_KEY_ID" in err and "Traceback" not in err
+
+
+def test_only_a_client_s_credential_errors_are_taken_for_missing_credentials() -> None:
+    from botocore.exceptions import NoCredentialsError, PartialCredentialsError
+
+    found = credentials_error(NoCredentialsError(), "s3: list b/r")
+    assert isinstance(found, StorageCredentialsError) and isinstance(found, PermissionError)
+    assert "AWS_ACCESS_KEY_ID" in str(found) and str(found).startswith("s3: list b/r failed")
+    partial = credentials_error(PartialCredentialsError(provider="env", cred_var="AWS_SECRET_ACCESS_KEY"), "x")
+    assert partial is not None and "AWS_SECRET_ACCESS_KEY" in str(partial)
+    azure = pytest.importorskip("azure.core.exceptions")
+    found = credentials_error(azure.ClientAuthenticationError("Server failed to authenticate the request"), "az")
+    assert found is not None and "AZURE_STORAGE_CONNECTION_STRING" in str(found)
+    for other in (ConnectionResetError("reset"), ValueError("bad"), PermissionError("AccessDenied")):
+        assert credentials_error(other, "x") is None
 
 
 @pytest.mark.parametrize(

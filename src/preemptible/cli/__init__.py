@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from preemptible._version import __version__
 from preemptible.cli.args import OneLineParser
+from preemptible.errors import StorageCredentialsError, StorageUnavailableError
 
 SUBCOMMANDS = ("bench", "diagnose", "drill", "emulate", "export", "inspect", "plan", "report", "run", "verify")
 
@@ -45,4 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`| head`): nothing more to say, and no traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # what a shell reports for a process ended by SIGPIPE
+    except (StorageCredentialsError, StorageUnavailableError) as e:  # set-up to fix, said whole: no traceback
+        print(f"preemptible {args.command}: {e}", file=sys.stderr)
+        return 2
     return code

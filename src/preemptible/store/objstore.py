@@ -23,7 +23,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
-from preemptible.errors import StorageUnavailableError
+from preemptible.errors import StorageCredentialsError, StorageUnavailableError
 
 log = logging.getLogger("preemptible")
 
@@ -71,6 +71,39 @@ def transient(error: BaseException) -> bool:
     return any(m in text for m in markers)
 
 
+_CREDENTIAL_HINTS = {
+    "botocore": "S3: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, or the instance's or pod's role; "
+    "or storage_options={'key': ..., 'secret': ...} (and 'client_kwargs': {'endpoint_url': ...} for another S3 "
+    "service)",
+    "google": "GCS: GOOGLE_APPLICATION_CREDENTIALS (a service account's key file), or `gcloud auth "
+    "application-default login`, or the VM's service account; or storage_options={'token': ...}",
+    "azure": "Azure Blob: AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with "
+    "AZURE_STORAGE_ACCOUNT_KEY; or storage_options={'connection_string': ...} or {'account_name': ..., "
+    "'account_key': ...}",
+}
+
+
+def credentials_error(error: BaseException, what: str) -> StorageCredentialsError | None:
+    """The error to raise when ``error`` is an object store client finding no usable credentials (botocore's
+    ``NoCredentialsError``, google-auth's ``DefaultCredentialsError``, Azure's ``ClientAuthenticationError``, ...),
+    else None. Those are not ``OSError``s: left alone, they end a run with the client's traceback."""
+    names = [c.__name__ for c in type(error).__mro__]
+    if not any("Credential" in n or "Authentication" in n or n == "RefreshError" for n in names):
+        return None
+    client = type(error).__module__.split(".", 1)[0]
+    hint = _CREDENTIAL_HINTS.get(client, "the credentials your object store's client reads")
+    return StorageCredentialsError(
+        f"{what} failed: the store's client has no usable credentials ({type(error).__name__}: {error}). Expected "
+        f"credentials for {hint}. Set them and start again"
+    )
+
+
+def _raise_if_credentials(error: Exception, what: str) -> None:
+    refused = credentials_error(error, what)
+    if refused is not None:
+        raise refused from error
+
+
 def retrying(
     fn: Callable[[], T],
     *,
@@ -87,6 +120,7 @@ def retrying(
         try:
             return fn()
         except Exception as e:
+            _raise_if_credentials(e, what)
             if not transient(e) or clock() - start + delay > budget_s:
                 raise
             log.warning(
@@ -130,12 +164,20 @@ class _ObjectWriter:
         self._f: Any = fs.open(path, "wb", block_size=PART_BYTES)
 
     def write(self, data: memoryview) -> None:
-        self._f.write(data)
+        try:
+            self._f.write(data)
+        except Exception as e:
+            _raise_if_credentials(e, f"upload of {self.path}")
+            raise
 
     def close(self) -> None:
         f, self._f = self._f, None
         if f is not None:
-            f.close()
+            try:
+                f.close()
+            except Exception as e:
+                _raise_if_credentials(e, f"upload of {self.path}")
+                raise
 
     def abort(self) -> None:
         f, self._f = self._f, None
