@@ -195,6 +195,14 @@ def test_storage_options_reach_the_backend_without_any_environment(s3: str) -> N
     assert Checkpointer("s3://opts/run", storage_options=options).restore(state(seed=5)) == 3
 
 
+def test_a_save_into_a_bucket_that_does_not_exist_says_to_check_the_bucket(s3: str) -> None:
+    options = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": s3, "region_name": "us-east-1"}}
+    ck = Checkpointer("s3://no-such-bucket/run", storage_options=options)
+    with pytest.raises(SaveError, match=r"bucket does not exist.*Check that the bucket \(or container\) exists"):
+        ck.save(state(), 1)
+    assert ck.latest() is None
+
+
 def test_transient_faults_mid_upload_are_retried(s3: str, monkeypatch: pytest.MonkeyPatch) -> None:
     make_bucket(s3, "flaky")
     injected = {"n": 0}

@@ -754,7 +754,10 @@ class Checkpointer(Lifecycle, Prestaging):
                 raise
             self.events.event(Event.SAVE_FAILED, job.step, reason=job.reason, error=f"{type(e).__name__}: {e}")
             if isinstance(e, OSError) and not isinstance(e, SaveError):
-                raise save_error(e, job.step, job.path, root=self.root, newest=self.latest()) from e
+                object_store = self.storage.kind == "object"
+                raise save_error(
+                    e, job.step, job.path, root=self.root, newest=self.latest(), object_store=object_store
+                ) from e
             raise
         finally:
             self._writing.discard(job.step)

@@ -292,7 +292,9 @@ class Committer:
             ) from e
 
 
-def save_error(e: OSError, step: int, path: str, *, root: str, newest: int | None) -> SaveError:
+def save_error(
+    e: OSError, step: int, path: str, *, root: str, newest: int | None, object_store: bool = False
+) -> SaveError:
     """The `SaveError` for an I/O failure while saving: what failed, what is still there, what to do."""
     kept = f"step {newest} remains the newest checkpoint" if newest is not None else "no earlier checkpoint exists"
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -306,8 +308,10 @@ def save_error(e: OSError, step: int, path: str, *, root: str, newest: int | Non
             f"{kept}. Free space, lower keep=, or point the root at a larger volume"
         )
     else:
-        what = (
-            f"writing step {step} to {path} failed: {e}; nothing was committed and {kept}. Check that the "
-            "root is writable and mounted"
+        check = (
+            "the bucket (or container) exists and these credentials may write to it"
+            if object_store
+            else "the root is writable and mounted"
         )
+        what = f"writing step {step} to {path} failed: {e}; nothing was committed and {kept}. Check that {check}"
     return SaveError(what, path=path, step=step)
