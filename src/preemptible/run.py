@@ -26,6 +26,7 @@ import torch
 
 from preemptible import dist
 from preemptible._version import __version__
+from preemptible.accumulation import OptimizerSteps
 from preemptible.checkpoint import Checkpointer, SaveHandle, SaveResult
 from preemptible.emergency import Emergency
 from preemptible.errors import (
@@ -255,6 +256,9 @@ class Run:
             rank=self.rank,
         )
         self._boundary_at = 0.0
+        self._optimizer_steps: OptimizerSteps | None = None  # from the start of the loop to `close`
+        self._waited = 0  # boundaries a notice's stop waited for an accumulation to end (`_waits_for_optimizer`)
+        self._owed: int | None = None  # the step a periodic save fell due at, mid-accumulation: saved at its end
         self._start: int | None = None
         self._auto_close = False
         self._total: int | None = None
@@ -311,6 +315,9 @@ class Run:
         self.emergency.stop()
         if self._pending is not None:
             self._reap(block=True)
+        if self._optimizer_steps is not None:
+            self._optimizer_steps.close()
+            self._optimizer_steps = None
         self.guard.close()
         if self._finished and self.guard.platform.scheduler == "slurm":
             _ignore_late_warning()
@@ -342,6 +349,8 @@ class Run:
             return self._start
         self._auto_close = not self._entered
         self._open()
+        if self._optimizer_steps is None:
+            self._optimizer_steps = OptimizerSteps(self.state)
         assert self.journal is not None
         self.attempt = self._attempt(self.journal)
         self.journal.event(
@@ -437,17 +446,28 @@ class Run:
         spent = now - self._boundary_at
         self._boundary_at = now
         self.step_time = spent if self.step_time is None else 0.9 * self.step_time + 0.1 * spent
+        steps = self._optimizer_steps
+        stepped = steps.boundary(completed) if steps is not None else True
         if self.guard.should_stop(completed):
+            if self._waits_for_optimizer(completed, stepped):
+                return False
             self._stop(completed)
             return True
         if self.guard.advisory is not None and not self._advisory_done and (total is None or completed < total):
             if self._advisory(completed):
                 return True
-        elif self._periodic_due(completed, total):
-            self._save(completed, SaveReason.PERIODIC, blocking=not self.async_save)
-            if self.guard.should_stop(completed):  # a notice that came during the save
-                self._stop(completed)
-                return True
+        elif self._periodic_due(completed, total) or (self._owed is not None and (total is None or completed < total)):
+            if self._owed is None:
+                self._owed = completed
+            if steps is not None and completed - self._owed < steps.limit and steps.accumulating(stepped):
+                pass  # owed: saved at the optimizer step that ends this accumulation (see `_waits_for_optimizer`)
+            else:
+                self._owed = None
+                self._save(completed, SaveReason.PERIODIC, blocking=not self.async_save)
+                # a notice that came during the save
+                if self.guard.should_stop(completed) and not self._waits_for_optimizer(completed, stepped):
+                    self._stop(completed)
+                    return True
         elif self.prestage_every is not None and completed % self.prestage_every == 0:
             self.checkpointer.prestage(self.state, completed)
         elif self.save_on_best and self._is_new_best():
@@ -460,6 +480,43 @@ class Run:
         if journal is not None and journal.last_at is not None and self._clock() - journal.last_at >= PROGRESS_QUIET_S:
             journal.event(Event.PROGRESS, completed)  # a process killed without a word still shows what it ran
         return False
+
+    def _waits_for_optimizer(self, completed: int, stepped: bool) -> bool:
+        """Whether a notice's stop at this boundary waits for the optimizer step that ends a gradient accumulation
+        (see `preemptible.accumulation`): a checkpoint here would hold the data position after batches whose
+        gradients it lacks. It waits at most the accumulation's length (the longest gap between optimizer steps
+        seen), on one process also not past half the time left; then it stops anyway, and says the resume will not
+        be exact. Every rank decides alike: the same loop, the same gradients (one process alone weighs time)."""
+        steps = self._optimizer_steps
+        if steps is None or not steps.accumulating(stepped):
+            if self._waited:
+                log.warning(
+                    "[rank=%d] the gradient accumulation ended at step %d: stopping there", self.rank, completed
+                )
+            return False
+        self._waited += 1
+        left = self.guard.remaining()
+        need = (steps.limit - self._waited) * (self.step_time or 0.0)
+        if self._waited >= steps.limit or (dist.world_size() == 1 and left is not None and need > 0.5 * left):
+            log.warning(
+                "[rank=%d] stopping at step %d in the middle of a gradient accumulation (no optimizer step for %d "
+                "steps, %s left): the batches since the last optimizer step are in the checkpoint's data position "
+                "but not their gradients, so the resume will not be exact",
+                self.rank,
+                completed,
+                self._waited,
+                f"{left:.1f} s" if left is not None else "unknown time",
+            )
+            return False
+        if self._waited == 1:
+            log.warning(
+                "[rank=%d] notice at step %d, in the middle of a gradient accumulation (no optimizer step since the "
+                "last boundary): training on to its optimizer step (at most %d more steps), then the emergency save",
+                self.rank,
+                completed,
+                steps.limit - 1,
+            )
+        return True
 
     def _prepare(self) -> None:
         """After the first step of this process (the optimizer's state exists by then): make the plan of a save
@@ -766,7 +823,8 @@ class Run:
         notice = self.guard.notice
         assert notice is not None
         remaining = self.guard.remaining()
-        self.journal.event(Event.NOTICE, completed, **notice.to_json(), remaining_s=remaining)
+        waited = {"waited_for_optimizer_steps": self._waited} if self._waited else {}
+        self.journal.event(Event.NOTICE, completed, **notice.to_json(), remaining_s=remaining, **waited)
         log.warning(
             "[rank=%d] %s: %s notice (%s) received; stopping at step %d with %s left",
             self.rank,
