@@ -75,8 +75,10 @@ class OptimizerSteps:
 
     @property
     def limit(self) -> int:
-        """Boundaries a stop waits at most for the optimizer step that ends an accumulation."""
-        return self.period if self.period is not None else MAX_DEFER
+        """Boundaries a stop waits at most for the optimizer step that ends an accumulation: twice the longest gap
+        seen (an epoch's last batches, fewer than an accumulation, join the next epoch's first: with 20 batches an
+        epoch and 3 per step, a gap of 5), else `MAX_DEFER`."""
+        return 2 * self.period if self.period is not None else MAX_DEFER
 
     def close(self) -> None:
         for handle in self._handles:

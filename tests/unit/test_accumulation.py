@@ -70,7 +70,7 @@ def test_the_wait_is_bounded_by_the_accumulation_seen_and_then_says_the_resume_i
             micro_batch(p, step, optimizer_steps=step < 12)  # from step 12 on, gradients pile up, never applied
             if step == 13:
                 run.guard.trigger(source="test")
-    assert committed_steps(tmp_path) == [14 - 1 + EVERY]  # waited 4 boundaries (the period seen), stopped anyway
+    assert committed_steps(tmp_path) == [14 - 1 + 2 * EVERY]  # waited twice the period seen, then stopped anyway
     assert "the resume will not be exact" in caplog.text
 
 
@@ -111,7 +111,7 @@ def test_optimizer_steps_are_counted_through_a_wrapper_and_the_hooks_go_with_clo
     inner.step()
     assert steps.boundary(2) and not steps.accumulating(True)
     inner.step()
-    assert steps.boundary(6) and steps.period == 4 and steps.limit == 4
+    assert steps.boundary(6) and steps.period == 4 and steps.limit == 8
     steps.close()
     inner.step()
     assert steps.count == 2
@@ -122,3 +122,33 @@ def test_a_periodic_save_that_falls_due_mid_accumulation_is_made_at_its_optimize
     for step in Run(tmp_path, save_every=6, keep=10, async_save=False, **p).steps(24):
         micro_batch(p, step)
     assert committed_steps(tmp_path) == [8, 12, 20, 24]  # due at 6, 12 and 18; 24: the final save
+
+
+def test_an_epoch_s_leftover_batches_joining_the_next_epoch_s_accumulation_are_waited_for(tmp_path: Path) -> None:
+    """The plain idiom over epochs: ``enumerate(run.batches(loader))``, a step every 3 batches, 10 batches an epoch.
+    The last batch of an epoch joins the next epoch's first accumulation: a gap of 4 where 3 were seen so far. A
+    notice at the epoch's end waits across it, and the resume is exact."""
+    g = torch.Generator().manual_seed(3)
+    data = torch.utils.data.TensorDataset(torch.randn(40, 8, generator=g), torch.randn(40, 2, generator=g))
+
+    def train(root: Path, notice_at: int | None) -> tuple[Run, dict[str, Any]]:
+        p = parts()
+        torch.manual_seed(2)
+        loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True)
+        run = Run(root, exit_on_notice=False, **p)
+        for _ in run.epochs(3):
+            for i, (x, y) in enumerate(run.batches(loader)):
+                (torch.nn.functional.mse_loss(p["model"](x), y) / 3).backward()
+                if (i + 1) % 3 == 0:
+                    p["optimizer"].step()
+                    p["optimizer"].zero_grad()
+                if run.step + 1 == notice_at:
+                    run.guard.trigger(source="test")
+        return run, p
+
+    _, reference = train(tmp_path / "ref", None)
+    run, _ = train(tmp_path / "ck", 10)  # the epoch's last batch: steps were at 3, 6 and 9; the next is at 13
+    assert run.preempted and committed_steps(tmp_path / "ck") == [13]
+    _, resumed = train(tmp_path / "ck", None)
+    for a, b in zip(reference["model"].parameters(), resumed["model"].parameters(), strict=True):
+        assert torch.equal(a, b)
