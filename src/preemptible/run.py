@@ -259,6 +259,7 @@ class Run:
         self._optimizer_steps: OptimizerSteps | None = None  # from the start of the loop to `close`
         self._waited = 0  # boundaries a notice's stop waited for an accumulation to end (`_waits_for_optimizer`)
         self._owed: int | None = None  # the step a periodic save fell due at, mid-accumulation: saved at its end
+        self._prestage_owed = False  # a pre-stage fell due mid-accumulation: staged at its end
         self._start: int | None = None
         self._auto_close = False
         self._total: int | None = None
@@ -468,8 +469,11 @@ class Run:
                 if self.guard.should_stop(completed) and not self._waits_for_optimizer(completed, stepped):
                     self._stop(completed)
                     return True
-        elif self.prestage_every is not None and completed % self.prestage_every == 0:
-            self.checkpointer.prestage(self.state, completed)
+        elif self.prestage_every is not None and (completed % self.prestage_every == 0 or self._prestage_owed):
+            # staged mid-accumulation, a flush would land a state without the accumulated gradients: at its end
+            self._prestage_owed = steps is not None and steps.accumulating(stepped)
+            if not self._prestage_owed:
+                self.checkpointer.prestage(self.state, completed)
         elif self.save_on_best and self._is_new_best():
             self._save(completed, SaveReason.BEST, blocking=not self.async_save)
         elif not self._prepared:
