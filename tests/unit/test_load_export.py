@@ -144,3 +144,13 @@ def test_export_refuses_a_url_for_out_and_takes_a_file_url_as_local(tmp_path: Pa
     assert exit_.value.code == 2
     assert "expected a local directory, found the URL 's3://bucket/out'" in capsys.readouterr().err
     assert local_directory(f"file://{tmp_path}/new") == f"{tmp_path}/new"
+
+
+def test_a_step_not_committed_is_refused_naming_the_steps_that_are(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    trained(tmp_path)
+    assert main(["export", str(tmp_path), "--step", "5", "--out", str(tmp_path / "out")]) == 2
+    assert "no committed checkpoint of step 5" in (err := capsys.readouterr().err) and "committed steps: [1, 2]" in err
+    assert main(["verify", str(tmp_path), "--step", "7"]) == 1
+    assert "committed steps: [1, 2]" in capsys.readouterr().out
+    with pytest.raises(CheckpointNotFoundError, match=r"committed steps: none"):
+        Checkpointer(tmp_path / "empty").reader.manifest(3)

@@ -98,6 +98,12 @@ class Reader:
     def path_of(self, step: int) -> str:
         return self.storage.join(self.root, layout.step_dir(step))
 
+    def committed_steps(self) -> list[int]:
+        """The steps under the root with a ``COMMIT.json``, for an error that names what there is (one listing, and
+        one existence check per step directory)."""
+        steps = sorted(n for n in map(layout.parse_step_dir, self.storage.listdir(self.root)) if n is not None)
+        return [n for n in steps if self.storage.exists(self.storage.join(self.path_of(n), layout.COMMIT))]
+
     def manifest(self, step: int) -> Manifest:
         where = self.storage.join(self.path_of(step), layout.COMMIT)
         try:
@@ -105,8 +111,13 @@ class Reader:
         except (FileTooLargeError, NotRegularFileError) as e:
             raise CheckpointCorruptError(f"{where}: {e}", path=where, step=step) from e
         except FileNotFoundError as e:
+            try:
+                there: object = self.committed_steps() or "none"
+            except OSError:  # the message must not hide the error it explains
+                there = "unknown (the root could not be listed)"
             raise CheckpointNotFoundError(
-                f"no committed checkpoint of step {step} under {self.root}: {layout.COMMIT} is missing",
+                f"no committed checkpoint of step {step} under {self.root}: {layout.COMMIT} is missing; committed "
+                f"steps: {there}",
                 path=where,
                 step=step,
             ) from e
