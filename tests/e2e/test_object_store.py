@@ -374,6 +374,11 @@ def test_only_a_client_s_credential_errors_are_taken_for_missing_credentials() -
     assert found is not None and "AZURE_STORAGE_CONNECTION_STRING" in str(found)
     for other in (ConnectionResetError("reset"), ValueError("bad"), PermissionError("AccessDenied")):
         assert credentials_error(other, "x") is None
+    said = credentials_error(NoCredentialsError(), "upload of b/r/x")
+    assert said is not None and credentials_error(said, "s3: upload") is None  # the retry around it says it once
+    with pytest.raises(StorageCredentialsError) as raised:
+        retrying(lambda: (_ for _ in ()).throw(said), what="upload of b/r/x")
+    assert raised.value is said
 
 
 @pytest.mark.parametrize(

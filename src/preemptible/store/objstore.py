@@ -86,7 +86,10 @@ _CREDENTIAL_HINTS = {
 def credentials_error(error: BaseException, what: str) -> StorageCredentialsError | None:
     """The error to raise when ``error`` is an object store client finding no usable credentials (botocore's
     ``NoCredentialsError``, google-auth's ``DefaultCredentialsError``, Azure's ``ClientAuthenticationError``, ...),
-    else None. Those are not ``OSError``s: left alone, they end a run with the client's traceback."""
+    else None. Those are not ``OSError``s: left alone, they end a run with the client's traceback. One said already
+    (an upload's, met again by the retry around it) is left as it is."""
+    if isinstance(error, StorageCredentialsError):
+        return None
     names = [c.__name__ for c in type(error).__mro__]
     if not any("Credential" in n or "Authentication" in n or n == "RefreshError" for n in names):
         return None
