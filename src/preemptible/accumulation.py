@@ -8,7 +8,7 @@ stopped. So a stop waits for the optimizer step that ends the accumulation, as t
 after an optimizer step.
 
 `OptimizerSteps` sees each optimizer step through a post-hook on every real optimizer of the state (under the
-wrappers that hold one as ``.optimizer``: Accelerate's, Lightning's), so it needs nothing from the loop.
+wrappers that hold one as ``.optimizer``, as Accelerate's does), so it needs nothing from the loop.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 MAX_DEFER = 64
-"""Boundaries a stop waits at most for an optimizer step, before any has been seen (then: the longest gap seen)."""
+"""Boundaries a stop waits at most for an optimizer step before two have been seen (then: `OptimizerSteps.limit`)."""
 
 
 def real_optimizers(state: Mapping[str, Any]) -> list[torch.optim.Optimizer]:

@@ -488,9 +488,10 @@ class Run:
     def _waits_for_optimizer(self, completed: int, stepped: bool) -> bool:
         """Whether a notice's stop at this boundary waits for the optimizer step that ends a gradient accumulation
         (see `preemptible.accumulation`): a checkpoint here would hold the data position after batches whose
-        gradients it lacks. It waits at most the accumulation's length (the longest gap between optimizer steps
-        seen), on one process also not past half the time left; then it stops anyway, and says the resume will not
-        be exact. Every rank decides alike: the same loop, the same gradients (one process alone weighs time)."""
+        gradients it lacks. It waits at most `OptimizerSteps.limit` boundaries (twice the longest gap between
+        optimizer steps seen), on one process also not past half the time left; then it stops anyway, and says the
+        resume will not be exact. Every rank decides alike: the same loop, the same gradients (one process alone
+        weighs time)."""
         steps = self._optimizer_steps
         if steps is None or not steps.accumulating(stepped):
             if self._waited:
