@@ -269,9 +269,12 @@ def test_headers_read_as_json_reads_them_whatever_the_numbers_and_strings(header
 @given(
     sizes=st.lists(st.integers(0, 70_000), min_size=1, max_size=12),
     chunk=st.sampled_from([1, 4096, 65_536, 200_000, tensor_format.READ_CHUNK_BYTES, 64 << 20]),
+    run_cap=st.sampled_from([1, 4096, 65_536, 200_000, tensor_format.RUN_BYTES, 64 << 20]),
     into=st.booleans(),
 )
-def test_runs_of_small_tensors_read_back_whatever_the_read_size(sizes: list[int], chunk: int, into: bool) -> None:
+def test_runs_of_small_tensors_read_back_whatever_the_read_size(
+    sizes: list[int], chunk: int, run_cap: int, into: bool
+) -> None:
     g = torch.Generator().manual_seed(len(sizes))
     items = [(f"t{i}", torch.randint(0, 255, (n,), dtype=torch.uint8, generator=g)) for i, n in enumerate(sizes)]
     data, digest = write_to_bytes(items)
@@ -282,6 +285,7 @@ def test_runs_of_small_tensors_read_back_whatever_the_read_size(sizes: list[int]
         where="test",
         expected_checksum=digest,
         chunk=chunk,
+        run_cap=run_cap,
         into=(lambda run: [targets[e.name] for e in run]) if into else None,
     )
     for name, t in items:

@@ -346,7 +346,9 @@ class Reader:
         def read_file(name: str) -> dict[str, torch.Tensor]:
             rec = opened.manifest.files[name]
             p = self.storage.join(opened.files_dir, name)
-            chunk = OBJECT_READ_CHUNK if self.storage.kind == "object" else tensor_format.READ_CHUNK_BYTES
+            # an object store's reads are requests each: as large as the buffers allow; a disk's stay in the cache
+            remote = self.storage.kind == "object"
+            chunk = OBJECT_READ_CHUNK if remote else tensor_format.READ_CHUNK_BYTES
             compressed = compress.is_compressed(name)
             with open_tensor(self.storage, p, rec, opened, pool=pool, on_stored=meter.add if compressed else None) as (
                 source,
@@ -362,6 +364,7 @@ class Reader:
                         into=fitted if exact else checked,
                         entries=opened.file_entries.get(name),
                         chunk=chunk,
+                        run_cap=chunk if remote else tensor_format.RUN_BYTES,
                     )
                 except CheckpointCorruptError as e:
                     raise opened.bad(str(e)) from e
