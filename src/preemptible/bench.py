@@ -378,6 +378,7 @@ def contenders(
         os.remove(p)
         return Sample(s, {"peak_mb": mem.peak / 1e6})
 
+    from preemptible.store import checksum
     from preemptible.store import format as tensor_format
 
     views = [tensor_format.byte_view(v) for v in tensors.values()]
@@ -419,10 +420,12 @@ def contenders(
     # Reused, and touched once here: a restore reads into the state's memory, whose pages exist already.
     read_into = torch.zeros(max(1, nbytes), dtype=torch.uint8)
 
-    def ceiling_read_into(work: str) -> Sample:
+    def ceiling_read_into(work: str, hashed: bool = False) -> Sample:
         """The least a warm restore must do: read the bytes into memory the size of the state, on as many threads
-        as a restore reads with (2), in 2 MiB reads (an 8 MiB buffer reused for the whole file stays in the CPU's
-        cache, which no restore can)."""
+        as a restore reads with (2), split evenly between them, in reads of a restore's size (an 8 MiB buffer
+        reused for the whole file stays in the CPU's cache, which no restore can). ``hashed``: and hash each read
+        with the checkpoint checksum while it is in the cache, the least a restore that verifies what it reads
+        must do."""
         p = os.path.join(work, "raw.bin")
         if not os.path.exists(p):
             raw_write(p, views)
@@ -430,15 +433,20 @@ def contenders(
         size = os.path.getsize(p)
         half = size // 2 - (size // 2) % 4096
         dest = memoryview(read_into.numpy())  # type: ignore[arg-type]
+        piece = tensor_format.READ_CHUNK_BYTES
 
         def part(lo: int, hi: int) -> None:
+            hasher = checksum.new() if hashed else None
             with open(p, "rb", buffering=0) as f:
                 f.seek(lo)
                 pos = lo
                 while pos < hi:
-                    k = f.readinto(dest[pos : min(pos + (2 << 20), hi)])
+                    view = dest[pos : min(pos + piece, hi)]
+                    k = f.readinto(view)
                     if not k:
                         break
+                    if hasher is not None:
+                        hasher.update(view[:k])
                     pos += k
 
         t = time.perf_counter()
@@ -471,6 +479,9 @@ def contenders(
         "ceiling: memcpy into one buffer": ceiling_memcpy_one,
         "preemptible restore (warm)": median_of(lambda w: ours_restore(w, cold=False), WARM_READS),
         "ceiling: read into the state's memory (warm)": median_of(ceiling_read_into, WARM_READS),
+        "ceiling: read and hash into the state's memory (warm)": median_of(
+            lambda w: ceiling_read_into(w, hashed=True), WARM_READS
+        ),
         "ceiling: read (warm)": median_of(lambda w: ceiling_read(w, cold=False), WARM_READS),
         "load_state_dict as a restore calls it": median_of(load_state_dict_as_restored, WARM_READS),
         "preemptible restore (cold)": lambda w: ours_restore(w, cold=True),
@@ -748,6 +759,9 @@ def report(scenario: dict[str, Any]) -> str:
         / res["ceiling: memcpy into reused buffers"].median(),
         "restore (warm) / read ceiling (throughput)": paired(lambda a, b: b / a, warm, "ceiling: read (warm)"),
         "restore (warm) / read-into-memory ceiling (throughput)": paired(lambda a, b: b / a, warm, into),
+        "restore (warm) / read-and-hash ceiling (throughput)": paired(
+            lambda a, b: b / a, warm, "ceiling: read and hash into the state's memory (warm)"
+        ),
         "restore (warm) overhead per tensor beyond the read, us": paired(lambda a, b: (a - b) / n * 1e6, warm, into),
         "... beyond the read and torch's load_state_dict, us": paired(
             lambda a, b, c: (a - b - c) / n * 1e6, warm, into, "load_state_dict as a restore calls it"

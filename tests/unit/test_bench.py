@@ -33,6 +33,9 @@ def test_a_ratio_to_a_ceiling_is_the_median_of_its_rounds_run_back_to_back() -> 
     after = {n: names[names.index(n) + 1] for n in names[:-1]}
     assert after["preemptible async save"] == "ceiling: memcpy into reused buffers"
     assert after["preemptible restore (warm)"] == "ceiling: read into the state's memory (warm)"
+    assert after["ceiling: read into the state's memory (warm)"] == (
+        "ceiling: read and hash into the state's memory (warm)"
+    )
     assert after["preemptible restore (cold)"] == "ceiling: read (cold)"
     assert after["preemptible emergency save"] == "emergency save, the same bytes in a few tensors"
     assert after["emergency save, the same bytes in a few tensors"] == "ceiling: fsync'd write"
@@ -46,12 +49,14 @@ def test_a_ratio_to_a_ceiling_is_the_median_of_its_rounds_run_back_to_back() -> 
     # per round the ceiling gets 0.9, 0.1, 0.9 of the restore: median 0.9; the medians' ratio would say 0.45
     results["preemptible restore (warm)"] = result("r", [1.0, 2.0, 4.0])
     results["ceiling: read into the state's memory (warm)"] = result("c", [0.9, 0.2, 3.6])
+    results["ceiling: read and hash into the state's memory (warm)"] = result("h", [0.95, 1.0, 3.8])
     results["preemptible async save"] = result("a", [1.0, 1.0, 1.0], [0.2, 3.0, 0.4])
     results["ceiling: memcpy into reused buffers"] = result("m", [0.1, 3.0, 0.1])
     scenario = {"name": "t", "bytes": 1000, "tensors": 10, "results": results, "checksum_share": 0.1}
     bench.report(scenario)
     ratios = scenario["ratios"]
     assert math.isclose(ratios["restore (warm) / read-into-memory ceiling (throughput)"], 0.9)
+    assert math.isclose(ratios["restore (warm) / read-and-hash ceiling (throughput)"], 0.95)  # .95, .5, .95
     assert math.isclose(ratios["restore (warm) overhead per tensor beyond the read, us"], 0.4 / 10 * 1e6)
     assert math.isclose(ratios["async stall / memcpy of the same bytes"], 2.0)  # 2, 1, 4
     assert math.isclose(ratios["emergency save speed vs torch.save"], 1.0)  # not paired: the medians'
