@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any
 
+import numpy
 import torch
 
 from preemptible import dist
@@ -611,9 +612,12 @@ class Run:
                 return
 
     def log(self, **figures: Any) -> None:
-        """Record figures (loss, throughput, ...) for the current step in the journal."""
+        """Record figures (loss, throughput, ...) for the current step in the journal. A one-element tensor or a
+        NumPy scalar is recorded as its number (``.item()``: on a GPU that waits for the step's kernels, so there
+        log every few steps, or log a number you read anyway)."""
         if self.journal is None:
             raise PreemptibleError("Run.log() needs a started run: call it inside `for step in run.steps(...)`")
+        figures = {k: _figure(v) for k, v in figures.items()}
         self.journal.event(Event.LOG, self.step, **figures)
         self._figures.update(figures)
 
@@ -946,11 +950,20 @@ def _put_back_loader_streams(loader: Any, saved: dict[str, Any]) -> None:
             setattr(parts[path], name, value)
 
 
+def _figure(value: Any) -> Any:
+    """A value given to `Run.log` as the journal keeps it: a one-element tensor (``loss``, as the step left it) or a
+    NumPy scalar as its Python number, so that `report` and the checkpoint's figures see a number, not its text."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()
+    if isinstance(value, numpy.generic):
+        return value.item()
+    return value
+
+
 def _recordable(figures: dict[str, Any]) -> dict[str, Any]:
-    """The logged figures a checkpoint can record: finite numbers (a tensor's item), by name."""
+    """The logged figures a checkpoint can record: finite numbers, by name."""
     out: dict[str, Any] = {}
-    for k, logged in figures.items():
-        v = logged.item() if isinstance(logged, torch.Tensor) and logged.numel() == 1 else logged
+    for k, v in figures.items():
         if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
             out[k] = v
     return out

@@ -2,15 +2,19 @@ from __future__ import annotations
 
 import contextlib
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy
 import pytest
 import torch
 
 from conftest import committed_steps, journal, make_model, train_some
-from preemptible import Guard, PreemptibleError, Run, UnsupportedStateError
+from preemptible import Guard, PreemptibleError, Run, UnsupportedStateError, report
+from preemptible.journal import read as read_journal
 from preemptible.run import EXIT_SAVE_FAILED
+from preemptible.store.io import LocalStorage
 
 
 def parts(seed: int = 0) -> dict[str, Any]:
@@ -39,6 +43,31 @@ def test_fresh_run_saves_periodically_and_finishes(tmp_path: Path) -> None:
     assert events[-1] == "done"
     assert events.count("log") == 8
     assert all({"t", "event", "step", "rank"} <= set(e) for e in journal(tmp_path))
+
+
+def test_logged_tensors_and_numpy_scalars_are_journaled_as_numbers_the_report_plots(tmp_path: Path) -> None:
+    """`run.log(loss=loss)` with the step's own loss tensor (it requires grad) records its number, not its text,
+    without torch's warning about converting a tensor that requires grad; the report then has the figure."""
+    p = parts()
+    run = Run(tmp_path, **p)
+    want = []
+    for step in run.steps(3):
+        x = torch.full((4, 8), float(step + 1))
+        loss = p["model"](x).pow(2).mean()
+        p["optimizer"].zero_grad()
+        loss.backward()
+        p["optimizer"].step()
+        want.append(loss.item())
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            run.log(loss=loss, lr=numpy.float32(0.25), acc=torch.tensor([0.5]), phase="warmup", v=torch.ones(3))
+    logs = [e for e in journal(tmp_path) if e["event"] == "log"]
+    assert [e["loss"] for e in logs] == want
+    assert {(e["lr"], e["acc"], e["phase"]) for e in logs} == {(0.25, 0.5, "warmup")}
+    assert all(isinstance(e["v"], str) for e in logs)  # not one figure: kept as its text, as before
+    doc = report.summarize(read_journal(LocalStorage(str(tmp_path))))
+    assert sorted(doc["figures"]) == ["acc", "loss", "lr"]
+    assert [v for _, v, _ in doc["figures"]["loss"]] == want
 
 
 def test_restart_resumes_after_newest_and_a_finished_run_yields_nothing(tmp_path: Path) -> None:
