@@ -261,6 +261,8 @@ class Drill:
         self.progress = progress
         self._workdir = ""
         self._emulator: Any = None
+        self._loop_s: float | None = None
+        """How long the reference run's loop lasted (from entering it to ``done``), when it ran."""
 
     # set-up -------------------------------------------------------------------------------------------------
     def _env(self, label: str, **extra: str) -> tuple[dict[str, str], str]:
@@ -299,7 +301,22 @@ class Drill:
         return t
 
     def _delay(self) -> float:
-        return random.uniform(1.0, 10.0) if self.at == "random" else float(self.at)
+        """Seconds from the loop's start to the notice. ``random``: 1-10 s, within the reference run's loop (its
+        first fifth to four fifths) when that was shorter."""
+        if self.at != "random":
+            return float(self.at)
+        loop = self._loop_s
+        if loop is not None and loop < 12.5:
+            return random.uniform(min(1.0, 0.2 * loop), min(10.0, 0.8 * loop))
+        return random.uniform(1.0, 10.0)
+
+    def _too_late(self, delay: float, ended: str) -> str:
+        """Why a notice ``delay`` s into the loop rehearses nothing, and what to change."""
+        earlier = f"--at {0.5 * self._loop_s:.1f}" if self._loop_s is not None else "a smaller --at"
+        return (
+            f"{ended}, before the notice {delay:g} s into it: there was no training left to stop. Deliver it "
+            f"earlier ({earlier}) or make the run longer (more steps or epochs, a slower --step-time)"
+        )
 
     # the drill ----------------------------------------------------------------------------------------------
     def run(self) -> DrillReport:
@@ -325,11 +342,22 @@ class Drill:
         children.append(child)
         code = child.wait(self.finish_timeout)
         done = child.events("done")
+        began = child.events("fresh") or child.events("resume")
+        if done and began:
+            self._loop_s = _t(done[-1]) - _t(began[0])
         ok = code == 0 and bool(done)
         detail = f"exit {code}, finished at step {done[-1]['step']}" if ok else f"exit {code}; output:\n{child.tail()}"
         return ref_root if report.check("reference run finished uninterrupted", ok, detail) else None
 
     def _drill(self, report: DrillReport, children: list[_Child], reference_root: str | None) -> None:
+        delay = self._delay()
+        if self._loop_s is not None and delay >= self._loop_s:
+            report.check(
+                "the run is still training when the notice comes",
+                False,
+                self._too_late(delay, f"the reference run's loop ended {self._loop_s:.1f} s after it began"),
+            )
+            return
         first = self._start("first")
         children.append(first)
         entered = first.wait_for(lambda: bool(first.events("resume") or first.events("fresh")), self.start_timeout)
@@ -349,13 +377,13 @@ class Drill:
                 "a --reference drill, or delete the old checkpoints",
             )
             return
-        self.sleep(self._delay())
-        if first.poll() is not None:
-            report.check(
-                "the run was still training when the notice came",
-                False,
-                f"it exited {first.code} first; make it run longer",
-            )
+        self.sleep(delay)
+        done = first.events("done")
+        if first.poll() is not None or done:
+            # A loop that has ended (a process still exiting, or one that evaluates or uploads after it) has
+            # nothing to stop: a signal now would only kill what comes after the loop, or find its default handler.
+            ended = f"its loop ended at step {done[-1]['step']}" if done else f"it exited {first.code}"
+            report.check("the run is still training when the notice comes", False, self._too_late(delay, ended))
             return
         t_notice = self._deliver(first)
         code = first.wait(self.window + SLACK_S)

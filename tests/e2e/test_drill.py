@@ -162,3 +162,62 @@ def test_a_run_that_outlives_its_notice_is_reported_with_what_it_last_did(
     assert detail.startswith("still running 3 s after it; its Run stopped at step")
     assert "chose exit code 0" in detail and "code after the loop" in detail
     assert detail.rstrip().endswith("evaluating on the whole test set")
+
+
+LINGERS_AFTER_A_SHORT_LOOP = """
+import sys, time, torch, preemptible
+model = torch.nn.Linear(4, 1)
+for step in preemptible.Run(sys.argv[1], model=model).steps(5):
+    pass
+print("uploading the results", flush=True)  # the loop is over: a signal now would only kill this
+time.sleep(600)
+"""
+
+
+def test_a_notice_after_the_loop_has_ended_fails_the_drill_with_what_to_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop ends before the notice is due while the process lives on: the drill says so and sends nothing,
+    instead of killing what runs after the loop and reporting a missed notice and an unclean exit."""
+    import preemptible.drill as drill_module
+
+    monkeypatch.setenv("PREEMPTIBLE_SOURCES", "signal")
+    script = tmp_path / "train.py"
+    script.write_text(LINGERS_AFTER_A_SHORT_LOOP)
+    lines: list[str] = []
+    report = drill_module.Drill(
+        [sys.executable, str(script), str(tmp_path / "ckpt")], at=1.0, start_timeout=120, progress=lines.append
+    ).run()
+    assert not report.passed
+    assert [(c.name, c.passed) for c in report.checks] == [
+        ("the command's Run started", True),
+        ("the run is still training when the notice comes", False),
+    ]
+    detail = report.checks[-1].detail
+    assert detail.startswith("its loop ended at step 5, before the notice 1 s into it")
+    assert "a smaller --at" in detail and "make the run longer" in detail
+    assert not any("sent" in line for line in lines)  # no signal went out
+
+
+def test_a_reference_loop_shorter_than_the_notice_delay_fails_before_the_drilled_run(tmp_path: Path) -> None:
+    args = ("--steps", "5", "--step-time", "0.001", "--root", str(tmp_path / "ckpt"))
+    code, doc, err = drill("--reference", "--at", "30", "--", sys.executable, str(EXAMPLE), *args)
+    assert code == 1 and not doc["passed"]
+    assert [(c["name"], c["passed"]) for c in doc["checks"]] == [
+        ("reference run finished uninterrupted", True),
+        ("the run is still training when the notice comes", False),
+    ]
+    detail = doc["checks"][-1]["detail"]
+    assert detail.startswith("the reference run's loop ended ") and "before the notice 30 s into it" in detail
+    assert "--at " in detail and "starting the command (first)" not in err  # the drilled run never started
+
+
+def test_a_random_notice_falls_within_a_short_reference_loop() -> None:
+    import preemptible.drill as drill_module
+
+    d = drill_module.Drill(["true"], at="random")
+    d._loop_s = 2.0
+    delays = [d._delay() for _ in range(200)]
+    assert all(0.4 <= x <= 1.6 for x in delays)
+    d._loop_s = 60.0
+    assert all(1.0 <= d._delay() <= 10.0 for _ in range(200))
