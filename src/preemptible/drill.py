@@ -262,6 +262,7 @@ class Drill:
         self._workdir = ""
         self._emulator: Any = None
         self._loop_s: float | None = None
+        self._since: float | None = None
         """How long the reference run's loop lasted (from entering it to ``done``), when it ran."""
 
     # set-up -------------------------------------------------------------------------------------------------
@@ -322,6 +323,7 @@ class Drill:
     def run(self) -> DrillReport:
         report = DrillReport(self.source, self.window, self.command, root=self.root)
         self._workdir = tempfile.mkdtemp(prefix="preemptible-drill-")
+        self._since = time.time() - MTIME_SLACK_S  # the file system's clock: for the files the runs write
         children: list[_Child] = []
         try:
             reference_root = self._reference(report, children) if self.reference else None
@@ -460,23 +462,29 @@ class Drill:
         done = child.events("done")
         if not report.check("the resumed run finished", code == 0 and bool(done), f"exit code {code}"):
             return
-        ours = self._final_state(report.root, done[-1]["step"])
-        theirs = self._final_state(reference_root, done[-1]["step"])
+        ours = self._final_state(report.root, done[-1]["step"], written_since=self._since)
+        theirs = self._final_state(reference_root, done[-1]["step"], written_since=self._since)
         same = ours is not None and ours == theirs
         differing = sorted(k for k in (ours or {}) if (theirs or {}).get(k) != (ours or {}).get(k))
-        detail = f"{len(ours or {}) - 1} tensor files and the JSON state equal (RNG streams, logs and timings aside)"
+        detail = (
+            f"{len(ours or {}) - 1} tensor files and the JSON state equal (RNG streams, logs, timings and the names "
+            "of files the runs wrote aside)"
+        )
         if not same:
             detail = f"differ: {', '.join(differing) or 'missing'}"
             if ours is not None and theirs is not None:
-                detail += "\n" + explain_difference(report.root, reference_root, done[-1]["step"])
+                detail += "\n" + explain_difference(
+                    report.root, reference_root, done[-1]["step"], written_since=self._since
+                )
         report.check("final state bit-identical to the uninterrupted run", same, detail)
 
     # helpers ------------------------------------------------------------------------------------------------
     @staticmethod
-    def _final_state(root: str | None, step: int) -> dict[str, str] | None:
+    def _final_state(root: str | None, step: int, *, written_since: float | None = None) -> dict[str, str] | None:
         """The training state of a final checkpoint: each tensor file's checksum, and the JSON leaves. The RNG
         streams are left out: a generator the script never seeds (Python's, NumPy's) differs between any two
-        runs, interrupted or not; the streams training draws from show in the weights."""
+        runs, interrupted or not; the streams training draws from show in the weights. ``written_since``: the
+        names of files the runs wrote since then are set aside (`files_written_aside`)."""
         if root is None:
             return None
         from preemptible.checkpoint import Checkpointer
@@ -491,7 +499,10 @@ class Drill:
             return None
         files = _plain_checksums(ck, info)
         state = {k: v for k, v in files.items() if not k.startswith("_rng")}
-        state["state.json"] = json.dumps(_without_records({k: v for k, v in tree.items() if not k.startswith("_")}))
+        tree = _without_records({k: v for k, v in tree.items() if not k.startswith("_")})
+        if written_since is not None:
+            tree = files_written_aside(tree, written_since)
+        state["state.json"] = json.dumps(tree)
         return state
 
     @staticmethod
@@ -541,9 +552,12 @@ LIKELY_CAUSES = (
 )
 
 
-def explain_difference(ours_root: str | None, theirs_root: str, step: int, *, shown: int = 8) -> str:
+def explain_difference(
+    ours_root: str | None, theirs_root: str, step: int, *, shown: int = 8, written_since: float | None = None
+) -> str:
     """Which entries of two final checkpoints differ and by how much, with the likely causes: what a drill with
-    ``--reference`` says when the resumed run did not end where the uninterrupted one did."""
+    ``--reference`` says when the resumed run did not end where the uninterrupted one did. ``written_since``: as
+    for `Drill._final_state`."""
     from preemptible.checkpoint import Checkpointer
     from preemptible.state import flatten
 
@@ -573,7 +587,10 @@ def explain_difference(ours_root: str | None, theirs_root: str, step: int, *, sh
         lines += [f"  {d}" for d in tensor_diffs[:shown]]
         if len(tensor_diffs) > shown:
             lines.append(f"  ... and {len(tensor_diffs) - shown} more")
-    leaves = _json_leaves(_without_records(a.tree), ""), _json_leaves(_without_records(b.tree), "")
+    trees = [_without_records(a.tree), _without_records(b.tree)]
+    if written_since is not None:
+        trees = [files_written_aside(t, written_since) for t in trees]
+    leaves = _json_leaves(trees[0], ""), _json_leaves(trees[1], "")
     json_diffs = sorted(k for k in set(leaves[0]) | set(leaves[1]) if leaves[0].get(k) != leaves[1].get(k))
     if json_diffs:
         shown_leaves = ", ".join(f"{k} ({leaves[0].get(k)!r} vs {leaves[1].get(k)!r})" for k in json_diffs[:shown])
@@ -591,6 +608,44 @@ def torch_equal(x: Any, y: Any) -> bool:
 RECORDS = ("log_history",)
 """Keys whose values record what happened rather than hold training state (a framework's log), left out of the
 comparison with the reference run; so are leaves that measure wall-clock time (``*runtime``, ``*per_second``)."""
+
+
+MTIME_SLACK_S = 2.0
+"""How long before the drill's start a directory's modification time may be and still count as written during it
+(file systems that stamp coarsely, or a clock that moved)."""
+
+WRITTEN = "<a file the run wrote>"
+
+
+def files_written_aside(tree: Any, since: float) -> Any:
+    """``tree`` with each absolute path to a file in a directory written since ``since`` (seconds of the file
+    system's clock) replaced by `WRITTEN`, as a value or as a key (keys numbered in their order).
+
+    Why: the reference run and the drilled one write the framework's own files (Lightning's ``ModelCheckpoint``,
+    the HF Trainer's ``output_dir``) to the same place, unless the script derives that place from the root the drill
+    overrides, so the second run's names get a version suffix (``epoch=2-step=56-v1.ckpt``) and the states
+    differ in a way that says nothing about the resume. Paths to data the runs only read are left as they are: their
+    directories were not written during the drill."""
+    if isinstance(tree, dict):
+        out: dict[Any, Any] = {}
+        for i, (k, v) in enumerate(tree.items()):
+            key = f"{WRITTEN} #{i}" if isinstance(k, str) and _written(k, since) else k
+            out[key] = files_written_aside(v, since)
+        return out
+    if isinstance(tree, list):
+        return [files_written_aside(v, since) for v in tree]
+    if isinstance(tree, str) and _written(tree, since):
+        return WRITTEN
+    return tree
+
+
+def _written(value: str, since: float) -> bool:
+    if not value.startswith("/") or len(value) > 4096 or "\n" in value:
+        return False
+    try:
+        return os.stat(os.path.dirname(value)).st_mtime >= since
+    except (OSError, ValueError):  # not a path on this machine
+        return False
 
 
 def _without_records(tree: Any) -> Any:

@@ -81,6 +81,44 @@ def test_the_final_state_comparison_sees_a_difference(tmp_path: Path) -> None:
     assert final(tmp_path / "c", 0) != final(tmp_path / "d", 1)
 
 
+def test_names_of_files_the_runs_wrote_are_set_aside_and_paths_to_older_files_are_not(tmp_path: Path) -> None:
+    """Both runs of a --reference drill write the framework's checkpoints to one directory, so the second one's
+    names carry a version suffix (Lightning's ``-v1``): not a difference of the resume. A path into a directory
+    nobody wrote during the drill (data the runs read) still counts."""
+    import os
+    import time
+
+    import torch
+
+    from preemptible import Checkpointer
+    from preemptible.drill import Drill, explain_difference
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("shard-1.bin", "shard-2.bin"):
+        (data / name).write_bytes(b"x")
+    os.utime(data, (time.time() - 3600, time.time() - 3600))  # written long before the drill
+    since = time.time() - 2.0
+    written = tmp_path / "lightning" / "checkpoints"
+    written.mkdir(parents=True)
+
+    def final(root: Path, suffix: str, shard: str) -> Path:
+        best = str(written / f"epoch=2-step=56{suffix}.ckpt")
+        (written / f"epoch=2-step=56{suffix}.ckpt").write_bytes(b"ckpt")
+        torch.manual_seed(0)
+        meta = {"best_model_path": best, "best_k_models": {best: 0.5}, "score": 0.5, "shard": str(data / shard)}
+        Checkpointer(str(root)).save({"model": torch.nn.Linear(4, 4), "meta": meta}, 10).wait()
+        return root
+
+    a, b = final(tmp_path / "a", "", "shard-1.bin"), final(tmp_path / "b", "-v1", "shard-1.bin")
+    assert Drill._final_state(str(a), 10) != Drill._final_state(str(b), 10)  # as compared before
+    assert Drill._final_state(str(a), 10, written_since=since) == Drill._final_state(str(b), 10, written_since=since)
+    c = final(tmp_path / "c", "-v2", "shard-2.bin")  # another shard read: a real difference
+    assert Drill._final_state(str(a), 10, written_since=since) != Drill._final_state(str(c), 10, written_since=since)
+    text = explain_difference(str(a), str(c), 10, written_since=since)
+    assert "1 non-tensor values differ" in text and "meta/shard" in text and "best_model_path" not in text
+
+
 def test_a_difference_is_explained_by_entry_with_the_likely_causes(tmp_path: Path) -> None:
     import torch
 
