@@ -10,8 +10,8 @@ bit-identical to a run that was never stopped: a notice in the middle of an accu
 from __future__ import annotations
 
 import argparse
-import os
 import signal
+import threading
 import time
 
 import torch
@@ -61,7 +61,9 @@ def main() -> None:
                 print(f"step {run.step + 1} epoch {epoch} rank {accelerator.process_index} loss {loss.item():.6f}")
                 time.sleep(args.step_time)
                 if run.step + 1 == args.sigterm_at and accelerator.process_index == args.sigterm_rank:
-                    os.kill(os.getpid(), signal.SIGTERM)  # a real signal, delivered at a known step
+                    # A real signal, to this (the main) thread: handled before the next step. os.kill(getpid())
+                    # may go to another of the process's threads, and under load be handled steps later.
+                    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
             scheduler.step()
 
 

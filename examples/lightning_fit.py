@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import threading
 import time
 from typing import Any
 
@@ -40,7 +41,9 @@ class Regressor(L.LightningModule):
         print(f"step {self.global_step} rank {self.global_rank} epoch {self.current_epoch}", flush=True)
         time.sleep(self.step_time)
         if self.global_step == self.sigterm_at and self.global_rank == int(os.environ.get("SIGTERM_RANK", "0")):
-            os.kill(os.getpid(), signal.SIGTERM)  # rehearse: a real signal at a known step
+            # Rehearse: a real signal, to this (the main) thread, handled before the next step. os.kill(getpid())
+            # may go to another of the process's threads, and under load be handled steps later.
+            signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
 
     def configure_optimizers(self) -> Any:
         optimizer = torch.optim.AdamW(self.parameters(), lr=1e-3)
