@@ -171,6 +171,10 @@ class _Child:
     def events(self, name: str) -> list[dict[str, Any]]:
         return [e for e in self.report().get("events", []) if e.get("event") == name]
 
+    def entered(self) -> list[dict[str, Any]]:
+        """Its Run's event of entering the loop (``fresh`` or ``resume``), once it has."""
+        return [e for e in self.report().get("events", []) if e.get("event") in ("fresh", "resume")]
+
     def poll(self) -> int | None:
         if self.code is None:
             code = self.proc.poll()
@@ -262,8 +266,9 @@ class Drill:
         self._workdir = ""
         self._emulator: Any = None
         self._loop_s: float | None = None
-        self._since: float | None = None
         """How long the reference run's loop lasted (from entering it to ``done``), when it ran."""
+        self._since: float | None = None
+        """The drill's start on the file system's clock, less `MTIME_SLACK_S` (`files_written_aside`)."""
 
     # set-up -------------------------------------------------------------------------------------------------
     def _env(self, label: str, **extra: str) -> tuple[dict[str, str], str]:
@@ -344,7 +349,7 @@ class Drill:
         children.append(child)
         code = child.wait(self.finish_timeout)
         done = child.events("done")
-        began = child.events("fresh") or child.events("resume")
+        began = child.entered()
         if done and began:
             self._loop_s = _t(done[-1]) - _t(began[0])
         ok = code == 0 and bool(done)
@@ -362,7 +367,7 @@ class Drill:
             return
         first = self._start("first")
         children.append(first)
-        entered = first.wait_for(lambda: bool(first.events("resume") or first.events("fresh")), self.start_timeout)
+        entered = first.wait_for(lambda: bool(first.entered()), self.start_timeout)
         doc = first.report()
         report.root = self.root or doc.get("root")
         if not report.check(
@@ -430,7 +435,7 @@ class Drill:
         second = self._start("restart")
         children.append(second)
         t0 = self.clock()
-        resumed = second.wait_for(lambda: bool(second.events("resume") or second.events("fresh")), self.start_timeout)
+        resumed = second.wait_for(lambda: bool(second.entered()), self.start_timeout)
         resumes = second.events("resume")
         report.resumed_step = resumes[0]["step"] if resumes else (0 if second.events("fresh") else None)
         if resumes:
@@ -640,7 +645,7 @@ def files_written_aside(tree: Any, since: float) -> Any:
 
 
 def _written(value: str, since: float) -> bool:
-    if not value.startswith("/") or len(value) > 4096 or "\n" in value:
+    if not os.path.isabs(value) or len(value) > 4096 or "\n" in value:
         return False
     try:
         return os.stat(os.path.dirname(value)).st_mtime >= since

@@ -953,9 +953,7 @@ def _put_back_loader_streams(loader: Any, saved: dict[str, Any]) -> None:
 def _figure(value: Any) -> Any:
     """A value given to `Run.log` as the journal keeps it: a one-element tensor (``loss``, as the step left it) or a
     NumPy scalar as its Python number, so that `report` and the checkpoint's figures see a number, not its text."""
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return value.item()
-    if isinstance(value, numpy.generic):
+    if isinstance(value, numpy.generic) or (isinstance(value, torch.Tensor) and value.numel() == 1):
         return value.item()
     return value
 
