@@ -331,12 +331,12 @@ def test_a_run_prepares_the_plan_after_its_first_step_so_the_emergency_save_only
 def test_a_blocking_refill_is_checked_while_written_and_thrown_away_when_its_tensors_changed(
     tmp_path: Path, keep: int
 ) -> None:
-    """An emergency save refills the template and checks its tensors while they are copied into the arena (here:
-    mostly small tensors). A parameter made a view of its own start (the same object and memory, another shape)
-    fails the check: what was copied is thrown away, the state is planned again, and what commits is what the
-    general path writes; no attempt is left behind, and the arena is not taken for a staged state. Cut short by one
-    element, the copy refuses it; cut to one element, the copy broadcasts it without a word, and only the check
-    catches it."""
+    """An emergency save refills the template, copies its tensors into the arena (here: mostly small tensors) and
+    checks them while the arena's bytes are written, or at once when the copy fails. A parameter made a view of its
+    own start (the same object and memory, another shape) fails the check: what was written is thrown away, the
+    state is planned again, and what commits is what the general path writes; no attempt is left behind, and the
+    arena is not taken for a staged state. Cut short by one element, the copy refuses it; cut to one element, the
+    copy broadcasts it without a word, and only the check catches it."""
     state = model_state()
     train(state, 1)
     ck, slow = Checkpointer(tmp_path / "ck", keep=10), general_only(Checkpointer(tmp_path / "slow", keep=10))
@@ -351,7 +351,7 @@ def test_a_blocking_refill_is_checked_while_written_and_thrown_away_when_its_ten
     ck.save(state, 1, blocking=False).wait()
     slow.save(state, 1).wait()
     train(state, 1)
-    assert "stage" in ck.save(state, 2).wait().timings  # small CPU tensors: copied into the arena, checked meanwhile
+    assert "stage" in ck.save(state, 2).wait().timings  # small CPU tensors: copied into the arena, checked as written
     slow.save(state, 2).wait()
     assert written(ck, 2) == written(slow, 2) and checks == [True]
     bias = state["model"][0].bias
