@@ -223,6 +223,39 @@ def test_transient_faults_mid_upload_are_retried(s3: str, monkeypatch: pytest.Mo
         assert ck.restore(state(seed=9)) == 1
 
 
+def test_an_emergency_save_of_small_tensors_filled_as_uploaded_survives_a_retried_upload(
+    s3: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a background save, a blocking save of small tensors copies each into the arena just before its piece
+    is uploaded (`Staging.stage_lazily`). Its first upload is reset mid-way; the retry uploads the file again from
+    the start, from the arena as filled so far, and the step restores bit-exact."""
+    make_bucket(s3, "lazy")
+    g = torch.Generator().manual_seed(3)
+    live = {"m": {f"p{i}": torch.randn(700, generator=g) for i in range(600)}}  # 2.8 KB each: 1.7 MB
+    armed = {"on": False, "n": 0}
+
+    def rule(method: str, path: str) -> str | None:
+        if armed["on"] and method == "PUT" and ".safetensors" in path and armed["n"] == 0:
+            armed["n"] += 1
+            return "reset"
+        return None
+
+    with FaultProxy(s3, rule) as proxy:
+        set_env(monkeypatch, proxy.url)
+        ck = Checkpointer("s3://lazy/ckpt", keep=5)
+        ck.save(live, 1, blocking=False).wait()
+        for t in live["m"].values():
+            t.mul_(3)
+        armed["on"] = True
+        result = ck.save(live, 2).wait()
+        assert "stage" in result.timings and armed["n"] == 1
+        current = ck.staging.current
+        assert current is not None and current.step == 2
+        fresh = {"m": {k: torch.zeros_like(v) for k, v in live["m"].items()}}
+        assert Checkpointer("s3://lazy/ckpt").restore(fresh) == 2
+        assert all(torch.equal(fresh["m"][k], v) for k, v in live["m"].items())
+
+
 @pytest.mark.parametrize("backend", ["gs", "az"])
 def test_transient_faults_are_retried_on_gcs_and_azure(
     backend: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch

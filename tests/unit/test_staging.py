@@ -8,9 +8,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from preemptible.state import capture, flatten
 from preemptible.writer import SavePlan, Staging, plan_files, state_json
@@ -224,3 +227,76 @@ def test_the_huge_page_advice_leaves_with_the_arena_and_never_reaches_a_small_on
     flags = json.loads(out.stdout)
     assert flags["freed"] is None or "hg" not in flags["freed"], f"the freed arena's addresses keep the advice: {flags}"
     assert flags["small"] is not None and "hg" not in flags["small"], f"a small arena was advised: {flags}"
+
+
+class _Bytes:
+    """A sink that keeps what is written."""
+
+    def __init__(self) -> None:
+        self.out = bytearray()
+
+    def write(self, data: memoryview) -> None:
+        self.out += data
+
+
+def _ends(spec: Any) -> list[int]:
+    from preemptible.store import format as tensor_format
+
+    return [e.end for e in tensor_format.layout(spec.items)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 3000), min_size=1, max_size=40),
+    chunk_pages=st.integers(1, 4),
+    stored_bf16=st.booleans(),
+)
+def test_a_lazily_staged_file_is_filled_piece_by_piece_and_written_as_a_whole_stage_writes_it(
+    sizes: list[int], chunk_pages: int, stored_bf16: bool
+) -> None:
+    """`Staging.stage_lazily` copies nothing; each file's `ArenaFill`, called before each piece of its blob goes
+    out, has copied every byte of that piece, and no tensor past the one the piece ends in. Written that way with
+    any piece size, a file holds the bytes an eager `stage` writes; once every fill has run, the arena is the
+    state. Tensors of any size, none included; some cast to bf16 on the way (stored moments)."""
+    from preemptible.store import format as tensor_format
+    from preemptible.writer import METADATA
+
+    g = torch.Generator().manual_seed(len(sizes))
+    live = {"w": {f"{i:03d}": torch.randn(n, generator=g) for i, n in enumerate(sizes)}}
+    plan = plan_of(live)
+    if stored_bf16:
+        for spec in plan.specs:
+            spec.stored.update({n: torch.bfloat16 for n, _ in spec.items[::2]})
+    lazy = Staging(pin=False)
+    old, fills = lazy.stage_lazily(plan, step=1)
+    for name, blob in old.blobs.items():
+        fills[name](len(blob))
+    before = {name: bytes(blob) for name, blob in old.blobs.items()}  # the state at step 1
+    for t in live["w"].values():
+        t.add_(1)
+    want = Staging(pin=False).stage(plan, step=2)
+    got, fills = lazy.stage_lazily(plan, step=2)
+    assert lazy.current is None and set(fills) == {s.name for s in plan.specs}
+    assert {name: bytes(blob) for name, blob in got.blobs.items()} == before, "stage_lazily copied"
+    chunk = chunk_pages * 4096
+    for spec, staged_spec, wanted in zip(plan.specs, got.specs, want.specs, strict=True):
+        name = spec.name
+        blob, ends, seen = got.blobs[name], _ends(staged_spec), []
+
+        def spy(
+            upto: int, name: str = name, blob: memoryview = blob, ends: list[int] = ends, seen: list[int] = seen
+        ) -> None:
+            fills[name](upto)
+            assert bytes(blob[:upto]) == bytes(want.blobs[name][:upto])
+            after = next((end for end in ends if end >= upto), len(blob))
+            assert bytes(blob[after:]) == before[name][after:], "a fill copied past the tensor its piece ends in"
+            seen.append(upto)
+
+        lazily, eagerly = _Bytes(), _Bytes()
+        tensor_format.write(lazily, staged_spec.items, METADATA, blob=blob, chunk=chunk, fill=spy)
+        tensor_format.write(eagerly, wanted.items, METADATA, blob=want.blobs[name])
+        assert lazily.out == eagerly.out
+        assert seen == ([*range(chunk, len(blob), chunk), len(blob)] if len(blob) else [])
+    assert {name: bytes(blob) for name, blob in got.blobs.items()} == {
+        name: bytes(blob) for name, blob in want.blobs.items()
+    }

@@ -372,9 +372,10 @@ def test_a_blocking_save_of_mostly_small_cpu_tensors_goes_through_the_arena_a_ba
     tmp_path: Path, small: bool
 ) -> None:
     """After a background save (its arena is laid out for the state, and free), a blocking save of CPU tensors most
-    of whose bytes are in small ones copies them into the arena in one batch and writes its aligned regions (the
-    writers would otherwise gather them one memmove at a time); one of mostly large tensors writes each from its
-    own memory, with no copy. Either way it writes the bytes the general path writes."""
+    of whose bytes are in small ones copies them into the arena, piece by piece as its writers reach them, and
+    writes its aligned regions (the writers would otherwise gather them one memmove at a time); once written, the
+    arena holds its step. One of mostly large tensors writes each from its own memory, with no copy. Either way it
+    writes the bytes the general path writes."""
     g = torch.Generator().manual_seed(5)
     many = {f"p{i}": torch.randn(50, generator=g) for i in range(300)}  # 200 bytes each
     big = {"w": torch.randn(300_000, generator=g)}  # 1.2 MB: above the small-tensor line
@@ -387,6 +388,42 @@ def test_a_blocking_save_of_mostly_small_cpu_tensors_goes_through_the_arena_a_ba
     slow.save(state, 2).wait()
     assert ("stage" in result.timings) is small
     assert written(ck, 2) == written(slow, 2)
+    current = ck.staging.current
+    assert current is not None and current.step == (2 if small else 1)
     fresh = {"m": {k: torch.zeros_like(v) for k, v in state["m"].items()}}
     assert Checkpointer(tmp_path / "ck").restore(fresh) == 2
+    assert all(torch.equal(fresh["m"][k], v) for k, v in state["m"].items())
+
+
+def test_a_failed_write_of_a_lazily_staged_save_leaves_no_staged_state_and_the_last_checkpoint(tmp_path: Path) -> None:
+    """A blocking save of small tensors fills the arena as it writes (`Staging.stage_lazily`): when the storage
+    fails halfway (an I/O error after 4 KB), the save fails with that error, nothing of its step is left, the arena
+    is not taken for a staged state (half of it is of the step before), step 1 stays the newest checkpoint, and the
+    next save goes through the arena again."""
+    from faults import FaultyStorage
+    from preemptible.errors import SaveError
+
+    g = torch.Generator().manual_seed(7)
+    state = {"m": {f"p{i}": torch.randn(500, generator=g) for i in range(400)}}  # 2 KB each: 800 KB in all
+    storage = FaultyStorage(str(tmp_path / "ck"))
+    ck = Checkpointer(tmp_path / "ck", keep=10, storage=storage)
+    ck.save(state, 1, blocking=False).wait()
+    assert ck.staging.current is not None and ck.staging.current.step == 1
+    for t in state["m"].values():
+        t.add_(1)
+    storage.fail_after = storage.written + 4096
+    with pytest.raises(SaveError) as info:
+        ck.save(state, 2).wait()
+    assert "injected I/O error" in str(info.value)
+    assert ck.staging.current is None
+    assert not ck.staging.busy.locked()
+    assert ck.latest() == 1 and [p.name for p in (tmp_path / "ck").iterdir() if p.name.startswith("step")] == [
+        layout.step_dir(1)
+    ]
+    storage.fail_after = None
+    assert "stage" in ck.save(state, 3).wait().timings
+    current = ck.staging.current
+    assert current is not None and current.step == 3
+    fresh = {"m": {k: torch.zeros_like(v) for k, v in state["m"].items()}}
+    assert Checkpointer(tmp_path / "ck").restore(fresh) == 3
     assert all(torch.equal(fresh["m"][k], v) for k, v in state["m"].items())

@@ -54,6 +54,7 @@ from preemptible.writer import (
     DEFAULT_MAX_FILE_BYTES,
     DEFAULT_THREADS,
     METADATA,
+    ArenaFill,
     FileSpec,
     PlanChanged,
     Progress,
@@ -469,12 +470,15 @@ class Checkpointer(Lifecycle, Prestaging):
         )
         job.timings["capture"] = self._monotonic() - start
         try:
-            staged = self._stage_blocking(plan, step)
-            if staged is not None:
+            staging = self._stage_blocking(plan, step, lazily=job.codec is None)
+            if staging is not None:
+                staged, fills = staging
                 try:
                     job.timings["stage"] = staged.seconds
-                    job.check = plan.check
+                    job.check, job.fills = plan.check, fills
                     result = self._write_and_commit(job, staged.specs, staged.docs, blobs=staged.blobs)
+                    if fills is not None:  # every file written: the arena holds the whole state
+                        self.staging.current = staged
                 except PlanChanged:
                     self.staging.current = None  # the arena holds tensors that did not fit: never flushed
                     raise
@@ -492,32 +496,39 @@ class Checkpointer(Lifecycle, Prestaging):
             result = self._write_and_commit(job, plan.specs, plan.docs, blobs=None)
         return SaveHandle(step, result=result, progress=job.progress)
 
-    def _stage_blocking(self, plan: SavePlan, step: int) -> Staged | None:
+    def _stage_blocking(
+        self, plan: SavePlan, step: int, *, lazily: bool
+    ) -> tuple[Staged, dict[str, ArenaFill] | None] | None:
         """For a blocking save, when the staging arena is laid out for its tensors already (background saves of
-        this state came before) and is free: copy them into it in one batch and write its page-aligned regions,
-        where that beats writing each tensor from its own memory:
+        this state came before) and is free: copy them into it and write its page-aligned regions, where that
+        beats writing each tensor from its own memory:
 
         - GPU tensors: device-to-host at the bus's speed, on side streams, instead of one pageable ``.cpu()`` copy
-          per tensor (about 40x slower on an H200);
+          per tensor (about 40x slower on an H200); all of them before the writes;
         - CPU tensors, most of whose bytes are in small ones (`_mostly_small`): the writers would copy those
           anyway, gathering them one memmove at a time under the GIL (threads that write take turns at it); the
-          arena copy is one ``_foreach_copy_`` per thread that lets it go, and leaves the writers nothing to gather.
+          arena copy is one ``_foreach_copy_`` per piece, which lets it go. With ``lazily`` (an uncompressed
+          save), each writer copies a piece just before writing it (`Staging.stage_lazily`, returned ``fills``).
 
         The plan's deferred check (`SavePlan.check`) is left to the writes of the staged bytes, as on the unstaged
-        path: made during the copy, it took a core from it (10,000 tensors: 7 ms of checking, the copy 16 ms alone
-        and 23 ms beside it). A copy that fails (a tensor that changed shape) is checked at once: `PlanChanged`.
-        Never allocates an arena here: an emergency is no time to take the state's size in host memory (pinned,
-        for GPU tensors). Returns the staged state (``staging.busy`` held), or None."""
+        path: made during a copy before them, it took a core from it (10,000 tensors: 7 ms of checking, the copy
+        16 ms alone and 23 ms beside it). A copy that fails (a tensor that changed shape) is checked at once:
+        `PlanChanged`. Never allocates an arena here: an emergency is no time to take the state's size in host
+        memory (pinned, for GPU tensors). Returns the staged state and its fills (``staging.busy`` held), or
+        None."""
         staging = self._staging
         if staging is None or not staging.fits(plan.specs, plan.layout_token):
             return None
-        if plan.all_cpu() and not self._mostly_small(plan):
+        on_cpu = plan.all_cpu()
+        if on_cpu and not self._mostly_small(plan):
             return None
         if not staging.busy.acquire(blocking=False):  # a background save is writing from it
             return None
         try:
+            if on_cpu and lazily:
+                return staging.stage_lazily(plan, step=step)
             try:
-                return staging.stage(plan, step=step)
+                return staging.stage(plan, step=step), None
             except RuntimeError:
                 if plan.check is not None and not plan.check():
                     raise PlanChanged from None

@@ -57,6 +57,7 @@ class Job:
     choice: Choice | None = None  # why it does or does not
     stored_here: int = 0  # bytes of tensor files this rank wrote (all ranks' are in the result)
     check: Callable[[], bool] | None = None  # the plan's check, made while its files are written (`SavePlan.check`)
+    fills: Mapping[str, Callable[[int], None]] | None = None  # fill the staged files as they are written (`ArenaFill`)
 
 
 def busiest(io: list[tuple[int, float]]) -> float:
@@ -181,6 +182,7 @@ class Committer:
                 codec=job.codec,
                 io=io,
                 meanwhile=job.check,
+                fills=job.fills,
             )
             job.stored_here = sum(r.bytes for r in records.values())
             for name, doc in docs.items():

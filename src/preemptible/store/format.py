@@ -236,12 +236,15 @@ def encode(
     blob: memoryview | None = None,
     chunk: int = CHUNK_BYTES,
     prepared: list[Any] | None = None,
+    fill: Callable[[int], None] | None = None,
 ) -> tuple[list[Entry], bytes, Generator[memoryview, None, None]]:
     """A safetensors file of ``items`` as its entries, its header bytes and its data in pieces (in file order).
 
     Without ``blob`` each tensor's bytes come from its own memory: a contiguous CPU tensor without any copy, others
     (GPU, strided, or cast to a ``stored`` dtype) through a temporary of that one tensor. With ``blob``, the
-    tensor data is already laid out in file order in one buffer (a staging arena) and goes out in large pieces.
+    tensor data is already laid out in file order in one buffer (a staging arena) and goes out in large pieces;
+    ``fill(end)``, when given, is called before each piece goes out, to put the data below ``end`` into the blob
+    (`writer.ArenaFill`).
 
     ``prepared``: a box (a list) shared by files of the same names, dtypes and shapes (one steady-state file, save
     after save): its layout and header are computed once, kept in the box and reused.
@@ -258,10 +261,19 @@ def encode(
     if blob is not None:
         if len(blob) != (entries[-1].end if entries else 0):
             raise ValueError(f"staged blob holds {len(blob)} bytes, the layout needs {entries[-1].end}")
-        pieces: Generator[memoryview, None, None] = (blob[s : s + chunk] for s in range(0, len(blob), chunk))
+        pieces: Generator[memoryview, None, None] = (
+            (blob[s : s + chunk] for s in range(0, len(blob), chunk)) if fill is None else _filled(blob, chunk, fill)
+        )
     else:
         pieces = _tensor_pieces(entries, by_name, chunk)
     return entries, head, pieces
+
+
+def _filled(blob: memoryview, chunk: int, fill: Callable[[int], None]) -> Generator[memoryview, None, None]:
+    for start in range(0, len(blob), chunk):
+        end = min(start + chunk, len(blob))
+        fill(end)
+        yield blob[start:end]
 
 
 def write(
@@ -273,6 +285,7 @@ def write(
     blob: memoryview | None = None,
     chunk: int = CHUNK_BYTES,
     prepared: list[Any] | None = None,
+    fill: Callable[[int], None] | None = None,
 ) -> tuple[int, str, Chunks]:
     """Stream a safetensors file of ``items`` to ``sink`` (see `encode`), hashing on the way (the whole file, and
     its `Chunks`).
@@ -282,7 +295,7 @@ def write(
     """
     box = prepared if prepared is not None else []
     entries, head, spans = prepare(items, metadata, stored=stored, prepared=box)
-    pieces = encode(items, metadata, stored=stored, blob=blob, chunk=chunk, prepared=box)[2]
+    pieces = encode(items, metadata, stored=stored, blob=blob, chunk=chunk, prepared=box, fill=fill)[2]
     hasher = checksum.new()
     hasher.update(head)
     data_bytes = entries[-1].end if entries else 0
