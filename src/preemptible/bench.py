@@ -242,11 +242,13 @@ def contenders(
         shutil.rmtree(d)
         return Sample(s, {"peak_mb": mem.peak / 1e6})
 
-    def emergency_of(what: dict[str, Any], *, warm: bool) -> Contender:
+    def emergency_of(what: dict[str, Any], *, warm: bool, prepared: bool = False) -> Contender:
         """An emergency save of ``what``; ``warm``: after a periodic save of it by the same `Checkpointer`, as in a
-        training run, whose plan it refills (`preemptible.checkpoint.steady`). A warm sample is the median of
-        `WARM_SAVES` such saves in a row: one save of 0.1 s on this disk varies by half from one to the next, and
-        these samples are compared in pairs (many small tensors vs the same bytes in a few)."""
+        training run, whose plan it refills (`preemptible.checkpoint.steady`); ``prepared``: the first save of a
+        `Checkpointer` that only prepared it, as a `Run` with background saves does after its first step
+        (`Checkpointer.prepare`, its arena laid out). A warm or prepared sample is the median of `WARM_SAVES` such
+        saves: one save of 0.1 s on this disk varies by half from one to the next, and these samples are compared
+        in pairs (many small tensors vs the same bytes in a few)."""
 
         def fn(work: str) -> Sample:
             d = os.path.join(work, "ours-warm")
@@ -255,7 +257,10 @@ def contenders(
                 ck.save(what, 1, blocking=False).wait()
             times = []
             with PeakRSS() as mem:
-                for step in range(2, 2 + (WARM_SAVES if warm else 1)):
+                for step in range(2, 2 + (WARM_SAVES if warm or prepared else 1)):
+                    if prepared:
+                        ck = Checkpointer(os.path.join(d, str(step)))
+                        ck.prepare(what, arena=True)
                     t = time.perf_counter()
                     result = ck.save(what, step, reason=SaveReason.EMERGENCY).wait()  # no rotation, as in a Run
                     times.append(time.perf_counter() - t)
@@ -474,6 +479,8 @@ def contenders(
     out["preemptible emergency save (after a periodic save)"] = emergency_of(state, warm=True)
     if same_bytes is not None:
         out["... after a periodic save"] = emergency_of(same_bytes, warm=True)
+        out["preemptible emergency save (prepared, as a run's first)"] = emergency_of(state, warm=False, prepared=True)
+        out["... prepared, as a run's first"] = emergency_of(same_bytes, warm=False, prepared=True)
     out |= {
         "preemptible async save": ours_async_save,
         "ceiling: memcpy into reused buffers": ceiling_memcpy,
@@ -783,6 +790,11 @@ def report(scenario: dict[str, Any]) -> str:
         )
         ratios["... both after a periodic save"] = paired(
             lambda a, b: b / a, "preemptible emergency save (after a periodic save)", "... after a periodic save"
+        )
+        ratios["... both prepared, as a run's first"] = paired(
+            lambda a, b: b / a,
+            "preemptible emergency save (prepared, as a run's first)",
+            "... prepared, as a run's first",
         )
     if "dcp.save thread_count=2" in res:
         ratios["emergency save speed vs dcp.save (2 threads)"] = res["dcp.save thread_count=2"].median() / ours

@@ -531,7 +531,9 @@ class Run:
         t = self._monotonic()
         self._stamp(self.step)  # as a save sets it: the same shape
         try:
-            ready = self.checkpointer.prepare(self.state)
+            periodic = self.save_every is not None or self.save_interval_s is not None
+            staged = (self.async_save and periodic) or self.prestage_every is not None  # they will allocate the arena
+            ready = self.checkpointer.prepare(self.state, arena=staged)
         except Exception as e:  # the first save will say what is wrong, with its own error
             log.debug("preparing the save plan failed: %r", e)
             return

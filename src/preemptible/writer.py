@@ -677,6 +677,24 @@ class Staging:
             self._spans = {}
         return cached
 
+    def lay_out(self, plan: SavePlan) -> bool:
+        """Lay the arena out for ``plan`` without copying anything (`Checkpointer.prepare`), its pages touched
+        when it is new, so that the first copy into it faults none. False (nothing done) while a save holds it."""
+        if not self.busy.acquire(blocking=False):
+            return False
+        try:
+            before = self.allocations
+            if plan.all_cpu():
+                self._fills_of(plan.specs, plan.layout_token)
+            else:
+                self._laid_out(plan.specs, plan.layout_token)
+            if self.allocations != before and not self.pin:  # pinned memory is resident from the start
+                assert self._arena is not None
+                self._arena.zero_()
+        finally:
+            self.busy.release()
+        return True
+
     def stage_lazily(self, plan: SavePlan, *, step: int | None = None) -> tuple[Staged, dict[str, ArenaFill]]:
         """`stage` without the copy, for a blocking save of CPU tensors (the caller holds ``busy``): each file's
         region is filled by the thread that writes it, one piece before it goes out (`ArenaFill`, passed to
@@ -689,10 +707,24 @@ class Staging:
         the writes)."""
         t0 = self._monotonic()
         self.current = None
-        specs, token = plan.specs, plan.layout_token
+        specs = plan.specs
+        fill_plan = self._fills_of(specs, plan.layout_token)
+        fills = {
+            spec.name: ArenaFill(dsts, [spec.items[i][1] for i in order], ends)
+            for spec, (dsts, order, ends) in zip(specs, fill_plan, strict=True)
+        }
+        staged = self._staged(plan, step, t0)
+        self.current = None
+        return staged, fills
+
+    def _fills_of(
+        self, specs: Sequence[FileSpec], token: object
+    ) -> list[tuple[list[torch.Tensor], list[int], list[int]]]:
+        """The arena laid out for ``specs``, and per file, in its data's order (not its items'): the arena views, the
+        items' positions and the data ends (kept for a steady-state token)."""
         self._laid_out(specs, token)
         fill_plan = self._fill_plan if token is not None and token is self._fill_token else None
-        if fill_plan is None:  # per file, in its data's order (not the items'): views, item positions, ends
+        if fill_plan is None:
             views = self._views
             fill_plan = []
             for spec in specs:
@@ -702,13 +734,7 @@ class Staging:
                     ([views[e.name] for e in entries], [position[e.name] for e in entries], [e.end for e in entries])
                 )
             self._fill_plan, self._fill_token = fill_plan, token
-        fills = {
-            spec.name: ArenaFill(dsts, [spec.items[i][1] for i in order], ends)
-            for spec, (dsts, order, ends) in zip(specs, fill_plan, strict=True)
-        }
-        staged = self._staged(plan, step, t0)
-        self.current = None
-        return staged, fills
+        return fill_plan
 
     def _staged(self, plan: SavePlan, step: int | None, t0: float) -> Staged:
         assert self._arena is not None

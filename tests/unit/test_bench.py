@@ -40,6 +40,7 @@ def test_a_ratio_to_a_ceiling_is_the_median_of_its_rounds_run_back_to_back() -> 
     assert after["preemptible emergency save"] == "emergency save, the same bytes in a few tensors"
     assert after["emergency save, the same bytes in a few tensors"] == "ceiling: fsync'd write"
     assert after["preemptible emergency save (after a periodic save)"] == "... after a periodic save"
+    assert after["preemptible emergency save (prepared, as a run's first)"] == "... prepared, as a run's first"
 
     def result(name: str, seconds: list[float], stall: list[float] | None = None) -> bench.Result:
         samples = [bench.Sample(s, {"stall": stall[i]} if stall else {}) for i, s in enumerate(seconds)]
@@ -85,6 +86,12 @@ def test_a_warm_emergency_sample_is_the_median_of_several_saves_after_one_period
     saves.clear()
     fns["emergency save, the same bytes in a few tensors"](str(tmp_path))
     assert saves == [(2, True)]  # a cold save is one save, of a new Checkpointer
+    saves.clear()
+    prepared: list[bool] = []
+    monkeypatch.setattr(bench.Checkpointer, "prepare", lambda self, state, arena: prepared.append(arena) or True)
+    fns["preemptible emergency save (prepared, as a run's first)"](str(tmp_path))
+    # each the first save of a Checkpointer that prepared the state and its arena, as a Run does
+    assert saves == [(s, True) for s in range(2, 2 + bench.WARM_SAVES)] and prepared == [True] * bench.WARM_SAVES
 
 
 def test_bench_command(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]

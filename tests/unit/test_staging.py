@@ -300,3 +300,33 @@ def test_a_lazily_staged_file_is_filled_piece_by_piece_and_written_as_a_whole_st
     assert {name: bytes(blob) for name, blob in got.blobs.items()} == {
         name: bytes(blob) for name, blob in want.blobs.items()
     }
+
+
+def test_an_arena_laid_out_ahead_is_the_one_the_first_stage_uses_and_a_busy_one_is_left_alone() -> None:
+    """`Staging.lay_out` (a run's first step, before any background save) allocates the arena a stage of the same
+    layout then uses, copies nothing into it and stages nothing; while a save holds the arena it does nothing."""
+    t = {"w": {str(i): torch.full((100,), float(i)) for i in range(50)}}
+    staging = Staging(pin=False)
+    plan = plan_of(t)
+    staging.busy.acquire()
+    assert not staging.lay_out(plan) and staging.allocations == 0
+    staging.busy.release()
+    assert staging.lay_out(plan) and staging.allocations == 1 and staging.current is None
+    assert staging.nbytes >= 50 * 400
+    staged = staging.stage(plan, step=1)
+    assert staging.allocations == 1
+    assert all(torch.equal(staged_tensors(staged)[f"w/{i}"], t["w"][str(i)]) for i in range(50))
+
+
+@pytest.mark.parametrize("small", [True, False])
+def test_prepare_lays_out_an_arena_only_where_a_blocking_save_would_use_it(tmp_path: Path, small: bool) -> None:
+    """`Checkpointer.prepare(arena=True)` lays out the arena for CPU tensors mostly in small ones (a blocking save
+    fills it as it writes), not for large ones (written from their own memory: the arena would be memory for
+    nothing until a background save)."""
+    from preemptible import Checkpointer
+
+    state = {"m": {"a": torch.zeros(100), "b": torch.zeros(1 << 20 if not small else 100)}}
+    ck = Checkpointer(tmp_path / "ck")
+    assert ck.prepare(state, arena=True)
+    staging = ck._staging
+    assert (staging is not None and staging.allocations == 1) is small

@@ -294,14 +294,20 @@ def test_keys_that_compare_equal_but_are_written_apart_make_a_new_template(tmp_p
     assert (ck.steady.misses, ck.steady.hits) == (4, 0)
 
 
-def test_a_run_prepares_the_plan_after_its_first_step_so_the_emergency_save_only_refills_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("save_every", [1000, None], ids=["periodic", "emergency-only"])
+def test_a_run_prepares_the_plan_after_its_first_step_so_the_emergency_save_only_refills_it(
+    tmp_path: Path, save_every: int | None
+) -> None:
+    """After its first step a run makes the plan of its saves; with background saves to come, it lays out their
+    staging arena too (this model's tensors are all small), so that the emergency save before the first of them
+    fills it as it writes; with none to come (emergency saves only), it takes no memory for one."""
     from conftest import make_model  # noqa: I001
 
     from preemptible import Run
 
     model = make_model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    run = Run(tmp_path, model=model, optimizer=opt, save_every=1000, exit_on_notice=False)
+    run = Run(tmp_path, model=model, optimizer=opt, save_every=save_every, exit_on_notice=False)
     for step in run.steps(10):
         opt.zero_grad()
         model(torch.randn(4, 8)).sum().backward()
@@ -314,8 +320,12 @@ def test_a_run_prepares_the_plan_after_its_first_step_so_the_emergency_save_only
             assert not list(tmp_path.glob("step-*"))
             boxes = steady_plans._template.prepared if steady_plans._template else []
             assert boxes and all(len(box) == 3 for box in boxes)  # headers made too
+            staging = run.checkpointer._staging
+            assert (staging.allocations if staging is not None else 0) == (save_every is not None)
             run.guard.trigger(source="signal")
     assert (run.checkpointer.steady.misses, run.checkpointer.steady.hits) == (1, 1)  # the emergency save refilled it
+    staged = run.checkpointer._staging.current if run.checkpointer._staging is not None else None
+    assert (staged.step if staged is not None else None) == (2 if save_every is not None else None)
     lines = [
         json.loads(line) for f in sorted((tmp_path / "journal").glob("*.jsonl")) for line in f.read_text().splitlines()
     ]

@@ -659,12 +659,17 @@ class Checkpointer(Lifecycle, Prestaging):
                 handle.step,
             )
 
-    def prepare(self, state: Mapping[str, Any]) -> bool:
+    def prepare(self, state: Mapping[str, Any], *, arena: bool = False) -> bool:
         """Make the plan of a save of ``state`` ahead of it, writing nothing: its tensor names and files and each
         file's safetensors header (`preemptible.checkpoint.steady`), so that a save soon after, while the state
         keeps its shape, only refills it. `Run` calls it after its first step, so that even an emergency save
         before any periodic one starts from a made plan. One process only (False under several ranks, and for
-        states only the general path handles). Raises what a save would (`UnsupportedStateError`)."""
+        states only the general path handles). Raises what a save would (`UnsupportedStateError`).
+
+        ``arena``: also lay out the staging arena for the state, its pages touched, where a blocking save would
+        use it (`_stage_blocking`: GPU tensors, or CPU tensors mostly small): for a run whose background saves will
+        allocate it anyway at their first save, so that an emergency save before that one goes through it too
+        (10,000 small CPU tensors, 120 MB: 0.77 of the same bytes' throughput without it, about 0.85 with it)."""
         if self.coordinator is not None:  # the steady state's plans are one process's
             return False
         check_state(state)
@@ -674,6 +679,8 @@ class Checkpointer(Lifecycle, Prestaging):
                 return False
             for spec in plan.specs:
                 tensor_format.prepare(spec.items, METADATA, stored=spec.stored, prepared=spec.prepared)
+        if arena and (not plan.all_cpu() or self._mostly_small(plan)):
+            self.staging.lay_out(plan)
         return True
 
     def predict(self, nbytes: int) -> float | None:
