@@ -482,7 +482,6 @@ class Staging:
         self._buckets_token: object = None
         self._spans: dict[Any, list[tuple[int, int]]] = {}  # per bucket of the cached layout: `_copy_spans`
         self._fill_plan: list[tuple[list[torch.Tensor], list[int], list[int]]] | None = None  # `stage_lazily`'s
-        self._fill_token: object = None
         self._early: tuple[object, list[threading.Thread], list[BaseException]] | None = None
         self._views: dict[str, torch.Tensor] = {}
         self._regions: dict[str, tuple[int, int]] = {}
@@ -523,14 +522,17 @@ class Staging:
         offset = 0
         regions: dict[str, tuple[int, int]] = {}
         placements: list[tuple[str, int, tensor_format.Entry]] = []
+        files = []
         for spec in specs:
             offset = -(-offset // ARENA_ALIGN) * ARENA_ALIGN
             entries = tensor_format.layout(spec.items, spec.stored)
+            files.append(entries)
             size = entries[-1].end if entries else 0
             regions[spec.name] = (offset, offset + size)
             placements += [(spec.name, offset, e) for e in entries]
             offset += size
         self._arena = None  # free the old one first: never two arenas at once
+        self._fill_plan = None
         arena = _aligned_empty(max(offset, 1), pin=self.pin)
         self.allocations += 1
         views = {}
@@ -538,6 +540,14 @@ class Staging:
             start = base + e.begin
             views[e.name] = arena[start : start + e.nbytes].view(e.dtype).view(e.shape)
         self._arena, self._views, self._regions, self._key = arena, views, regions, key
+        # For `stage_lazily`: per file, in its data's order (not its items'): the views, item positions, data ends.
+        fill_plan = []
+        for spec, entries in zip(specs, files, strict=True):
+            position = {n: i for i, (n, _) in enumerate(spec.items)}
+            fill_plan.append(
+                ([views[e.name] for e in entries], [position[e.name] for e in entries], [e.end for e in entries])
+            )
+        self._fill_plan = fill_plan
 
     def _bucket(self, specs: Sequence[FileSpec]) -> tuple[list[_Bucket], list[FileSpec]]:
         """The copies of a layout, grouped by (device, source dtype, stored dtype), and the specs of the staged
@@ -684,10 +694,7 @@ class Staging:
             return False
         try:
             before = self.allocations
-            if plan.all_cpu():
-                self._fills_of(plan.specs, plan.layout_token)
-            else:
-                self._laid_out(plan.specs, plan.layout_token)
+            self._laid_out(plan.specs, plan.layout_token)
             if self.allocations != before and not self.pin:  # pinned memory is resident from the start
                 assert self._arena is not None
                 self._arena.zero_()
@@ -720,21 +727,10 @@ class Staging:
     def _fills_of(
         self, specs: Sequence[FileSpec], token: object
     ) -> list[tuple[list[torch.Tensor], list[int], list[int]]]:
-        """The arena laid out for ``specs``, and per file, in its data's order (not its items'): the arena views, the
-        items' positions and the data ends (kept for a steady-state token)."""
+        """The arena laid out for ``specs``, and per file what fills it (made with the layout, by `_prepare`)."""
         self._laid_out(specs, token)
-        fill_plan = self._fill_plan if token is not None and token is self._fill_token else None
-        if fill_plan is None:
-            views = self._views
-            fill_plan = []
-            for spec in specs:
-                entries = tensor_format.layout(spec.items, spec.stored)
-                position = {n: i for i, (n, _) in enumerate(spec.items)}
-                fill_plan.append(
-                    ([views[e.name] for e in entries], [position[e.name] for e in entries], [e.end for e in entries])
-                )
-            self._fill_plan, self._fill_token = fill_plan, token
-        return fill_plan
+        assert self._fill_plan is not None
+        return self._fill_plan
 
     def _staged(self, plan: SavePlan, step: int | None, t0: float) -> Staged:
         assert self._arena is not None
