@@ -105,8 +105,17 @@ def test_sigterm_to_one_worker_stops_all_ranks_together(tmp_path: Path) -> None:
 def test_a_cloud_notice_polled_by_one_rank_reaches_all(tmp_path: Path) -> None:
     root = tmp_path / "ckpt"
     with AwsEmulator() as emu:
+        # AWS is polled once a second: the run must outlast a poll after the notice (90 steps of 0.02 s left 0.9 s,
+        # and the notice was now and then seen only after the run had finished)
         t = Torchrun(
-            root, 2, *ARGS, *SLOW, env={"PREEMPTIBLE_SOURCES": "signal,aws", "PREEMPTIBLE_AWS_ENDPOINT": emu.url}
+            root,
+            2,
+            "--steps",
+            "1500",
+            "--save-every",
+            "40",
+            *SLOW,
+            env={"PREEMPTIBLE_SOURCES": "signal,aws", "PREEMPTIBLE_AWS_ENDPOINT": emu.url},
         )
         t.wait_for_step(45)
         emu.notice()
@@ -117,7 +126,7 @@ def test_a_cloud_notice_polled_by_one_rank_reaches_all(tmp_path: Path) -> None:
     assert last(ranks[0], "notice")["source"] == "aws"
     assert last(ranks[1], "notice")["source"] == "aws"
     assert "seen by rank 0" in last(ranks[1], "notice")["detail"]  # local rank 1 never polled
-    assert last(ranks[0], "exit")["step"] == last(ranks[1], "exit")["step"]
+    assert last(ranks[0], "exit")["step"] == last(ranks[1], "exit")["step"] < 1500  # stopped by the notice
     assert gets
 
 
