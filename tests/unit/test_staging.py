@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -300,6 +301,71 @@ def test_a_lazily_staged_file_is_filled_piece_by_piece_and_written_as_a_whole_st
     assert {name: bytes(blob) for name, blob in got.blobs.items()} == {
         name: bytes(blob) for name, blob in want.blobs.items()
     }
+
+
+def _fill_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("preemptible-fill")]
+
+
+def test_the_next_pieces_fill_runs_while_a_piece_is_written_and_a_stopped_write_leaves_no_fill_running() -> None:
+    """A lazily filled file: the fill of piece k+1 is under way while piece k is written (a writer alone keeps its
+    disk busy), every piece is filled before it goes out, a fill's error is the write's, and a write that stops
+    early (the sink failed) returns only once the fill in flight is done: nothing copies into the arena after."""
+    from preemptible.store import format as tensor_format
+    from preemptible.writer import METADATA
+
+    chunk = 4096
+    t = torch.arange(4 * chunk // 4, dtype=torch.float32)  # four pieces of data
+    blob = memoryview(bytearray(t.numel() * 4))
+    data = t.view(torch.uint8).numpy().tobytes()
+    asked: list[int] = []
+    next_asked = [threading.Event() for _ in range(5)]
+
+    def fill(upto: int) -> None:
+        blob[:upto] = data[:upto]
+        asked.append(upto)
+        next_asked[len(asked)].set()
+
+    class Sink:
+        def __init__(self, fail_at: int | None = None, overlap: bool = True) -> None:
+            self.out, self.writes, self.fail_at, self.overlap = bytearray(), 0, fail_at, overlap
+
+        def write(self, piece: memoryview) -> None:
+            j = self.writes - 1  # data pieces before this one (the first write is the header)
+            self.writes += 1
+            if self.overlap and 0 <= j < 3:  # piece j goes out: piece j+1's fill (the (j+2)th) is asked meanwhile
+                assert next_asked[j + 2].wait(timeout=30), f"piece {j} went out before piece {j + 1} was asked"
+            if self.fail_at is not None and self.writes == self.fail_at:
+                raise OSError(28, "No space left on device")
+            self.out += piece
+
+    items = [("t", t)]
+    sink = Sink()
+    tensor_format.write(sink, items, METADATA, blob=blob, chunk=chunk, fill=fill)
+    plain = Sink()
+    tensor_format.write(plain, items, METADATA)
+    assert sink.out == plain.out and asked == [chunk, 2 * chunk, 3 * chunk, 4 * chunk]
+    assert not _fill_threads()
+
+    asked.clear()
+    blob[:] = bytes(len(blob))
+    for e in next_asked:
+        e.clear()
+    with pytest.raises(OSError, match="No space"):
+        tensor_format.write(Sink(fail_at=3), items, METADATA, blob=blob, chunk=chunk, fill=fill)
+    assert not _fill_threads(), "a fill still running after its write stopped"
+    assert asked == [chunk, 2 * chunk, 3 * chunk]  # two pieces sent, the third's fill was under way: no more
+
+    asked.clear()
+
+    def broken(upto: int) -> None:
+        if upto > 2 * chunk:
+            raise RuntimeError("The size of tensor a (3) must match the size of tensor b (4)")
+        fill(upto)
+
+    with pytest.raises(RuntimeError, match="must match"):  # piece 2's fill failed: the write fails with its error
+        tensor_format.write(Sink(overlap=False), items, METADATA, blob=blob, chunk=chunk, fill=broken)
+    assert not _fill_threads() and asked == [chunk, 2 * chunk]
 
 
 def test_an_arena_laid_out_ahead_is_the_one_the_first_stage_uses_and_a_busy_one_is_left_alone() -> None:

@@ -21,6 +21,7 @@ import operator
 import struct
 import threading
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple, Protocol
 
 import orjson
@@ -270,10 +271,26 @@ def encode(
 
 
 def _filled(blob: memoryview, chunk: int, fill: Callable[[int], None]) -> Generator[memoryview, None, None]:
-    for start in range(0, len(blob), chunk):
-        end = min(start + chunk, len(blob))
-        fill(end)
-        yield blob[start:end]
+    """The blob in pieces, each filled before it goes out; the next piece's fill runs on a helper thread while this
+    one is hashed and written, so that a writer alone at the end of a save (the other threads done) keeps its disk
+    busy instead of taking turns at copying and writing. The helper is done before the pieces end or are closed:
+    nothing writes into the blob after its writer stops (the pool's exit waits for it)."""
+    ends = [min(start + chunk, len(blob)) for start in range(0, len(blob), chunk)]
+    if not ends:
+        return
+    fill(ends[0])
+    if len(ends) == 1:
+        yield blob
+        return
+    with ThreadPoolExecutor(1, thread_name_prefix="preemptible-fill") as ahead:
+        pending: Future[None] | None = None
+        start = 0
+        for k, end in enumerate(ends):
+            if pending is not None:
+                pending.result()  # this piece's fill: its error (a tensor that changed shape) is the write's
+            pending = ahead.submit(fill, ends[k + 1]) if k + 1 < len(ends) else None
+            yield blob[start:end]
+            start = end
 
 
 def write(
