@@ -7,7 +7,6 @@ import io
 import json
 import os
 import struct
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from preemptible.store import format as tensor_format
 from preemptible.store.compress import Codec, Measured
 from preemptible.store.io import LocalStorage
 from preemptible.store.paced import PacedStorage, Pacer
+from preemptible.store.threads import Pool
 
 
 class Sink:
@@ -54,9 +54,7 @@ def packed(
     return data
 
 
-def decoded(
-    data: bytes, *, pool: ThreadPoolExecutor | None = None, where: str = "f", expected: str | None = None
-) -> bytes:
+def decoded(data: bytes, *, pool: Pool | None = None, where: str = "f", expected: str | None = None) -> bytes:
     """``expected``: the stored file's checksum as COMMIT.json records it (default: that of ``data``)."""
     index = compress.read_index(_ranges(data), len(data), where=where)
     checksum = expected if expected is not None else compress.checksum.of_bytes(data)
@@ -105,7 +103,7 @@ def test_decoding_gives_back_exactly_the_plain_safetensors_file(
 ) -> None:
     data = packed(items, frame_bytes=frame, threads=threads)
     assert data[:8] == compress.MAGIC
-    with ThreadPoolExecutor(2) as pool:
+    with Pool(2, "test-unzstd") as pool:
         assert decoded(data, pool=pool) == plain_bytes(items)
     assert decoded(data) == plain_bytes(items)
 

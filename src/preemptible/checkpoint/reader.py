@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import operator
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -30,6 +29,7 @@ from preemptible.store import checksum, compress, layout, tagged_json
 from preemptible.store import format as tensor_format
 from preemptible.store.io import Storage
 from preemptible.store.layout import FileRecord, Manifest
+from preemptible.store.threads import Pool
 from preemptible.writer import file_stem, parallel_map, stem_of_file
 
 OBJECT_READ_CHUNK = 32 << 20
@@ -421,11 +421,11 @@ class _Counted:
         return n
 
 
-def decoding_pool(names: list[str], threads: int) -> ThreadPoolExecutor | None:
+def decoding_pool(names: list[str], threads: int) -> Pool | None:
     """Threads that decode the frames of compressed files (None when there are none)."""
     if not any(compress.is_compressed(n) for n in names):
         return None
-    return ThreadPoolExecutor(max(2, threads), thread_name_prefix="preemptible-unzstd")
+    return Pool(max(2, threads), "preemptible-unzstd")
 
 
 def read_tensor_header(
@@ -456,7 +456,7 @@ def open_tensor(
     rec: FileRecord,
     opened: Opened | None,
     *,
-    pool: ThreadPoolExecutor | None = None,
+    pool: Pool | None = None,
     on_stored: Callable[[int], None] | None = None,
 ) -> Iterator[tuple[tensor_format.Source, int, str | None]]:
     """A tensor file as the plain safetensors bytes it holds: ``(source, size, checksum to expect of them)``.

@@ -36,7 +36,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +46,7 @@ import torch
 from preemptible.errors import CheckpointCorruptError
 from preemptible.store import checksum
 from preemptible.store import format as tensor_format
+from preemptible.store.threads import Pool
 
 SUFFIX = ".zst"
 MAGIC = b"PTZST\x00\x01\n"
@@ -184,13 +185,13 @@ class Codec:
     threads: int = 2
     frame_bytes: int = FRAME_BYTES
     stats: Stats = field(default_factory=Stats)
-    _pool: ThreadPoolExecutor | None = None
+    _pool: Pool | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def pool(self) -> ThreadPoolExecutor:
+    def pool(self) -> Pool:
         with self._lock:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(max(1, self.threads), thread_name_prefix="preemptible-zstd")
+                self._pool = Pool(self.threads, "preemptible-zstd")
             return self._pool
 
     def close(self) -> None:
@@ -446,7 +447,7 @@ class DecodedSource:
         *,
         where: str,
         expected_checksum: str | None,
-        pool: ThreadPoolExecutor | None,
+        pool: Pool | None,
         ahead: int = 4,
         on_stored: Callable[[int], None] | None = None,
     ) -> None:

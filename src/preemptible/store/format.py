@@ -21,7 +21,7 @@ import operator
 import struct
 import threading
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, NamedTuple, Protocol
 
 import orjson
@@ -30,6 +30,7 @@ import torch
 from preemptible.errors import CheckpointCorruptError, UnsupportedStateError
 from preemptible.store import checksum, direct
 from preemptible.store.layout import Chunks
+from preemptible.store.threads import Pool
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the limit safetensors itself enforces
 MAX_DIMS = 64  # torch's own limit on a tensor's dimensions
@@ -282,7 +283,7 @@ def _filled(blob: memoryview, chunk: int, fill: Callable[[int], None]) -> Genera
     if len(ends) == 1:
         yield blob
         return
-    with ThreadPoolExecutor(1, thread_name_prefix="preemptible-fill") as ahead:
+    with Pool(1, "preemptible-fill") as ahead:
         pending: Future[None] | None = None
         start = 0
         for k, end in enumerate(ends):

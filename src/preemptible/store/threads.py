@@ -1,0 +1,79 @@
+"""Worker threads for the parallel parts of a save or a restore (compressing and decoding frames, filling the staging
+arena ahead of the writes) that keep taking work while the interpreter shuts down.
+
+Why not `concurrent.futures.ThreadPoolExecutor`: it refuses new work once interpreter shutdown has begun (its exit
+hook runs before any ``atexit`` handler: "cannot schedule new futures after interpreter shutdown"), and a save from
+an ``atexit`` handler is many training scripts' last resort. A `Pool`'s threads are plain daemon threads (an idle
+pool never holds the interpreter's exit), one started per submission until there are ``threads``, and joined by
+`Pool.shutdown`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from types import TracebackType
+from typing import Any, TypeVar
+
+R = TypeVar("R")
+
+
+class Pool:
+    """Up to ``threads`` worker threads named ``{name}-{i}`` pulling from one queue; ``submit`` returns a
+    `concurrent.futures.Future`."""
+
+    def __init__(self, threads: int, name: str) -> None:
+        self._max = max(1, threads)
+        self._name = name
+        self._work: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]] | None]
+        self._work = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def submit(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> Future[R]:
+        future: Future[R] = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"the {self._name} threads are shut down: no new work")
+            self._work.put((future, fn, args, kwargs))
+            if len(self._threads) < self._max:
+                t = threading.Thread(target=self._worker, name=f"{self._name}-{len(self._threads)}", daemon=True)
+                t.start()
+                self._threads.append(t)
+        return future
+
+    def _worker(self) -> None:
+        while True:
+            item = self._work.get()
+            if item is None:
+                return
+            future, fn, args, kwargs = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args, **kwargs))
+                except BaseException as e:  # the submitter's to raise
+                    future.set_exception(e)
+            del future, fn, args, kwargs, item  # nothing of the job kept alive while idle
+
+    def shutdown(self, wait: bool = True) -> None:
+        """No new work; the threads end once the queued work is done (joined when ``wait``)."""
+        with self._lock:
+            if self._closed:
+                threads: list[threading.Thread] = []
+            else:
+                self._closed = True
+                threads = list(self._threads)
+                for _ in threads:
+                    self._work.put(None)
+        if wait:
+            for t in threads:
+                t.join()
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        self.shutdown(wait=True)
