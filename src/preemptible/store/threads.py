@@ -18,6 +18,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 R = TypeVar("R")
+_Job = tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
 
 class Pool:
@@ -27,8 +28,7 @@ class Pool:
     def __init__(self, threads: int, name: str) -> None:
         self._max = max(1, threads)
         self._name = name
-        self._work: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]] | None]
-        self._work = queue.SimpleQueue()
+        self._work: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()  # None: a thread's signal to end
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._closed = False
