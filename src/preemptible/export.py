@@ -5,7 +5,8 @@ file of the same name (``model.safetensors.zst`` -> ``model.safetensors``) holdi
 checkpoint's key names (``model/0.weight``, ``optimizer/state/3/exp_avg``). A compressed file is decoded frame by
 frame (each frame checked against its checksum, the stored file against COMMIT.json's) straight into the output,
 so an export needs a few frames of memory, not the checkpoint's size. ``export.json`` beside the files records the
-step, the source and each file's size and XXH3-64.
+step, the source and each file's size and XXH3-64, and, under ``aliases``, the keys whose tensor is held under
+another key's name (tied weights are stored once, under the first key).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from preemptible.checkpoint.reader import decoding_pool, open_tensor
-from preemptible.errors import CheckpointNotFoundError
-from preemptible.store import checksum, layout
+from preemptible.errors import CheckpointCorruptError, CheckpointNotFoundError
+from preemptible.store import checksum, layout, tagged_json
 from preemptible.store import format as tensor_format
 
 COPY_BYTES = 8 << 20
@@ -33,15 +34,20 @@ class Exported:
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     bytes_read: int = 0
     bytes_written: int = 0
+    aliases: dict[str, str] = field(default_factory=dict)
+    """Keys held under another key's name (tied weights, stored once): key -> the name it is held under."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "step": self.step,
             "out": self.out,
             "files": self.files,
             "bytes_read": self.bytes_read,
             "bytes_written": self.bytes_written,
         }
+        if self.aliases:
+            out["aliases"] = self.aliases
+        return out
 
 
 def _check_empty(out: str) -> None:
@@ -89,8 +95,9 @@ def export(
     opened = ck.reader.open_base(step)
     names = sorted((n for n in opened.manifest.files if layout.is_tensor_file(n)), key=plain_name)
     _check_empty(out)
+    aliases = _aliases(ck, opened)
     os.makedirs(out, exist_ok=True)
-    result = Exported(step=step, out=out)
+    result = Exported(step=step, out=out, aliases=aliases)
     if on_total is not None:
         on_total(sum(opened.manifest.files[n].bytes for n in names))
     pool = decoding_pool(names, ck.threads)
@@ -138,8 +145,22 @@ def export(
     finally:
         if pool is not None:
             pool.shutdown(wait=True)
-    _write_json(ck, result, checksum_algorithm=checksum.ALGORITHM)
+    _write_json(ck, result, checksum_algorithm=checksum.ALGORITHM, **({"aliases": aliases} if aliases else {}))
     return result
+
+
+def _aliases(ck: Any, opened: Any) -> dict[str, str]:
+    """Keys of the state whose tensor is stored under another key's name (tied weights: one tensor, stored once,
+    under the first key), from the checkpoint's state documents: key -> the name the export holds it under."""
+    out: dict[str, str] = {}
+    for name in sorted(n for n in opened.manifest.files if n.endswith(".json")):
+        doc = ck.reader.read_doc(opened, name)
+        try:
+            refs = tagged_json.tensor_refs(doc["tree"])
+        except CheckpointCorruptError as e:
+            raise opened.bad(f"{name}: {e}") from e
+        out.update((path, stored) for path, stored in refs if path != stored)
+    return out
 
 
 def load(
@@ -172,7 +193,7 @@ def load(
     import warnings
 
     from preemptible.checkpoint import Checkpointer
-    from preemptible.errors import CheckpointCorruptError, CheckpointFallbackWarning
+    from preemptible.errors import CheckpointFallbackWarning
 
     ck = Checkpointer(root, storage_options=storage_options)
     if step is not None:

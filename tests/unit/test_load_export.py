@@ -99,6 +99,37 @@ def test_export_entry_writes_the_modules_own_keys_and_tied_weights_under_each(
     assert err.count("\n") == 1 and "no entry 'ema'" in err
 
 
+def test_the_full_export_names_the_keys_tied_weights_share(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A tensor held under several keys is stored once, under the first: the full export holds it once, and says
+    under which name every other key finds it (a strict load_state_dict of the model needs both keys)."""
+    model = trained(tmp_path / "ck")
+    shared = torch.arange(6.0)
+    extra = {"pair": (shared, {3: shared}), "own": torch.ones(2)}  # a tuple, and a dict with an int key
+    Checkpointer(tmp_path / "ck", keep=5).save({"model": model, "extra": extra}, 3)
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "ck"), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    aliases = {"model/head.weight": "model/emb.weight", "extra/pair/1/3": "extra/pair/0"}
+    assert json.loads((out / "export.json").read_text())["aliases"] == aliases
+    assert "2 key(s) share a tensor held under another key's name" in printed and "model/head.weight" in printed
+    held: dict[str, torch.Tensor] = {}
+    for f in out.glob("*.safetensors"):
+        held.update(load_file(str(f)))
+    assert not set(aliases) & set(held)
+    weights = {k.removeprefix("model/"): v for k, v in held.items() if k.startswith("model/")}
+    weights |= {k.removeprefix("model/"): held[v] for k, v in aliases.items() if k.startswith("model/")}
+    fresh = Tied(seed=1)
+    fresh.load_state_dict(weights)  # strict: every key is found, through export.json's aliases
+    assert torch.equal(fresh(X), model(X))
+    assert torch.equal(held[aliases["extra/pair/1/3"]], shared)
+    # a checkpoint without shared tensors has no aliases to name
+    Checkpointer(tmp_path / "plain").save({"extra": {"own": torch.ones(2)}}, 1)
+    assert main(["export", str(tmp_path / "plain"), "--out", str(tmp_path / "o2")]) == 0
+    assert "aliases" not in json.loads((tmp_path / "o2" / "export.json").read_text())
+    assert "share a tensor" not in capsys.readouterr().out
+
+
 def test_export_format_hf_writes_what_from_pretrained_loads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A transformers model trained under a Run: its config is recorded at each save, and ``export --format hf``
     writes a save_pretrained directory from which a fresh model gives the same logits, tied weights tied."""

@@ -17,7 +17,8 @@ def add_parser(sub: Any) -> None:
             "Writes every tensor file of a committed checkpoint (the newest, or --step N) into --out as a plain "
             "safetensors file with the checkpoint's key names (model/0.weight, optimizer/state/3/exp_avg): "
             "compressed files (.safetensors.zst) are decoded, every byte is checked against its checksum on the "
-            "way, and export.json records the step and each file. Exit 0 on success, 1 when a file fails its "
+            "way, and export.json records the step, each file, and the keys held under another key's name (tied "
+            "weights, stored once). Exit 0 on success, 1 when a file fails its "
             "checksum (nothing is left in --out), 2 on a usage error."
         ),
     )
@@ -80,4 +81,11 @@ def run(args: argparse.Namespace) -> int:
         f"exported step {result.step} to {result.out}: {len(result.files)} file(s), "
         f"{result.bytes_written / 1e6:.1f} MB written from {result.bytes_read / 1e6:.1f} MB read, all verified"
     )
+    if result.aliases:
+        shown = ", ".join(f"{k} -> {v}" for k, v in list(result.aliases.items())[:3])
+        more = f" and {len(result.aliases) - 3} more" if len(result.aliases) > 3 else ""
+        print(
+            f"{len(result.aliases)} key(s) share a tensor held under another key's name (tied weights, stored once): "
+            f"{shown}{more}; export.json lists them under 'aliases' (--entry NAME writes them under each key)"
+        )
     return 0

@@ -154,6 +154,40 @@ def tensor_names(doc: JSON) -> set[str]:
     return out
 
 
+class _Ref:
+    """A stored tensor's name, standing in for the tensor in `tensor_refs`' decoded tree."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def tensor_refs(doc: JSON) -> list[tuple[str, str]]:
+    """Per tensor or array an encoded tree holds: its key path, as `encode` gave it to the sink, and the name it is
+    stored under. The two differ where one tensor is held under several keys (tied weights): it is stored once,
+    under the first key's name.
+
+    Raises:
+        CheckpointCorruptError: as `decode`.
+    """
+    out: list[tuple[str, str]] = []
+    todo: list[tuple[Any, str]] = [(decode(doc, lambda name, is_numpy: _Ref(name)), "")]
+    while todo:
+        obj, path = todo.pop()
+        if type(obj) is _Ref:
+            out.append((path, obj.name))
+        elif isinstance(obj, (list, tuple)):
+            todo.extend((v, f"{path}/{i}") for i, v in enumerate(obj))
+        elif isinstance(obj, dict):
+            plain = all(isinstance(k, str) and not k.startswith("$") for k in obj)
+            for k, v in obj.items():
+                ks = k if plain else key_str(k)
+                todo.append((v, f"{path}/{ks}" if path else ks))
+    out.sort()
+    return out
+
+
 def decode(doc: JSON, source: TensorSource, path: str = "", depth: int = 0) -> Any:
     """Decode tagged JSON, fetching tensors from ``source``.
 
