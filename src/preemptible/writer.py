@@ -38,6 +38,7 @@ from preemptible.store import format as tensor_format
 from preemptible.store.compress import Codec
 from preemptible.store.io import Storage, WriteStream
 from preemptible.store.layout import FileRecord
+from preemptible.store.threads import stamp, storage_seconds
 
 DEFAULT_MAX_FILE_BYTES = 1 << 30
 MIN_PART_BYTES = 64 << 20
@@ -174,17 +175,17 @@ class _Sink:
             self._used += n
             return
         self.flush()
-        t0 = time.perf_counter()
+        t0 = stamp()
         self._stream.write(data)
-        self.io_s += time.perf_counter() - t0
+        self.io_s += storage_seconds(t0)
         if self._progress is not None:
             self._progress.add(n)
 
     def flush(self) -> None:
         if self._used:
-            t0 = time.perf_counter()
+            t0 = stamp()
             self._stream.write(self._view[: self._used])
-            self.io_s += time.perf_counter() - t0
+            self.io_s += storage_seconds(t0)
             if self._progress is not None:
                 self._progress.add(self._used)
             self._used = 0
@@ -234,10 +235,10 @@ def write_tensor_file(
                 blob=blob,
                 on_decoded=progress.add if progress is not None else None,
             )
-            t0 = time.perf_counter()
+            t0 = stamp()
             sink.flush()
             stream.close()
-            stats.io_s += time.perf_counter() - t0
+            stats.io_s += storage_seconds(t0)
             codec.record(stats)
             if io is not None:
                 io.append((threading.get_ident(), stats.io_s))
@@ -247,10 +248,10 @@ def write_tensor_file(
         raise
     finally:
         sink.release()
-    t0 = time.perf_counter()
+    t0 = stamp()
     stream.close()
     if io is not None:
-        io.append((threading.get_ident(), sink.io_s + time.perf_counter() - t0))  # append: whole under the GIL
+        io.append((threading.get_ident(), sink.io_s + storage_seconds(t0)))  # append: whole under the GIL
     return FileRecord(nbytes, digest, chunks)
 
 

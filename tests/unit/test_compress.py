@@ -307,7 +307,8 @@ def test_auto_turns_compression_on_for_a_slow_destination_by_what_it_measured(
     ck = Checkpointer(str(tmp_path), storage=PacedStorage(LocalStorage(str(tmp_path)), 8e6))  # type: ignore[arg-type]
     ck.save(src, 1)
     assert ck.last_choice is not None and not ck.last_choice.on
-    assert ck.storage_bandwidth is not None and ck.storage_bandwidth < 9e6  # the pacing, measured
+    # the pacing, measured: 6.3 MB at 8 MB/s, less the bucket's burst, read 8.5-9.3 MB/s here (a disk: GB/s)
+    assert ck.storage_bandwidth is not None and 6e6 < ck.storage_bandwidth < 12e6
     ck.save(src, 2)
     assert ck.last_choice.on, ck.last_choice.why
     assert any(n.endswith(".zst") for n in os.listdir(tmp_path / "step-000000000002"))

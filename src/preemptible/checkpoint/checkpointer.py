@@ -147,9 +147,10 @@ class Checkpointer(Lifecycle, Prestaging):
         bandwidth: bytes of state per second of recent saves (their write phase, end to end), or None before the
             first; used for deadline arithmetic.
         storage_bandwidth: bytes per second the destination took in while recent saves wrote to it (stored bytes
-            over the seconds their threads spent in its writes and fsyncs), or None before the first: what the
-            compression choice weighs compressing against. A background save, paced, on one thread at low
-            priority, is slower end to end than the destination; this figure is not.
+            over the seconds their threads spent in its writes and fsyncs, less the time they waited for a CPU
+            meanwhile), or None before the first: what the compression choice weighs compressing against. A
+            background save, paced, on one thread at low priority behind training, is slower end to end than the
+            destination, and so is each of its writes; this figure is not.
     """
 
     def __init__(

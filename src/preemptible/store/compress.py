@@ -46,7 +46,7 @@ import torch
 from preemptible.errors import CheckpointCorruptError
 from preemptible.store import checksum
 from preemptible.store import format as tensor_format
-from preemptible.store.threads import Pool
+from preemptible.store.threads import Pool, stamp, storage_seconds
 
 SUFFIX = ".zst"
 MAGIC = b"PTZST\x00\x01\n"
@@ -233,9 +233,9 @@ def write(
 
     def put(data: memoryview | bytes) -> None:
         nonlocal total
-        t0 = time.perf_counter()
+        t0 = stamp()
         sink.write(data if isinstance(data, memoryview) else memoryview(data))
-        stats.io_s += time.perf_counter() - t0
+        stats.io_s += storage_seconds(t0)
         hasher.update(data)
         total += len(data)
 
