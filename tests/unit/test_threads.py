@@ -15,6 +15,19 @@ from conftest import REPO, clean_env
 from preemptible.store.threads import Pool
 
 
+def _python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``code`` run by a Python process of its own, in the repository, with a clean environment."""
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        cwd=REPO,
+        timeout=300,
+    )
+
+
 def _pool_threads(name: str) -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith(name)]
 
@@ -77,17 +90,7 @@ SAVE_AT_EXIT = textwrap.dedent(
 def test_a_save_from_an_atexit_handler_is_written_and_restores(tmp_path: Path) -> None:
     """By then `concurrent.futures` refuses new work; a compressed save and restore, and an emergency save of small
     tensors that fills its arena ahead of its writes, use threads of their own and go through."""
-    script = tmp_path / "save_at_exit.py"
-    script.write_text(SAVE_AT_EXIT)
-    proc = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "ckpt")],
-        check=False,
-        capture_output=True,
-        text=True,
-        env=clean_env(),
-        cwd=REPO,
-        timeout=300,
-    )
+    proc = _python(SAVE_AT_EXIT, str(tmp_path / "ckpt"))
     assert proc.returncode == 0 and "saved and restored at exit" in proc.stdout, proc.stderr
     assert "Error" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     files = {p.name for p in (tmp_path / "ckpt" / "packed" / "step-000000000002").iterdir()}
@@ -122,15 +125,8 @@ WAIT_FOR_A_CPU = textwrap.dedent(
 
 @pytest.mark.skipif(not Path("/proc/thread-self/schedstat").exists(), reason="Linux schedstat only")
 def test_a_thread_that_shares_its_cpu_has_waited_for_it_and_one_asleep_has_not() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", WAIT_FOR_A_CPU],
-        check=True,
-        capture_output=True,
-        text=True,
-        env=clean_env(),
-        cwd=REPO,
-        timeout=120,
-    )
+    proc = _python(WAIT_FOR_A_CPU)
+    assert proc.returncode == 0, proc.stderr
     shared, asleep = map(float, proc.stdout.split())
     assert shared > 0.05, proc.stdout  # CFS shares the CPU with the hog: about as long waiting as running
     assert asleep < shared, proc.stdout
