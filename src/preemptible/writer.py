@@ -235,10 +235,10 @@ def write_tensor_file(
                 blob=blob,
                 on_decoded=progress.add if progress is not None else None,
             )
-            t0 = stamp()
             sink.flush()
+            t0 = stamp()
             stream.close()
-            stats.io_s += storage_seconds(t0)
+            stats.io_s = sink.io_s + storage_seconds(t0)  # the sink timed each write
             codec.record(stats)
             if io is not None:
                 io.append((threading.get_ident(), stats.io_s))

@@ -46,7 +46,7 @@ import torch
 from preemptible.errors import CheckpointCorruptError
 from preemptible.store import checksum
 from preemptible.store import format as tensor_format
-from preemptible.store.threads import Pool, stamp, storage_seconds
+from preemptible.store.threads import Pool
 
 SUFFIX = ".zst"
 MAGIC = b"PTZST\x00\x01\n"
@@ -164,7 +164,7 @@ class Stats:
     decoded: int = 0
     stored: int = 0
     encode_s: float = 0.0  # CPU-thread seconds spent encoding frames
-    io_s: float = 0.0  # seconds the file's thread spent writing to storage
+    io_s: float = 0.0  # seconds the file's thread spent in the storage's writes and close (set by its writer)
 
     def add(self, other: Stats) -> None:
         self.decoded += other.decoded
@@ -233,9 +233,7 @@ def write(
 
     def put(data: memoryview | bytes) -> None:
         nonlocal total
-        t0 = stamp()
         sink.write(data if isinstance(data, memoryview) else memoryview(data))
-        stats.io_s += storage_seconds(t0)
         hasher.update(data)
         total += len(data)
 
