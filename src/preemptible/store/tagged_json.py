@@ -107,8 +107,14 @@ def encode(obj: Any, sink: TensorSink, path: str = "", depth: int = 0) -> JSON:
     raise _unsupported(obj, path)
 
 
+def _plain_keys(obj: dict[Any, Any]) -> bool:
+    """Whether a dict is written as a plain JSON object (every key a string not starting with ``$``), its keys in
+    key paths as they are; otherwise as ``$dict`` pairs, each key in paths as `key_str` gives it."""
+    return all(isinstance(k, str) and not k.startswith("$") for k in obj)
+
+
 def _encode_dict(obj: dict[Any, Any], sink: TensorSink, path: str, depth: int) -> JSON:
-    plain = all(isinstance(k, str) and not k.startswith("$") for k in obj)
+    plain = _plain_keys(obj)
     out: dict[str, JSON]
     if plain:
         out = {k: encode(v, sink, f"{path}/{k}" if path else k, depth) for k, v in obj.items()}
@@ -180,7 +186,7 @@ def tensor_refs(doc: JSON) -> list[tuple[str, str]]:
         elif isinstance(obj, (list, tuple)):
             todo.extend((v, f"{path}/{i}") for i, v in enumerate(obj))
         elif isinstance(obj, dict):
-            plain = all(isinstance(k, str) and not k.startswith("$") for k in obj)
+            plain = _plain_keys(obj)
             for k, v in obj.items():
                 ks = k if plain else key_str(k)
                 todo.append((v, f"{path}/{ks}" if path else ks))
