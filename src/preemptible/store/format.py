@@ -13,7 +13,6 @@ size and the dtype/shape, and reads into tensors it allocates itself (or into on
 from __future__ import annotations
 
 import bisect
-import ctypes
 import itertools
 import json
 import math
@@ -28,9 +27,10 @@ import orjson
 import torch
 
 from preemptible.errors import CheckpointCorruptError, UnsupportedStateError
-from preemptible.store import checksum, direct
+from preemptible.store import checksum, direct, vcopy
 from preemptible.store.layout import Chunks
 from preemptible.store.threads import Pool
+from preemptible.store.vcopy import memmove as _memmove
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the limit safetensors itself enforces
 MAX_DIMS = 64  # torch's own limit on a tensor's dimensions
@@ -680,13 +680,6 @@ def read(
     return out
 
 
-# memmove that keeps the GIL: each copy is under SMALL_TENSOR_BYTES (microseconds), where letting the GIL go and
-# taking it back per tensor costs more than the copy whenever another thread reads too (`ctypes.memmove` lets it go).
-_memmove = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(
-    int(ctypes.cast(ctypes.memmove, ctypes.c_void_p).value)  # type: ignore[arg-type]
-)
-
-
 def _read_run(
     source: Source,
     run: list[Entry],
@@ -697,13 +690,12 @@ def _read_run(
     out: dict[str, torch.Tensor],
     where: str,
 ) -> None:
-    """Many small tensors stored back to back: one read into the reused buffer, then scattered out by memmove, one
-    call per tensor made from C (``map``): a restore scatters 10,000s of them."""
+    """Many small tensors stored back to back: one read into the reused buffer, hashed there, then copied out to
+    their tensors (`vcopy.scatter`: a restore scatters 10,000s of them)."""
     buf = _batch_buffer()[:nbytes]
     view = byte_view(buf)
     _readinto_exact(source, view, where)
     hasher.update(view)
-    begins = [x.begin for x in run]
     sizes = [x.end - x.begin for x in run]
     given = into(run) if into is not None else [None] * len(run)
     targets = [  # None: a tensor of its own, not a view into one shared block: it owns (and frees) its memory
@@ -715,8 +707,7 @@ def _read_run(
     if found != sizes:
         i = next(i for i, (a, b) in enumerate(zip(found, sizes, strict=True)) if a != b)
         raise ValueError(f"{where}: a target of {found[i]} bytes for tensor {run[i].name!r} of {sizes[i]}")
-    src = buf.data_ptr() - begins[0]
-    list(map(_memmove, map(torch.Tensor.data_ptr, targets), map(src.__add__, begins), sizes))
+    vcopy.scatter(buf.data_ptr(), list(map(torch.Tensor.data_ptr, targets)), sizes)  # the run is back to back
     out.update(zip(map(_ENTRY_NAME, run), targets, strict=True))
 
 
