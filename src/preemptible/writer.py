@@ -301,7 +301,12 @@ def write_files(
     Returns:
         The records by stored file name.
     """
-    ordered = sorted(specs, key=lambda s: -s.nbytes)
+    try:
+        ordered = sorted(specs, key=lambda s: -s.nbytes)
+    except RuntimeError:  # a tensor without bytes (sparse): a refill that must not be written, if checked
+        if meanwhile is not None and not meanwhile():
+            raise PlanChanged from None
+        raise
     found = blobs or {}
     filling = fills or {}
 

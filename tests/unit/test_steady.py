@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from preemptible import Checkpointer
 from preemptible.checkpoint import steady
+from preemptible.errors import UnsupportedStateError
 from preemptible.state import capture
 from preemptible.store import layout
 
@@ -177,6 +178,23 @@ def test_new_memory_a_new_key_or_a_new_dtype_makes_a_new_template(tmp_path: Path
         assert written(ck, step) == written(slow, step)
         misses.append(ck.steady.misses)
     assert misses == [1, 1, 1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.parametrize("arena", [True, False], ids=["arena", "no-arena"])
+@pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "background"])
+def test_a_tensor_that_became_sparse_gets_the_general_paths_error(tmp_path: Path, blocking: bool, arena: bool) -> None:
+    """A blocking refill is written while it is checked: a tensor without bytes of its own must fail the save with
+    the message that says what to do, not torch's own error from sizing the file. ``arena``: the first save a
+    background one, which lays out the staging arena that blocking saves of many small tensors go through."""
+    state: dict[str, Any] = {"x": {f"t{i}": torch.ones(3) for i in range(300)}}
+    ck = Checkpointer(tmp_path / "ck", keep=10)
+    ck.save(state, 1, blocking=not arena).wait()
+    ck.save(state, 2)
+    state["x"]["t0"] = torch.ones(3).to_sparse()
+    with pytest.raises(UnsupportedStateError, match=r"'x/t0' has layout torch\.sparse_coo.*to_dense"):
+        ck.save(state, 3, blocking=blocking).wait()
+    assert ck.steady._template is None
+    assert ck.latest() == 2
 
 
 def test_tensors_that_moved_once_are_refilled_and_their_memory_becomes_the_templates(tmp_path: Path) -> None:
