@@ -94,24 +94,55 @@ def test_every_save_writes_the_bytes_of_the_general_path(tmp_path_factory: pytes
     state: dict[str, Any] = {"a": {"x": tree.node(0), "y": tree.node(0)}, "b": {"z": tree.node(0)}}
     tmp = tmp_path_factory.mktemp("steady")
     fast, slow = Checkpointer(tmp / "fast", keep=10), general_only(Checkpointer(tmp / "slow", keep=10))
-    for step in range(1, 4):
-        for blocking in (True, False):
-            s = step * 2 + blocking
-            fast.save(state, s, blocking=blocking).wait()
-            slow.save(state, s, blocking=blocking).wait()
-            assert written(fast, s) == written(slow, s)
-        for t in tree.pool:  # the numbers change in place between saves: the template stays
-            with torch.no_grad():
-                t.add_(1)
-            move = data.draw(st.sampled_from(["stay", "stay", "new memory", "another's memory"]))
-            if move == "new memory":  # alone, or with its aliases (the same object at several places)
-                t.data = t.data.clone()
-            elif move == "another's memory":
-                other = data.draw(st.sampled_from(tree.pool))
-                if other.shape == t.shape and other.dtype == t.dtype:
-                    t.data = other.data
-        state = {k: rescalar(v, data.draw) for k, v in state.items()}
+    guarded = data.draw(st.booleans())  # the tensors' attributes checked by torch's guards, or read in Python
+    make_guards = steady._guards
+    steady._guards = make_guards if guarded else (lambda tensors: None)  # type: ignore[assignment]
+    try:
+        for step in range(1, 4):
+            for blocking in (True, False):
+                s = step * 2 + blocking
+                fast.save(state, s, blocking=blocking).wait()
+                slow.save(state, s, blocking=blocking).wait()
+                assert written(fast, s) == written(slow, s)
+            for t in tree.pool:  # the numbers change in place between saves: the template stays
+                change(t, tree.pool, data.draw)
+            state = {k: rescalar(v, data.draw) for k, v in state.items()}
+    finally:
+        steady._guards = make_guards  # type: ignore[assignment]
     assert fast.steady.hits + fast.steady.misses == 6
+    assert (fast.steady._template is None or fast.steady._template.guards is None) != guarded
+
+
+OTHER_DTYPE = {torch.float32: torch.bfloat16, torch.bfloat16: torch.float16, torch.float64: torch.float32}
+
+
+def change(t: torch.Tensor, pool: list[torch.Tensor], draw: Any) -> None:
+    """Changes ``t`` between two saves: its numbers in place, and maybe its memory or (at the same memory) its
+    dtype, shape, strides or requires_grad, alone or with its aliases (the same object at several places)."""
+    if not t.dim() or t.stride(-1):  # not where several elements are one memory location (below)
+        with torch.no_grad():
+            t.add_(1)
+    move = draw(
+        st.sampled_from(
+            ["stay", "stay", "new memory", "another's memory", "dtype", "shape", "strides", "requires_grad"]
+        )
+    )
+    if move == "new memory":
+        t.data = t.data.clone()
+    elif move == "another's memory":
+        other = draw(st.sampled_from(pool))
+        if other.shape == t.shape and other.dtype == t.dtype:
+            t.data = other.data
+    elif move == "dtype":  # the same bytes seen as another float type (the shape may follow)
+        dtype = OTHER_DTYPE.get(t.dtype)
+        if dtype is not None and t.dim() > 0 and t.stride(-1) == 1:
+            t.data = t.data.view(dtype)
+    elif move == "shape":
+        t.data = t.data.unsqueeze(0)
+    elif move == "strides":  # every element read from the first: the same memory, shape and dtype
+        t.data = t.data.as_strided(t.shape, (0,) * t.dim())
+    elif move == "requires_grad" and t.is_floating_point():
+        t.requires_grad_(not t.requires_grad)
 
 
 def model_state(hidden: int = 8) -> dict[str, Any]:
@@ -180,6 +211,49 @@ def test_new_memory_a_new_key_or_a_new_dtype_makes_a_new_template(tmp_path: Path
     assert misses == [1, 1, 1, 2, 3, 4, 5, 6]
 
 
+SAME_MEMORY = {
+    "dtype": lambda t: t.view(torch.int32),
+    "shape": lambda t: t.view(2, -1),
+    "dimensions": lambda t: t.unsqueeze(0),
+    "strides": lambda t: t.as_strided(t.shape, (0,)),
+    "requires_grad": lambda t: t.detach().requires_grad_(True),
+    "device": lambda t: torch.empty(t.shape, device="meta"),
+}
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["guards", "python"])
+@pytest.mark.parametrize("what", sorted(SAME_MEMORY))
+def test_a_tensor_changed_at_the_same_memory_makes_a_new_template(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, what: str, guarded: bool
+) -> None:
+    """Each attribute a template depends on, changed alone (the memory kept where it can be), is seen: by torch's
+    tensor guards, or read in Python where there are none."""
+    if guarded:
+        assert steady._tensor_guards() is not None  # the pinned torch has them: used, never skipped
+    else:
+        monkeypatch.setattr(steady, "_guards", lambda tensors: None)
+    t = torch.arange(6, dtype=torch.float32)
+    state: dict[str, Any] = {"extras": {"t": t, "u": torch.ones(2)}}
+    ck, slow = Checkpointer(tmp_path / "ck", keep=10), general_only(Checkpointer(tmp_path / "slow", keep=10))
+    for step in (1, 2):
+        ck.save(state, step).wait()
+    assert (ck.steady._template is not None and ck.steady._template.guards is not None) == guarded
+    assert (ck.steady.misses, ck.steady.hits) == (1, 1)
+    state["extras"]["t"] = SAME_MEMORY[what](t)
+    if what == "device":  # no bytes to write: refused, as the general path refuses it
+        with pytest.raises(UnsupportedStateError) as fast_error:
+            ck.save(state, 3).wait()
+        with pytest.raises(UnsupportedStateError) as slow_error:
+            slow.save(state, 3).wait()
+        assert str(fast_error.value) == str(slow_error.value)
+        assert ck.steady._template is None
+    else:
+        ck.save(state, 3).wait()
+        slow.save(state, 3).wait()
+        assert written(ck, 3) == written(slow, 3)
+        assert (ck.steady.misses, ck.steady.hits) == (2, 1)
+
+
 @pytest.mark.parametrize("arena", [True, False], ids=["arena", "no-arena"])
 @pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "background"])
 def test_a_tensor_that_became_sparse_gets_the_general_paths_error(tmp_path: Path, blocking: bool, arena: bool) -> None:
@@ -195,6 +269,32 @@ def test_a_tensor_that_became_sparse_gets_the_general_paths_error(tmp_path: Path
         ck.save(state, 3, blocking=blocking).wait()
     assert ck.steady._template is None
     assert ck.latest() == 2
+
+
+def test_what_a_guard_sees_but_names_do_not_depend_on_is_read_again_and_refilled(tmp_path: Path) -> None:
+    """The guards also check a tensor's Python type, and fail an object seen twice: a Parameter where a tensor was,
+    or the same tensor at two places, still refills the template (its attributes read in Python). A place that held
+    a repeated object is checked too when another object comes there."""
+    a, b = torch.arange(4.0), torch.ones(3)
+    state: dict[str, Any] = {"extras": {"a": a, "b": b, "again": b}}
+    ck, slow = Checkpointer(tmp_path / "ck", keep=10), general_only(Checkpointer(tmp_path / "slow", keep=10))
+    changes = [
+        lambda: None,
+        lambda: None,
+        lambda: state["extras"].update(a=torch.nn.Parameter(a, requires_grad=False)),  # the same memory
+        lambda: state["extras"].update(again=b.view(3)),  # another object, alike
+        lambda: state["extras"].update(again=b),
+        lambda: state["extras"].update(again=b.view(1, 3)),  # another object, another shape: a new template
+    ]
+    for step, change in enumerate(changes, start=1):
+        change()
+        ck.save(state, step).wait()
+        slow.save(state, step).wait()
+        assert written(ck, step) == written(slow, step)
+        template = ck.steady._template
+        assert template is not None and template.guards is not None
+        assert template.repeats == ([] if step in (4, 6) else [(2, 1)])  # guarded anew after each read
+    assert (ck.steady.misses, ck.steady.hits) == (2, 4)
 
 
 def test_tensors_that_moved_once_are_refilled_and_their_memory_becomes_the_templates(tmp_path: Path) -> None:
