@@ -381,6 +381,12 @@ def test_numpy_arrays_are_refilled_and_what_the_scan_does_not_know_takes_the_gen
         slow.save(state, step).wait()
         assert written(ck, step) == written(slow, step)
     assert (ck.steady.misses, ck.steady.hits) == (1, 2)
+    for step, arr in ((4, np.arange(4)), (5, np.arange(4.0))):  # another shape, then another dtype: new templates
+        state = {"extras": {"arr": arr, "t": torch.ones(2)}}
+        ck.save(state, step).wait()
+        slow.save(state, step).wait()
+        assert written(ck, step) == written(slow, step)
+    assert (ck.steady.misses, ck.steady.hits) == (3, 2)
     other = Checkpointer(tmp_path / "other", keep=10)
     for step in (1, 2):  # a strided array is copied when stored: not found as flatten saw it
         other.save({"extras": {"arr": np.arange(6)[::2], "t": torch.ones(2)}}, step).wait()

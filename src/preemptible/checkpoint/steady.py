@@ -73,7 +73,7 @@ class Scan:
                 if at:
                     time.sleep(0)  # lets the GIL go: see `_META_PIECE`
                 piece = tensors[at : at + _META_PIECE]
-                rest += [(t.dtype, t.shape, t.stride(), t.device, t.requires_grad) for t in piece]
+                rest += [(t.dtype, t.shape, t.stride(), t.device, t.requires_grad) for t in piece]  # `_row`, inline
             self.meta = Meta(_ptrs(tensors, arrays=bool(self.arrays)), rest)
         return self.meta
 
@@ -89,6 +89,11 @@ class Scan:
         for i in self.arrays:
             tensors[i] = _ArrayMeta(tensors[i])
         return tensors
+
+
+def _row(t: Any) -> tuple[Any, ...]:
+    """A tensor's (or an `_ArrayMeta`'s) attributes but its memory, as `Meta.rest` holds them."""
+    return (t.dtype, t.shape, t.stride(), t.device, t.requires_grad)
 
 
 def _ptrs(seen: list[Any], *, arrays: bool) -> list[int]:
@@ -340,9 +345,8 @@ class Template:
         rest = self.meta.rest
         if len(tensors) != len(rest):
             return False
-        for i in self.arrays:
-            a = _ArrayMeta(tensors[i])
-            if (a.dtype, a.shape, None, "numpy", False) != rest[i]:
+        for i in self.arrays:  # not guarded: as `Scan.tensor_meta` reads them
+            if _row(_ArrayMeta(tensors[i])) != rest[i]:
                 return False
         if any(tensors[i] is not tensors[j] for i, j in self.repeats):
             return self._read(now)
