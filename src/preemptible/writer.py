@@ -355,14 +355,17 @@ def parallel_map(
     threads: int,
     name: str,
     meanwhile: Callable[[], bool] | None = None,
+    idle: Callable[[], bool] | None = None,
 ) -> list[R]:
     """``[fn(x) for x in items]`` on up to ``threads`` named threads pulling from one work queue, in order.
 
     The first failure stops the others before their next item and is re-raised with its own type. ``meanwhile``:
     run by the calling thread while the others work (first, when there are no others); False stops them before
-    their next item and raises `PlanChanged` once they are done.
+    their next item and raises `PlanChanged` once they are done. ``idle``: what a thread does once no item is left
+    to start (help one still running), called until it returns False; with it, ``threads`` threads work on even
+    one item.
     """
-    if threads <= 1 or len(items) <= 1:
+    if threads <= 1 or (len(items) <= 1 and idle is None) or not items:
         if meanwhile is not None and not meanwhile():
             raise PlanChanged
         return [fn(x) for x in items]
@@ -372,6 +375,7 @@ def parallel_map(
     results: list[Future[R]] = [Future() for _ in items]
     stop = threading.Event()
     go = threading.Event()
+    idle_errors: list[BaseException] = []
 
     def worker() -> None:
         go.wait()
@@ -379,14 +383,21 @@ def parallel_map(
             try:
                 i = work.get_nowait()
             except queue.Empty:
-                return
+                break
             try:
                 results[i].set_result(fn(items[i]))
             except BaseException as e:
                 stop.set()
                 results[i].set_exception(e)
+        try:
+            while idle is not None and not stop.is_set() and idle():
+                pass
+        except BaseException as e:  # a helper's read errors go to the item it helps; this is anything else
+            stop.set()
+            idle_errors.append(e)
 
-    pool = [threading.Thread(target=worker, name=f"{name}-{k}") for k in range(min(threads, len(items)))]
+    count = threads if idle is not None else min(threads, len(items))
+    pool = [threading.Thread(target=worker, name=f"{name}-{k}") for k in range(count)]
     # IMPORTANT: every thread is started before any works, so a thread that cannot start (a process out of threads)
     # fails the map before a single item is done (no live tensor half read into, no file half written), and the
     # threads that did start are joined, not left working after the error.
@@ -412,6 +423,8 @@ def parallel_map(
         error = f.exception() if f.done() else None
         if error is not None:
             raise error
+    if idle_errors:
+        raise idle_errors[0]
     if not all(f.done() for f in results):  # pragma: no cover - only after a failure, which raised above
         raise RuntimeError(f"{name} threads stopped early")
     return [f.result() for f in results]

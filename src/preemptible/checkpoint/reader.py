@@ -7,8 +7,10 @@ every checksum on the way, straight into live tensors where they fit. Every cont
 
 from __future__ import annotations
 
+import io
 import json
 import operator
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -25,7 +27,7 @@ from preemptible.errors import (
 )
 from preemptible.progress import Meter
 from preemptible.state import PlainFit, group_of, unflatten
-from preemptible.store import checksum, compress, layout, tagged_json
+from preemptible.store import assist, checksum, compress, layout, tagged_json
 from preemptible.store import format as tensor_format
 from preemptible.store.io import Storage
 from preemptible.store.layout import FileRecord, Manifest
@@ -350,24 +352,38 @@ class Reader:
             remote = self.storage.kind == "object"
             chunk = OBJECT_READ_CHUNK if remote else tensor_format.READ_CHUNK_BYTES
             compressed = compress.is_compressed(name)
-            with open_tensor(self.storage, p, rec, opened, pool=pool, on_stored=meter.add if compressed else None) as (
-                source,
-                size,
-                expected,
-            ):
-                try:
-                    return tensor_format.read(
-                        source if compressed else _Counted(source, meter.add),
-                        size,
-                        where=p,
-                        expected_checksum=expected,
-                        into=fitted if exact else checked,
-                        entries=opened.file_entries.get(name),
-                        chunk=chunk,
-                        run_cap=chunk if remote else tensor_format.RUN_BYTES,
-                    )
-                except CheckpointCorruptError as e:
-                    raise opened.bad(str(e)) from e
+            assisted: assist.Assisted | None = None
+            fd = -1
+
+            def offer(pieces: list[assist.Piece], spread: Callable[[int, torch.Tensor], object]) -> assist.Assisted:
+                nonlocal assisted
+                assisted = assist.Assisted(partial(_pread, fd), pieces, spread, meter.add)
+                helpers.offer(assisted)
+                return assisted
+
+            try:
+                with open_tensor(
+                    self.storage, p, rec, opened, pool=pool, on_stored=meter.add if compressed else None
+                ) as (source, size, expected):
+                    # a local file's chunks can be read by any thread (pread); a stream or a decoder's only in order
+                    local = not compressed and not remote and isinstance(source, io.FileIO)
+                    fd = source.fileno() if isinstance(source, io.FileIO) else -1
+                    try:
+                        return tensor_format.read(
+                            source if compressed else _Counted(source, meter.add),
+                            size,
+                            where=p,
+                            expected_checksum=expected,
+                            into=fitted if exact else checked,
+                            entries=opened.file_entries.get(name),
+                            chunk=chunk,
+                            run_cap=chunk if remote else tensor_format.RUN_BYTES,
+                            assist=offer if local else None,
+                        )
+                    except CheckpointCorruptError as e:
+                        raise opened.bad(str(e)) from e
+            finally:
+                helpers.ended(assisted)
 
         names = sorted(
             (n for n in opened.selected if layout.is_tensor_file(n)),
@@ -378,8 +394,11 @@ class Reader:
         opened.data_bytes += total
         meter = Meter(f"read of step {opened.step}", total, bar=self.bar)
         pool = decoding_pool(names, self.threads)
+        helpers = assist.Helpers(len(names))  # a thread with no file left to start reads the others' last chunks
         try:
-            for part in parallel_map(read_file, names, threads=self.threads, name="preemptible-read"):
+            for part in parallel_map(
+                read_file, names, threads=self.threads, name="preemptible-read", idle=helpers.help
+            ):
                 tensors.update(part)
         finally:
             meter.close()
@@ -419,6 +438,13 @@ class _Counted:
         n = self._source.readinto(buffer)
         self._add(n)
         return n
+
+    def seek(self, offset: int) -> int:
+        return self._source.seek(offset)  # type: ignore[attr-defined, no-any-return]
+
+
+def _pread(fd: int, buffer: memoryview, offset: int) -> int:
+    return os.preadv(fd, [buffer], offset)
 
 
 def decoding_pool(names: list[str], threads: int) -> Pool | None:

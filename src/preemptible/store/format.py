@@ -28,6 +28,7 @@ import torch
 
 from preemptible.errors import CheckpointCorruptError, UnsupportedStateError
 from preemptible.store import checksum, direct, vcopy
+from preemptible.store.assist import Assisted, Piece, ShortRead
 from preemptible.store.layout import Chunks
 from preemptible.store.threads import Pool
 from preemptible.store.vcopy import memmove as _memmove
@@ -608,10 +609,11 @@ def read(
     *,
     where: str,
     expected_checksum: str | None = None,
-    into: Callable[[Sequence[Entry]], Sequence[torch.Tensor | None]] | None = None,
+    into: Into | None = None,
     entries: Sequence[Entry] | None = None,
     chunk: int = READ_CHUNK_BYTES,
     run_cap: int = RUN_BYTES,
+    assist: Callable[[list[Piece], Callable[[int, torch.Tensor], object]], Assisted] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Read a whole safetensors file of ``size`` bytes, verifying its checksum on the way.
 
@@ -622,6 +624,9 @@ def read(
             still read and hashed, so a header changed since is caught by the checksum).
         chunk: the size of the reads of large tensors (a tensor ``SMALL_TENSOR_BYTES`` or more).
         run_cap: the most bytes of small tensors read at once (capped at ``BATCH_BYTES``).
+        assist: optional; given the file's pieces in file order and how to spread a run of small tensors from its
+            own buffer, returns what lets other threads read pieces from the end (`assist.Assisted`, which calls
+            ``spread`` from those threads). ``source`` must then seek.
 
     Raises:
         CheckpointCorruptError: truncated, malformed, or checksum mismatch.
@@ -629,6 +634,7 @@ def read(
     hasher = checksum.new()
     if entries is None:
         entries, _ = _header(source, size, where, hasher)
+        pos = size - (entries[-1].end if entries else 0)  # parse_header: the entries cover the data, back to back
     else:
         head = _read_exact(source, 8, where)
         (n,) = struct.unpack("<Q", head)
@@ -636,39 +642,72 @@ def read(
             raise _corrupt(where, f"header length {n} is impossible for a file of {size} bytes")
         hasher.update(head)
         hasher.update(_read_exact(source, n, where))
-    out: dict[str, torch.Tensor] = {}
-    run: list[Entry] = []
-    run_bytes = cursor = 0
+        pos = 8 + n
+    data = pos  # where the tensors' bytes start; ``pos``: where the source is
     # A run of small tensors is read, hashed and scattered in pieces of at most ``run_cap`` bytes: each stays in the
     # CPU's cache for all three, and a restore's fresh threads fault in no more of their buffers.
-    run_cap = max(1, min(run_cap, BATCH_BYTES))
-    for e in entries:
-        begin, end = e.begin, e.end
-        if begin != cursor:  # parse_header leaves them in order, back to back; the bytes are read so
-            raise ValueError(f"{where}: entries out of offset order ({e.name!r} at byte {begin}, expected {cursor})")
-        cursor = end
-        nbytes = end - begin
-        if 0 < nbytes < SMALL_TENSOR_BYTES:
-            if run and run_bytes + nbytes > run_cap:
-                _read_run(source, run, run_bytes, hasher=hasher, into=into, out=out, where=where)
-                run, run_bytes = [], 0
-            run.append(e)
-            run_bytes += nbytes
-            continue
-        if run:
-            _read_run(source, run, run_bytes, hasher=hasher, into=into, out=out, where=where)
-            run, run_bytes = [], 0
-        target = into((e,))[0] if into is not None else None
-        if target is None:
-            target = torch.empty(e.shape, dtype=e.dtype)
-        view = byte_view(target.detach())
-        for start in range(0, len(view), chunk):
-            piece = view[start : start + chunk]
-            _readinto_exact(source, piece, where)
-            hasher.update(piece)
-        out[e.name] = target
-    if run:
-        _read_run(source, run, run_bytes, hasher=hasher, into=into, out=out, where=where)
+    segments = _segments(entries, max(1, min(run_cap, BATCH_BYTES)), where)
+    out: dict[str, torch.Tensor] = {}
+    large: dict[str, torch.Tensor] = {}
+    assisted = None
+    if assist is not None:
+        pieces: list[Piece] = []
+        for seg in segments:
+            if isinstance(seg, Entry):
+                target = large[seg.name] = _large_target(seg, into)
+                view = byte_view(target.detach())
+                pieces += [Piece(data + seg.begin + s, view[s : s + chunk]) for s in range(0, len(view), chunk)]
+            else:
+                pieces.append(Piece(data + seg[0].begin, None, seg[-1].end - seg[0].begin))
+
+        def spread(k: int, buf: torch.Tensor) -> list[torch.Tensor]:
+            run = segments[runs[k]]
+            assert not isinstance(run, Entry)
+            return _spread(buf, run, into, where)
+
+        runs = {k: i for k, i in enumerate(_piece_segments(segments, chunk)) if pieces[k].view is None}
+        assisted = assist(pieces, spread)
+    k = 0  # the next piece, of those offered to ``assisted``
+    try:
+        for seg in segments:
+            if not isinstance(seg, Entry):  # a run of small tensors
+                nbytes = seg[-1].end - seg[0].begin
+                if assisted is None or assisted.own(k):
+                    if pos != data + seg[0].begin:  # a helper read the pieces before it
+                        pos = data + seg[0].begin
+                        source.seek(pos)  # type: ignore[attr-defined]
+                    buf = _batch_buffer()[:nbytes]
+                    view = byte_view(buf)
+                    _readinto_exact(source, view, where)
+                    hasher.update(view)
+                    targets = _spread(buf, seg, into, where)
+                    pos += nbytes
+                else:  # a helper read it into a buffer of its own and spread it
+                    buf, targets = _helped(assisted, k, where)  # type: ignore[misc]
+                    hasher.update(byte_view(buf))
+                out.update(zip(map(_ENTRY_NAME, seg), targets, strict=True))
+                k += 1
+                continue
+            e = seg
+            found = large.get(e.name)
+            target = found if found is not None else _large_target(e, into)
+            view = byte_view(target.detach())
+            for start in range(0, len(view), chunk):
+                piece = view[start : start + chunk]
+                if assisted is None or assisted.own(k):
+                    if pos != data + e.begin + start:
+                        pos = data + e.begin + start
+                        source.seek(pos)  # type: ignore[attr-defined]
+                    _readinto_exact(source, piece, where)
+                    pos += len(piece)
+                else:  # a helper's: read into its place already, or soon
+                    _helped(assisted, k, where)
+                hasher.update(piece)
+                k += 1
+            out[e.name] = target
+    finally:
+        if assisted is not None:
+            assisted.close()  # no helper writes into these tensors once this read has ended, well or not
     if expected_checksum is not None:
         found = hasher.hexdigest()
         if found != expected_checksum:
@@ -680,22 +719,63 @@ def read(
     return out
 
 
-def _read_run(
-    source: Source,
-    run: list[Entry],
-    nbytes: int,
-    *,
-    hasher: Any,
-    into: Callable[[Sequence[Entry]], Sequence[torch.Tensor | None]] | None,
-    out: dict[str, torch.Tensor],
-    where: str,
-) -> None:
-    """Many small tensors stored back to back: one read into the reused buffer, hashed there, then copied out to
-    their tensors (`vcopy.scatter`: a restore scatters 10,000s of them)."""
-    buf = _batch_buffer()[:nbytes]
-    view = byte_view(buf)
-    _readinto_exact(source, view, where)
-    hasher.update(view)
+Into = Callable[[Sequence[Entry]], Sequence[torch.Tensor | None]]
+
+
+def _segments(entries: Sequence[Entry], run_cap: int, where: str) -> list[Entry | list[Entry]]:
+    """A file's tensors in the order they are read: a large one (or an empty one) alone, small ones in runs of at
+    most ``run_cap`` bytes."""
+    segments: list[Entry | list[Entry]] = []
+    run: list[Entry] = []
+    run_bytes = cursor = 0
+    for e in entries:
+        begin, end = e.begin, e.end
+        if begin != cursor:  # parse_header leaves them in order, back to back; the bytes are read so
+            raise ValueError(f"{where}: entries out of offset order ({e.name!r} at byte {begin}, expected {cursor})")
+        cursor = end
+        nbytes = end - begin
+        if 0 < nbytes < SMALL_TENSOR_BYTES:
+            if run and run_bytes + nbytes > run_cap:
+                segments.append(run)
+                run, run_bytes = [], 0
+            run.append(e)
+            run_bytes += nbytes
+            continue
+        if run:
+            segments.append(run)
+            run, run_bytes = [], 0
+        segments.append(e)
+    if run:
+        segments.append(run)
+    return segments
+
+
+def _piece_segments(segments: list[Entry | list[Entry]], chunk: int) -> list[int]:
+    """For each piece offered to helpers, the index of its segment."""
+    out: list[int] = []
+    for i, seg in enumerate(segments):
+        count = len(range(0, seg.end - seg.begin, chunk)) if isinstance(seg, Entry) else 1
+        out += [i] * count
+    return out
+
+
+def _large_target(e: Entry, into: Into | None) -> torch.Tensor:
+    target = into((e,))[0] if into is not None else None
+    return target if target is not None else torch.empty(e.shape, dtype=e.dtype)
+
+
+def _helped(assisted: Assisted, k: int, where: str) -> object:
+    """What a helper made of piece ``k``, once it is read."""
+    try:
+        return assisted.wait(k)
+    except ShortRead as e:
+        why = f"file ends early: expected {e.missing} more bytes at byte {e.offset} (truncated?)"
+        raise _corrupt(where, why) from e
+
+
+def _spread(buf: torch.Tensor, run: list[Entry], into: Into | None, where: str) -> list[torch.Tensor]:
+    """Many small tensors stored back to back, read into ``buf``: copied out to their tensors (`vcopy.scatter`: a
+    restore scatters 10,000s of them)."""
     sizes = [x.end - x.begin for x in run]
     given = into(run) if into is not None else [None] * len(run)
     targets = [  # None: a tensor of its own, not a view into one shared block: it owns (and frees) its memory
@@ -708,7 +788,7 @@ def _read_run(
         i = next(i for i, (a, b) in enumerate(zip(found, sizes, strict=True)) if a != b)
         raise ValueError(f"{where}: a target of {found[i]} bytes for tensor {run[i].name!r} of {sizes[i]}")
     vcopy.scatter(buf.data_ptr(), list(map(torch.Tensor.data_ptr, targets)), sizes)  # the run is back to back
-    out.update(zip(map(_ENTRY_NAME, run), targets, strict=True))
+    return targets
 
 
 def _read_exact(source: Source, n: int, where: str) -> bytes:
