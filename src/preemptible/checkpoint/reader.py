@@ -346,12 +346,6 @@ class Reader:
             return list(map(trusted.get, map(_NAME, run)))  # in C: a run is up to thousands of small tensors
 
         def read_file(name: str) -> dict[str, torch.Tensor]:
-            rec = opened.manifest.files[name]
-            p = self.storage.join(opened.files_dir, name)
-            # an object store's reads are requests each: as large as the buffers allow; a disk's stay in the cache
-            remote = self.storage.kind == "object"
-            chunk = OBJECT_READ_CHUNK if remote else tensor_format.READ_CHUNK_BYTES
-            compressed = compress.is_compressed(name)
             assisted: assist.Assisted | None = None
             fd = -1
 
@@ -361,7 +355,13 @@ class Reader:
                 helpers.offer(assisted)
                 return assisted
 
-            try:
+            try:  # IMPORTANT: every file ends (`helpers.ended`), or a thread waiting for its pieces waits forever
+                rec = opened.manifest.files[name]
+                p = self.storage.join(opened.files_dir, name)
+                # an object store's reads are requests each: as large as the buffers allow; a disk's stay in the cache
+                remote = self.storage.kind == "object"
+                chunk = OBJECT_READ_CHUNK if remote else tensor_format.READ_CHUNK_BYTES
+                compressed = compress.is_compressed(name)
                 with open_tensor(
                     self.storage, p, rec, opened, pool=pool, on_stored=meter.add if compressed else None
                 ) as (source, size, expected):
