@@ -652,21 +652,16 @@ def read(
     assisted = None
     if assist is not None:
         pieces: list[Piece] = []
+        runs: dict[int, list[Entry]] = {}  # the runs of small tensors, by piece
         for seg in segments:
             if isinstance(seg, Entry):
                 target = large[seg.name] = _large_target(seg, into)
                 view = byte_view(target.detach())
                 pieces += [Piece(data + seg.begin + s, view[s : s + chunk]) for s in range(0, len(view), chunk)]
             else:
+                runs[len(pieces)] = seg
                 pieces.append(Piece(data + seg[0].begin, None, seg[-1].end - seg[0].begin))
-
-        def spread(k: int, buf: torch.Tensor) -> list[torch.Tensor]:
-            run = segments[runs[k]]
-            assert not isinstance(run, Entry)
-            return _spread(buf, run, into, where)
-
-        runs = {k: i for k, i in enumerate(_piece_segments(segments, chunk)) if pieces[k].view is None}
-        assisted = assist(pieces, spread)
+        assisted = assist(pieces, lambda k, buf: _spread(buf, runs[k], into, where))
     k = 0  # the next piece, of those offered to ``assisted``
     try:
         for seg in segments:
@@ -748,15 +743,6 @@ def _segments(entries: Sequence[Entry], run_cap: int, where: str) -> list[Entry 
     if run:
         segments.append(run)
     return segments
-
-
-def _piece_segments(segments: list[Entry | list[Entry]], chunk: int) -> list[int]:
-    """For each piece offered to helpers, the index of its segment."""
-    out: list[int] = []
-    for i, seg in enumerate(segments):
-        count = len(range(0, seg.end - seg.begin, chunk)) if isinstance(seg, Entry) else 1
-        out += [i] * count
-    return out
 
 
 def _large_target(e: Entry, into: Into | None) -> torch.Tensor:
