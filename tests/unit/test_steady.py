@@ -561,3 +561,28 @@ def test_a_failed_write_of_a_lazily_staged_save_leaves_no_staged_state_and_the_l
     fresh = {"m": {k: torch.zeros_like(v) for k, v in state["m"].items()}}
     assert Checkpointer(tmp_path / "ck").restore(fresh) == 3
     assert all(torch.equal(fresh["m"][k], v) for k, v in state["m"].items())
+
+
+def test_an_emergency_save_makes_no_template_but_refills_one_made_before(tmp_path: Path) -> None:
+    """The run stops after an emergency save: a first save that is one plans by the general path (no template to
+    make, nothing remembered), and writes what a periodic save would. After a periodic save, it refills that
+    save's template."""
+    from preemptible.events import SaveReason
+
+    model = torch.nn.Linear(4, 3)
+    state = {"model": model, "extras": {"lr": 0.5, "seen": [1, 2]}}
+    cold = Checkpointer(tmp_path / "cold", keep=10)
+    cold.save(state, 1, reason=SaveReason.EMERGENCY).wait()
+    assert (cold.steady.misses, cold.steady.hits, cold.steady.last) == (0, 0, "general")
+    assert not cold.steady.remembers
+    periodic = Checkpointer(tmp_path / "periodic", keep=10)
+    periodic.save(state, 1, reason=SaveReason.PERIODIC).wait()
+    assert written(cold, 1) == written(periodic, 1)
+    assert (periodic.steady.misses, periodic.steady.last) == (1, "made") and periodic.steady.remembers
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    periodic.save(state, 2, reason=SaveReason.EMERGENCY).wait()
+    cold.save(state, 2, reason=SaveReason.EMERGENCY).wait()
+    assert (periodic.steady.misses, periodic.steady.hits, periodic.steady.last) == (1, 1, "refilled")
+    assert (cold.steady.misses, cold.steady.hits) == (0, 0)
+    assert written(cold, 2) == written(periodic, 2)

@@ -11,6 +11,7 @@ here), more than copying a small tensor's bytes. `SteadyPlans` does that work on
 2. The first save of a shape flattens and plans a *marked* copy of the tree, its leaves replaced by unique marker
    strings, with the general code (`flatten`, `plan_share`). That gives a template: the file specs by tensor
    position, and ``state.json`` cut at the markers.
+   An emergency save makes none (`Checkpointer` takes the general path): the run stops after it.
 3. Every save of that shape (the first included) fills the template: the live tensors into the specs, the leaves'
    JSON between the cut pieces. A tensor whose memory, dtype, shape or strides changed, or a key or leaf type
    that changed, is a new shape: step 2 again. The tensors' attributes are compared by torch's own C++ checks
@@ -443,6 +444,11 @@ class SteadyPlans:
         self.last = "general"
         """How the last plan was had: ``made`` (a new template), ``refilled``, or ``general`` (journaled with each
         ``save_started``)."""
+
+    @property
+    def remembers(self) -> bool:
+        """Whether a template is remembered (the next plan of its shape refills it)."""
+        return self._template is not None
 
     def plan(
         self,
