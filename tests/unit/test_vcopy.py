@@ -1,5 +1,5 @@
 """`vcopy.scatter`: a run's bytes copied out to their tensors by one system call per 1,024 of them, or by memmove
-where the kernel has no such call or refuses it."""
+where the kernel has no such call or refuses it; `vcopy.gather`: the same the other way round."""
 
 from __future__ import annotations
 
@@ -25,15 +25,19 @@ needs_syscall = pytest.mark.skipif(not vcopy.available(), reason="process_vm_rea
 
 @contextmanager
 def counted(cut: Callable[[int], int] = lambda n: n) -> Iterator[list[int]]:
-    """The real system call, each call's destination count recorded; ``cut``: how many of them it is given."""
+    """The real system call, each call's count of destinations (a scatter) or sources (a gather) recorded; ``cut``:
+    how many of them it is given."""
     real = vcopy._Call.readv
     assert real is not None
     calls: list[int] = []
 
     def spy(*args: int) -> int:
-        pid, local, n, *rest = args
-        calls.append(n)
-        return real(pid, local, cut(n), *rest)
+        pid, local, n, remote, m, flags = args
+        if n >= m:  # a scatter: many destinations ("local")
+            calls.append(n)
+            return real(pid, local, cut(n), remote, m, flags)
+        calls.append(m)  # a gather: many sources ("remote")
+        return real(pid, local, n, remote, cut(m), flags)
 
     with mock.patch.object(vcopy._Call, "readv", spy):
         yield calls
@@ -44,6 +48,15 @@ def scattered(sizes: list[int], seed: int) -> tuple[numpy.ndarray, list[numpy.nd
     dsts = [numpy.full(n, 0xEE, dtype=numpy.uint8) for n in sizes]
     vcopy.scatter(src.ctypes.data, [d.ctypes.data for d in dsts], sizes)
     return src, dsts
+
+
+def gathered(sizes: list[int], seed: int) -> tuple[numpy.ndarray, list[numpy.ndarray]]:
+    rng = numpy.random.default_rng(seed)
+    srcs = [rng.integers(0, 256, n, dtype=numpy.uint8) for n in sizes]
+    dst = numpy.full(sum(sizes) + 8, 0xEE, dtype=numpy.uint8)  # 8 bytes past the end: never written
+    vcopy.gather(dst.ctypes.data, [a.ctypes.data for a in srcs], sizes)
+    assert (dst[sum(sizes) :] == 0xEE).all()
+    return dst[: sum(sizes)], srcs
 
 
 def assert_copied(src: numpy.ndarray, dsts: list[numpy.ndarray]) -> None:
@@ -67,6 +80,30 @@ def test_every_destination_gets_its_own_bytes_by_system_call(sizes: list[int], s
     # one call per IOV_MAX destinations; a group of fewer than MIN_COPIES (the last) is made by memmove
     groups = [min(vcopy.IOV_MAX, len(sizes) - a) for a in range(0, len(sizes), vcopy.IOV_MAX)]
     assert calls == [n for n in groups if n >= vcopy.MIN_COPIES]
+
+
+@needs_syscall
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 3000), max_size=40) | st.integers(1000, 2300).map(lambda n: [1 + n % 7] * n),
+    seed=st.integers(0, 2**31),
+)
+def test_every_source_lands_after_the_one_before_by_system_call(sizes: list[int], seed: int) -> None:
+    with counted() as calls:
+        dst, srcs = gathered(sizes, seed)
+    assert_copied(dst, srcs)
+    groups = [min(vcopy.IOV_MAX, len(sizes) - a) for a in range(0, len(sizes), vcopy.IOV_MAX)]
+    assert calls == [n for n in groups if n >= vcopy.MIN_COPIES]
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(0, 3000), max_size=40), seed=st.integers(0, 2**31))
+def test_every_source_lands_after_the_one_before_by_memmove_where_the_call_is_missing(
+    sizes: list[int], seed: int
+) -> None:
+    with mock.patch.object(vcopy._Call, "readv", None):
+        dst, srcs = gathered(sizes, seed)
+    assert_copied(dst, srcs)
 
 
 @settings(max_examples=40, deadline=None)
@@ -115,6 +152,27 @@ def test_a_copy_the_kernel_cut_short_goes_on_from_where_it_stopped() -> None:
 
 
 @needs_syscall
+def test_a_gather_the_kernel_cut_short_goes_on_from_where_it_stopped() -> None:
+    with counted(cut=lambda n: max(1, n // 3)) as calls:
+        dst, srcs = gathered([1 + i % 50 for i in range(100)], seed=4)
+    assert_copied(dst, srcs)
+    assert calls[:3] == [100, 67, 45]
+
+
+@needs_syscall
+def test_a_source_the_process_cannot_read_is_an_error_not_a_crash() -> None:
+    arrays = [numpy.full(16, i, dtype=numpy.uint8) for i in range(vcopy.MIN_COPIES)]
+    srcs = [a.ctypes.data for a in arrays]
+    srcs[3] = 16  # never mapped: the kernel copies the first three, then answers EFAULT
+    dst = numpy.zeros(16 * vcopy.MIN_COPIES, dtype=numpy.uint8)
+    with pytest.raises(OSError, match="cannot read, at source 3") as info:
+        vcopy.gather(dst.ctypes.data, srcs, [16] * vcopy.MIN_COPIES)
+    assert info.value.errno == errno.EFAULT
+    assert (dst[32:48] == 2).all()
+    assert vcopy.available()
+
+
+@needs_syscall
 def test_a_destination_the_process_cannot_write_is_an_error_not_a_crash() -> None:
     src = numpy.arange(16 * vcopy.MIN_COPIES, dtype=numpy.uint8)
     arrays = [numpy.zeros(16, dtype=numpy.uint8) for _ in range(vcopy.MIN_COPIES)]
@@ -148,3 +206,17 @@ def test_a_file_of_thousands_of_small_tensors_reads_back_through_the_system_call
     for name, t in items:
         assert torch.equal(out[name], t), name
         assert (out[name] is targets[name]) == into
+
+
+@needs_syscall
+def test_a_file_of_thousands_of_small_tensors_is_written_through_the_system_call() -> None:
+    """A write gathers its runs of small tensors by `vcopy.gather`: the same bytes as by memmove."""
+    g = torch.Generator().manual_seed(5)
+    items = [(f"t{i}", torch.randn(1 + i % 40, generator=g)) for i in range(3000)]  # a run crosses IOV_MAX
+    by_call, by_memmove = io.BytesIO(), io.BytesIO()
+    with counted() as calls:
+        _, digest, _ = tensor_format.write(by_call, items, {"format": "pt"})
+    with mock.patch.object(vcopy._Call, "readv", None):
+        _, digest2, _ = tensor_format.write(by_memmove, items, {"format": "pt"})
+    assert by_call.getvalue() == by_memmove.getvalue() and digest == digest2
+    assert sum(calls) >= len(items) - vcopy.MIN_COPIES * len(calls)  # nearly all by the call

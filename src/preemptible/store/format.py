@@ -417,12 +417,15 @@ def _raw(run: Sequence[Entry], tensors: list[torch.Tensor]) -> bool:
 
 
 def _gather_raw(pooled: direct.PooledBuffer, run: Sequence[Entry], tensors: list[torch.Tensor]) -> Iterable[memoryview]:
-    """A run (`_raw`) copied into the pooled buffer by memmove, one call per tensor made from C (``map``), cut into
-    pieces of the buffer's whole size: the tensor that crosses its end goes in two parts."""
+    """A run (`_raw`) copied into the pooled buffer, cut into pieces of the buffer's whole size: the tensors that
+    end inside a piece by one `vcopy.gather` (a system call per 1,024 of them, without the GIL: two threads that
+    write runs of small tensors gather at once), the one that crosses its end in two parts, by memmove."""
     view, base = pooled.view, pooled.addr
     begins = [x.begin for x in run]
     ends = [x.end for x in run]
     ptrs = list(map(torch.Tensor.data_ptr, tensors))
+    sizes = list(map(operator.sub, ends, begins))
+    back_to_back = begins[1:] == ends[:-1]  # as `layout` lays a file out
     origin, stop_at = begins[0], ends[-1]
     k, done = 0, 0  # the next tensor to copy, and how many of its bytes are copied already (a cut one)
     while origin < stop_at:
@@ -437,14 +440,17 @@ def _gather_raw(pooled: direct.PooledBuffer, run: Sequence[Entry], tensors: list
                 continue
             k, done = k + 1, 0
         whole = bisect.bisect_right(ends, stop, lo=k)  # tensors k..whole-1 end inside this piece
-        list(
-            map(
-                _memmove,
-                map(operator.add, itertools.repeat(base - origin), begins[k:whole]),
-                ptrs[k:whole],
-                map(operator.sub, ends[k:whole], begins[k:whole]),
+        if back_to_back and whole > k:
+            vcopy.gather(base + begins[k] - origin, ptrs[k:whole], sizes[k:whole])
+        else:
+            list(
+                map(
+                    _memmove,
+                    map(operator.add, itertools.repeat(base - origin), begins[k:whole]),
+                    ptrs[k:whole],
+                    sizes[k:whole],
+                )
             )
-        )
         k = whole
         if k < len(run) and begins[k] < stop:  # it crosses the end: its first part
             done = stop - begins[k]
