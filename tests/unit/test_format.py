@@ -402,3 +402,33 @@ def test_one_element_sliced_with_a_step_is_saved_beside_a_strided_one(tmp_path: 
     fresh = {"w": {k: torch.zeros_like(v) for k, v in state["w"].items()}}
     assert Checkpointer(str(tmp_path)).restore(fresh) == 1
     assert all(torch.equal(fresh["w"][k], v) for k, v in state["w"].items())
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    names=st.lists(st.text(max_size=12) | st.from_regex(r"[a-z0-9_./\-]{1,20}", fullmatch=True), max_size=12),
+    shapes=st.lists(st.lists(st.integers(0, 2**40), max_size=3), min_size=12, max_size=12),
+    metadata=st.none() | st.dictionaries(st.text(max_size=6), st.text(max_size=6), max_size=3),
+)
+def test_header_bytes_are_what_json_writes_whatever_the_names(
+    names: list[str], shapes: list[list[int]], metadata: dict[str, str] | None
+) -> None:
+    """orjson writes printable-ASCII headers (the fast path); json the rest: the bytes are json's either way."""
+    dtypes = list(tensor_format.DTYPES)
+    entries, at = [], 0
+    for i, name in enumerate(dict.fromkeys(names)):
+        n = len(shapes[i]) + i
+        entries.append(tensor_format.Entry(name, dtypes[i % len(dtypes)], tuple(shapes[i]), at, at + n))
+        at += n
+    header: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
+    for e in entries:
+        header[e.name] = {
+            "dtype": tensor_format.DTYPES[e.dtype],
+            "shape": list(e.shape),
+            "data_offsets": [e.begin, e.end],
+        }
+    expected = json.dumps(header, separators=(",", ":")).encode()
+    got = tensor_format.header_bytes(entries, metadata)
+    (length,) = struct.unpack("<Q", got[:8])
+    assert got[8 : 8 + len(expected)] == expected
+    assert got[8 + len(expected) : 8 + length].strip(b" ") == b"" and (8 + length) % tensor_format.HEADER_ALIGN == 0

