@@ -432,3 +432,50 @@ def test_header_bytes_are_what_json_writes_whatever_the_names(
     (length,) = struct.unpack("<Q", got[:8])
     assert got[8 : 8 + len(expected)] == expected
     assert got[8 + len(expected) : 8 + length].strip(b" ") == b"" and (8 + length) % tensor_format.HEADER_ALIGN == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(sizes=st.lists(st.integers(0, 40), max_size=30), size=st.integers(1, 16), seed=st.randoms())
+def test_chunk_spans_cut_each_tensor_into_pieces_of_at_most_the_size_in_file_order(
+    sizes: list[int], size: int, seed: Any
+) -> None:
+    ends = list(itertools.accumulate(sizes))
+    entries = [
+        tensor_format.Entry(f"t{i}", torch.uint8, (n,), end - n, end)
+        for i, (n, end) in enumerate(zip(sizes, ends, strict=True))
+    ]
+    seed.shuffle(entries)
+    spans = tensor_format.chunk_spans(entries, size)
+    expected = [(b, min(b + size, end)) for n, end in zip(sizes, ends, strict=True) for b in range(end - n, end, size)]
+    assert spans == expected
+    assert all(0 < e - b <= size for b, e in spans)
+
+
+LAYOUT_DTYPES = [torch.float64, torch.float32, torch.bfloat16, torch.float16, torch.uint8, torch.int64, torch.bool]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    tensors=st.lists(
+        st.tuples(st.sampled_from(LAYOUT_DTYPES), st.lists(st.integers(0, 4), max_size=3), st.booleans()),
+        max_size=25,
+    ),
+    cast=st.sampled_from([None, torch.bfloat16, torch.float64]),
+)
+def test_layout_orders_by_item_size_keeping_ties_in_order_and_packs_back_to_back(
+    tensors: list[tuple[torch.dtype, list[int], bool]], cast: torch.dtype | None
+) -> None:
+    """Each tensor in the dtype it is stored in (``stored`` when given), largest items first, ties as given, each
+    right after the one before."""
+    items = [(f"t{i}", torch.zeros(shape, dtype=dtype)) for i, (dtype, shape, _) in enumerate(tensors)]
+    stored = {f"t{i}": cast for i, (_, _, cast_it) in enumerate(tensors) if cast_it and cast is not None}
+    entries = tensor_format.layout(items, stored)
+    typed = [(name, t, stored.get(name, t.dtype)) for name, t in items]
+    ordered = sorted(typed, key=lambda x: -x[2].itemsize)
+    at = 0
+    assert len(entries) == len(ordered)
+    for e, (name, t, dtype) in zip(entries, ordered, strict=True):
+        n = t.numel() * dtype.itemsize
+        assert e == tensor_format.Entry(name, dtype, tuple(t.shape), at, at + n)
+        assert type(e.shape) is tuple
+        at += n

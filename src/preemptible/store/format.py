@@ -126,15 +126,21 @@ def layout(items: Sequence[tuple[str, torch.Tensor]], stored: Mapping[str, torch
 
     ``stored`` gives the dtype a tensor is written in when it differs from its own (bf16 moments).
     """
-    stored = stored or {}
-    typed = [(name, t, stored.get(name, t.dtype)) for name, t in items]
-    ordered = sorted(typed, key=lambda x: -itemsize(x[2]))
-    entries, offset = [], 0
-    for name, t, dtype in ordered:
-        n = t.numel() * itemsize(dtype)
-        entries.append(Entry(name, dtype, tuple(t.shape), offset, offset + n))
-        offset += n
-    return entries
+    # Column by column, each from C (``map``): a file may hold 10,000s of small tensors.
+    names = [name for name, _ in items]
+    tensors = [t for _, t in items]
+    dtypes = list(map(_DTYPE, tensors))
+    if stored:
+        dtypes = [stored.get(name, dtype) for name, dtype in zip(names, dtypes, strict=True)]
+    sizes = list(map(_ITEMSIZE, dtypes))
+    order = sorted(range(len(names)), key=sizes.__getitem__, reverse=True)  # stable: ties keep their order
+    if order != list(range(len(names))):
+        names = [names[i] for i in order]
+        tensors = [tensors[i] for i in order]
+        dtypes = [dtypes[i] for i in order]
+        sizes = [sizes[i] for i in order]
+    ends = list(itertools.accumulate(map(operator.mul, map(torch.Tensor.numel, tensors), sizes)))
+    return list(map(Entry, names, dtypes, map(tuple, map(_SHAPE, tensors)), [0, *ends[:-1]], ends))
 
 
 def sum_chunk_bytes(data_bytes: int) -> int:
@@ -148,10 +154,20 @@ def sum_chunk_bytes(data_bytes: int) -> int:
 
 def chunk_spans(entries: Iterable[Entry], size: int) -> list[tuple[int, int]]:
     """The data pieces `Chunks` covers, as ``(begin, end)`` offsets into the data region, in file order."""
+    ordered = sorted(entries, key=_BEGIN)  # `layout`'s are in order already: one pass
+    begins, ends = list(map(_BEGIN, ordered)), list(map(_END, ordered))
+    if max(map(operator.sub, ends, begins), default=0) <= size:  # each tensor one span (10,000s of small ones)
+        return [(b, e) for b, e in zip(begins, ends, strict=True) if e > b]
     spans = []
-    for e in sorted(entries, key=lambda e: e.begin):
-        spans += [(b, min(b + size, e.end)) for b in range(e.begin, e.end, size)]
+    for begin, end in zip(begins, ends, strict=True):
+        spans += [(b, min(b + size, end)) for b in range(begin, end, size)]
     return spans
+
+
+_ITEMSIZE = operator.attrgetter("itemsize")
+_SHAPE = operator.attrgetter("shape")
+_BEGIN = operator.attrgetter("begin")
+_END = operator.attrgetter("end")
 
 
 class _ChunkHasher:
