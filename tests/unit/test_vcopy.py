@@ -68,51 +68,34 @@ def assert_copied(src: numpy.ndarray, dsts: list[numpy.ndarray]) -> None:
 
 
 @needs_syscall
+@pytest.mark.parametrize("copy", [scattered, gathered], ids=["scatter", "gather"])
 @settings(max_examples=60, deadline=None)
 @given(
     sizes=st.lists(st.integers(0, 3000), max_size=40) | st.integers(1000, 2300).map(lambda n: [1 + n % 7] * n),
     seed=st.integers(0, 2**31),
 )
-def test_every_destination_gets_its_own_bytes_by_system_call(sizes: list[int], seed: int) -> None:
+def test_every_piece_gets_its_own_bytes_by_system_call(
+    copy: Callable[[list[int], int], tuple[numpy.ndarray, list[numpy.ndarray]]], sizes: list[int], seed: int
+) -> None:
+    """A scatter's destinations, or a gather's sources, each matched with its bytes of the one buffer."""
     with counted() as calls:
-        src, dsts = scattered(sizes, seed)
-    assert_copied(src, dsts)
-    # one call per IOV_MAX destinations; a group of fewer than MIN_COPIES (the last) is made by memmove
+        whole, pieces = copy(sizes, seed)
+    assert_copied(whole, pieces)
+    # one call per IOV_MAX pieces; a group of fewer than MIN_COPIES (the last) is made by memmove
     groups = [min(vcopy.IOV_MAX, len(sizes) - a) for a in range(0, len(sizes), vcopy.IOV_MAX)]
     assert calls == [n for n in groups if n >= vcopy.MIN_COPIES]
 
 
-@needs_syscall
-@settings(max_examples=60, deadline=None)
-@given(
-    sizes=st.lists(st.integers(0, 3000), max_size=40) | st.integers(1000, 2300).map(lambda n: [1 + n % 7] * n),
-    seed=st.integers(0, 2**31),
-)
-def test_every_source_lands_after_the_one_before_by_system_call(sizes: list[int], seed: int) -> None:
-    with counted() as calls:
-        dst, srcs = gathered(sizes, seed)
-    assert_copied(dst, srcs)
-    groups = [min(vcopy.IOV_MAX, len(sizes) - a) for a in range(0, len(sizes), vcopy.IOV_MAX)]
-    assert calls == [n for n in groups if n >= vcopy.MIN_COPIES]
-
-
+@pytest.mark.parametrize("copy", [scattered, gathered], ids=["scatter", "gather"])
 @settings(max_examples=40, deadline=None)
 @given(sizes=st.lists(st.integers(0, 3000), max_size=40), seed=st.integers(0, 2**31))
-def test_every_source_lands_after_the_one_before_by_memmove_where_the_call_is_missing(
-    sizes: list[int], seed: int
+def test_every_piece_gets_its_own_bytes_by_memmove_where_the_call_is_missing(
+    copy: Callable[[list[int], int], tuple[numpy.ndarray, list[numpy.ndarray]]], sizes: list[int], seed: int
 ) -> None:
     with mock.patch.object(vcopy._Call, "readv", None):
-        dst, srcs = gathered(sizes, seed)
-    assert_copied(dst, srcs)
-
-
-@settings(max_examples=40, deadline=None)
-@given(sizes=st.lists(st.integers(0, 3000), max_size=40), seed=st.integers(0, 2**31))
-def test_every_destination_gets_its_own_bytes_by_memmove_where_the_call_is_missing(sizes: list[int], seed: int) -> None:
-    with mock.patch.object(vcopy._Call, "readv", None):
-        src, dsts = scattered(sizes, seed)
+        whole, pieces = copy(sizes, seed)
         assert not vcopy.available()
-    assert_copied(src, dsts)
+    assert_copied(whole, pieces)
 
 
 def failing(err: int, result: int = -1) -> Callable[..., int]:
