@@ -5,8 +5,9 @@ Why: on this kind of machine a buffered write followed by fsync reached 0.30 GB/
 0.6-0.9 GB/s with 0.05 s of CPU. Faster emergency saves, and background saves that leave the CPU to training.
 
 ``O_DIRECT`` needs block-aligned memory, file offsets and lengths. Pieces whose memory is already aligned (the
-staging arena, laid out so) go straight to the disk; anything else is copied into an aligned bounce buffer first
-(a memcpy, about 20x faster than the disk). The last partial block is written padded and the file truncated to
+staging arena, laid out so) go straight to the disk, behind any whole blocks the bounce buffer holds (a file's
+header) in the same ``writev``; anything else is copied into an aligned bounce buffer first (a memcpy, about 20x
+faster than the disk). The last partial block is written padded and the file truncated to
 its true size. A file system that refuses ``O_DIRECT`` (tmpfs, some network file systems) gets ordinary buffered
 writes instead, decided once per file; ``PREEMPTIBLE_DIRECT_IO=0`` turns it off everywhere.
 """
@@ -131,9 +132,16 @@ class DirectWriter:
         assert self._fd is not None, "write after close"
         addr = address(data)
         while data:
-            if self._used == 0 and addr is not None and addr % ALIGN == 0 and len(data) >= ALIGN:
+            if self._used % ALIGN == 0 and addr is not None and addr % ALIGN == 0 and len(data) >= ALIGN:
+                # Straight from where it lies. Whole blocks already in the bounce buffer (a file's header, padded
+                # to a block) go first, in the same system call: copied in behind them instead, the first piece
+                # of every file (16 MiB) was a memcpy more, made before its write (10,000 tensors: 47 of 121 MB).
                 n = len(data) - len(data) % ALIGN
-                self._write_all(data[:n])
+                if self._used:
+                    self._write_all(self._buf[: self._used], data[:n])
+                    self._used = 0
+                else:
+                    self._write_all(data[:n])
                 data = data[n:]
                 addr += n
                 continue
@@ -149,14 +157,24 @@ class DirectWriter:
                 self._write_all(self._buf)
                 self._used = 0
 
-    def _write_all(self, view: memoryview) -> None:
+    def _write_all(self, *views: memoryview) -> None:
+        """Write ``views`` in order, each whole blocks of aligned memory (one ``writev``, unless it comes back
+        short: then the rest)."""
         assert self._fd is not None
-        while view:
-            n = os.write(self._fd, view)
+        pending = [v for v in views if v]
+        while pending:
+            n = os.writev(self._fd, pending) if len(pending) > 1 else os.write(self._fd, pending[0])
             if n <= 0:  # pragma: no cover - the kernel reports errors by raising
                 raise OSError(errno.EIO, f"short direct write to {self.path}")
             self._offset += n
-            view = view[n:]
+            while n and pending:  # drop what went out; a view cut short goes on from where it stopped
+                first = pending[0]
+                if n >= len(first):
+                    n -= len(first)
+                    pending.pop(0)
+                else:
+                    pending[0] = first[n:]
+                    n = 0
 
     def close(self) -> None:
         if self._fd is None:
