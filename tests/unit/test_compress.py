@@ -574,3 +574,22 @@ def test_the_paced_proxy_forwards_every_byte_both_ways() -> None:
     assert bytes(got) == payload
     assert reply.decode() == compress.checksum.of_bytes(payload)
     assert proxy.pacer.rate == 1e10
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    shapes=st.lists(
+        st.tuples(st.integers(0, 6), st.sampled_from([torch.float32, torch.bfloat16, torch.int64, torch.uint8])),
+        max_size=30,
+    ),
+    n=st.integers(0, 10),
+)
+def test_the_sample_is_the_largest_tensors_as_a_stable_sort_picks_them(
+    shapes: list[tuple[int, torch.dtype]], n: int
+) -> None:
+    """`largest` (heap, sized from C) against a stable sort by decreasing stored bytes: the same tensors, in the
+    same order, ties in their order, empty ones never; some stored in a dtype other than their own."""
+    items = [(torch.zeros(k), dtype) for k, dtype in shapes]  # float32 tensors, stored as ``dtype``
+    reference = sorted((x for x in items if x[0].numel()), key=lambda x: -x[0].numel() * x[1].itemsize)[:n]
+    got = compress.largest(iter(items), n)
+    assert [(id(t), d) for t, d in got] == [(id(t), d) for t, d in reference]
