@@ -7,8 +7,8 @@ Why: on this kind of machine a buffered write followed by fsync reached 0.30 GB/
 ``O_DIRECT`` needs block-aligned memory, file offsets and lengths. Pieces whose memory is already aligned (the
 staging arena, laid out so) go straight to the disk, behind any whole blocks the bounce buffer holds (a file's
 header) in the same ``writev``; anything else is copied into an aligned bounce buffer first (a memcpy, about 20x
-faster than the disk). The last partial block is written padded and the file truncated to
-its true size. A file system that refuses ``O_DIRECT`` (tmpfs, some network file systems) gets ordinary buffered
+faster than the disk). The last partial block is written padded and the file truncated to its true size. A file
+system that refuses ``O_DIRECT`` (tmpfs, some network file systems) gets ordinary buffered
 writes instead, decided once per file; ``PREEMPTIBLE_DIRECT_IO=0`` turns it off everywhere.
 """
 
@@ -137,11 +137,8 @@ class DirectWriter:
                 # to a block) go first, in the same system call: copied in behind them instead, the first piece
                 # of every file (16 MiB) was a memcpy more, made before its write (10,000 tensors: 47 of 121 MB).
                 n = len(data) - len(data) % ALIGN
-                if self._used:
-                    self._write_all(self._buf[: self._used], data[:n])
-                    self._used = 0
-                else:
-                    self._write_all(data[:n])
+                self._write_all(self._buf[: self._used], data[:n])  # an empty bounce buffer: the piece alone
+                self._used = 0
                 data = data[n:]
                 addr += n
                 continue
