@@ -346,3 +346,91 @@ def test_live_tensors_not_read_in_place_get_the_ones_the_read_makes(tmp_path: Pa
     assert torch.equal(live.tree["w"], saved["w"]) and live.tree["ids"] == [1, 2]
     assert type(live.tree["pair"]) is tuple and live.tree["pair"][1] == 2.5
     assert torch.equal(live.tree["pair"][0], torch.ones(2))
+
+
+class Tied(torch.nn.Module):
+    """Two layers and an embedding whose weight is the head's (tied: two keys, one tensor)."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embed = torch.nn.Embedding(5, 4)
+        self.body = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+        self.head = torch.nn.Linear(4, 5, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(self.embed(ids)))
+
+
+class OwnLoad(torch.nn.Linear):
+    """Loads its own way: what it is given counts."""
+
+    seen = 0
+
+    def _load_from_state_dict(self, state_dict: Any, prefix: str, *args: Any) -> None:
+        OwnLoad.seen += 1
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
+
+def _counting_loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Names of the modules whose load_state_dict runs from here on."""
+    calls: list[str] = []
+    original = torch.nn.Module.load_state_dict
+
+    def load(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        calls.append(type(self).__name__)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, "load_state_dict", load)
+    return calls
+
+
+def test_a_module_the_read_filled_in_place_is_not_loaded_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its load_state_dict would only copy each tensor onto itself (tied weights too); the optimizer is loaded."""
+    saved = Tied(0)
+    opt = torch.optim.AdamW(saved.parameters())
+    saved(torch.tensor([1, 2])).sum().backward()
+    opt.step()
+    Checkpointer(tmp_path).save({"model": saved, "optimizer": opt}, 1)
+    live = Tied(1)
+    live_opt = torch.optim.AdamW(live.parameters(), lr=0.5)
+    calls = _counting_loads(monkeypatch)
+    assert Checkpointer(tmp_path).restore({"model": live, "optimizer": live_opt}) == 1
+    assert calls == []
+    assert same(capture({"m": saved, "o": opt}), capture({"m": live, "o": live_opt}))
+    assert live.head.weight is live.embed.weight
+    assert live_opt.param_groups[0]["lr"] == opt.param_groups[0]["lr"] and len(live_opt.state) == 5
+
+
+@pytest.mark.parametrize("how", ["pre hook", "post hook", "own loading", "not contiguous", "swapped params"])
+def test_a_module_that_loads_otherwise_is_loaded_by_its_own_load_state_dict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """Anything beyond a copy onto itself (hooks, an override, a tensor the read could not fill in place, torch's
+    parameter swapping): load_state_dict runs, and the values are the checkpoint's."""
+
+    def model(seed: int) -> torch.nn.Module:
+        torch.manual_seed(seed)
+        m = torch.nn.Sequential(OwnLoad(3, 2) if how == "own loading" else torch.nn.Linear(3, 2))
+        if how == "not contiguous":
+            m[0].weight = torch.nn.Parameter(torch.randn(3, 2).t())
+        return m
+
+    saved = model(0)
+    Checkpointer(tmp_path).save({"model": saved}, 1)
+    live = model(1)
+    seen: list[str] = []
+    if how == "pre hook":
+        live[0].register_load_state_dict_pre_hook(lambda *a: seen.append("pre"))
+    if how == "post hook":
+        live[0].register_load_state_dict_post_hook(lambda *a: seen.append("post"))
+    if how == "swapped params":
+        monkeypatch.setattr(torch.__future__, "get_swap_module_params_on_conversion", lambda: True)
+    OwnLoad.seen = 0
+    calls = _counting_loads(monkeypatch)
+    assert Checkpointer(tmp_path).restore({"model": live}) == 1
+    assert calls == ["Sequential"]
+    assert same(capture({"m": saved}), capture({"m": live}))
+    assert seen == {"pre hook": ["pre"], "post hook": ["post"]}.get(how, [])
+    assert OwnLoad.seen == (1 if how == "own loading" else 0)

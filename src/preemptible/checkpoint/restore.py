@@ -94,7 +94,7 @@ class Restorer:
                     loaded = reshard.read_resharded(self.reader, opened)
                 else:
                     loaded = self.reader.read(opened, flat.tensors, sharded=flat.dtensor_objs)
-            self._apply(state, loaded, opened)
+            self._apply(state, loaded, opened, captured)
             check = self._probe_check(state, opened.manifest.probe)
         except CheckpointCorruptError as e:
             return _Outcome(False, "content", str(e)), None, None
@@ -108,9 +108,11 @@ class Restorer:
             return _Outcome(False, "content", opened.bad(check.describe()).args[0], check), check, opened
         return _Outcome(True), check, opened
 
-    def _apply(self, state: Mapping[str, Any], loaded: Mapping[str, Any], opened: Opened) -> None:
+    def _apply(
+        self, state: Mapping[str, Any], loaded: Mapping[str, Any], opened: Opened, live: Mapping[str, Any]
+    ) -> None:
         try:
-            apply(state, loaded)
+            apply(state, loaded, live=live)
         except (TypeError, ValueError, KeyError, IndexError, AttributeError, RuntimeError) as e:
             # check_fits compares tensors; load_state_dict() also checks what it cannot see (parameter groups)
             why = f"a live object's load_state_dict() refused it ({type(e).__name__}: {str(e)[:300]})"
