@@ -329,7 +329,8 @@ def contenders(
 
     def load_state_dict_as_restored(work: str) -> Sample:
         """The same, as a restore calls it (`preemptible.state.apply`: the optimizer is handed parameter ids it
-        finds in constant time): the part of a restore that is torch's own code."""
+        finds in constant time, and a module whose tensors were read in place is not loaded again): the part of a
+        restore that is torch's own code."""
         own = plain(state)
         t = time.perf_counter()
         apply(state, own, live=own)
