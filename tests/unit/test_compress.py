@@ -299,14 +299,17 @@ def test_a_damaged_compressed_checkpoint_falls_back(tmp_path: Path) -> None:
 def test_auto_turns_compression_on_for_a_slow_destination_by_what_it_measured(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A destination paced to 8 MB/s: the first save (not yet measured, local) is plain and measures the storage;
-    the second compresses, since this CPU compresses many times faster than that (measured in CPU time, so a busy
-    machine does not change the outcome). With a fast destination's bandwidth the choice is off."""
+    """A destination paced to 8 MB/s: the first save (not yet measured, local) is plain, samples no compression
+    and measures the storage; the second compresses, since this CPU compresses many times faster than that
+    (measured in CPU time, so a busy machine does not change the outcome). With a fast destination's bandwidth the
+    choice is off."""
     monkeypatch.setattr(compress, "MIN_AUTO_BYTES", 1 << 20)
     src = state(0)
     ck = Checkpointer(str(tmp_path), storage=PacedStorage(LocalStorage(str(tmp_path)), 8e6))  # type: ignore[arg-type]
     ck.save(src, 1)
     assert ck.last_choice is not None and not ck.last_choice.on
+    assert "not measured yet" in ck.last_choice.why
+    assert ck.compression is None  # not even sampled: off, whatever a sample would have said
     # the pacing, measured: 6.3 MB at 8 MB/s, less the bucket's burst, read 8.5-9.3 MB/s here (a disk: GB/s)
     assert ck.storage_bandwidth is not None and 6e6 < ck.storage_bandwidth < 12e6
     ck.save(src, 2)

@@ -594,7 +594,13 @@ class Checkpointer(Lifecycle, Prestaging):
     def _codec(self, plan: SavePlan, *, background: bool) -> tuple[compress_mod.Choice, compress_mod.Codec | None]:
         """Whether this save compresses (see `compress_mod.choose`), and the codec that does it."""
         threads = self.background_threads if background else self.threads
-        if self.compress == "auto" and self.compression is None and plan.nbytes >= compress_mod.MIN_AUTO_BYTES:
+        object_store = self.storage.kind == "object"
+        if (
+            self.compress == "auto"
+            and self.compression is None
+            and plan.nbytes >= compress_mod.MIN_AUTO_BYTES
+            and (self.storage_bandwidth is not None or object_store)  # else `choose` says off, whatever it measures
+        ):
             self.compression = compress_mod.measure(
                 (t, spec.stored.get(n, t.dtype)) for spec in plan.specs for n, t in spec.items
             )
@@ -606,7 +612,7 @@ class Checkpointer(Lifecycle, Prestaging):
             threads=threads,
             cores=_cores(),
             background=background,
-            object_store=self.storage.kind == "object",
+            object_store=object_store,
         )
         self.last_choice = choice
         if not choice.on:

@@ -700,12 +700,14 @@ def choose(
         return dataclasses.replace(base, on=bool(setting), why=f"compress={setting}")
     if not available():
         return dataclasses.replace(base, why="the zstandard package is not installed")
-    if measured is None or nbytes <= 0:
+    if nbytes <= 0:
         return dataclasses.replace(base, why="nothing to compress")
     if nbytes < MIN_AUTO_BYTES:
         return dataclasses.replace(base, why=f"state under {MIN_AUTO_BYTES >> 20} MiB")
-    if bandwidth is None or plain is None or packed is None:
+    if bandwidth is None:  # the state is not even sampled for this (`Checkpointer._codec`)
         return dataclasses.replace(base, why="local storage not measured yet (the first save measures it)")
+    if measured is None or plain is None or packed is None:
+        return dataclasses.replace(base, why="nothing to compress")
     if packed >= WORTH_IT * plain:
         why = (
             f"compressed {packed:.2f} s vs plain {plain:.2f} s: the destination ({bandwidth / 1e6:.0f} MB/s) is fast "
