@@ -703,20 +703,11 @@ def _loaded_in_place(module: torch.nn.Module, live: Any, loaded: Mapping[str, An
         found: Any = get(key)
         if found is t and type(t) in plain:
             continue
-        if type(t) not in plain or type(found) not in plain or not _same_view(t, found):
+        if type(t) not in plain or type(found) not in plain or (key := _alias_key(t)) is None:
+            return False
+        if key != _alias_key(found):  # not a tied weight captured twice: the same view of the same memory
             return False
     return True
-
-
-def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors are the same view of the same memory (a tied weight, captured twice)."""
-    return (
-        a.data_ptr() == b.data_ptr()
-        and a.dtype == b.dtype
-        and a.device == b.device
-        and a.shape == b.shape
-        and a.stride() == b.stride()
-    )
 
 
 class ParamIds(list):  # type: ignore[type-arg]
