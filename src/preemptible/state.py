@@ -703,9 +703,9 @@ def _loaded_in_place(module: torch.nn.Module, live: Any, loaded: Mapping[str, An
         found: Any = get(key)
         if found is t and type(t) in plain:
             continue
-        if type(t) not in plain or type(found) not in plain or (key := _alias_key(t)) is None:
+        if type(t) not in plain or type(found) not in plain or (alias := _alias_key(t)) is None:
             return False
-        if key != _alias_key(found):  # not a tied weight captured twice: the same view of the same memory
+        if alias != _alias_key(found):  # not a tied weight captured twice: the same view of the same memory
             return False
     return True
 

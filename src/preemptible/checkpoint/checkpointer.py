@@ -599,7 +599,7 @@ class Checkpointer(Lifecycle, Prestaging):
             self.compress == "auto"
             and self.compression is None
             and plan.nbytes >= compress_mod.MIN_AUTO_BYTES
-            and (self.storage_bandwidth is not None or object_store)  # else `choose` says off, whatever it measures
+            and compress_mod.weighed_bandwidth(self.storage_bandwidth, object_store=object_store) is not None
         ):
             self.compression = compress_mod.measure(
                 (t, spec.stored.get(n, t.dtype)) for spec in plan.specs for n, t in spec.items

@@ -664,6 +664,13 @@ def _round(x: float | None, digits: int) -> float | None:
     return None if x is None else round(x, digits)
 
 
+def weighed_bandwidth(bandwidth: float | None, *, object_store: bool) -> float | None:
+    """The bandwidth auto weighs a save against: the destination's measured one; before any, an object store's
+    `ASSUMED_OBJECT_BANDWIDTH`; None for a local destination not measured yet (auto leaves compression off there,
+    and the state is not even sampled: `Checkpointer._codec`)."""
+    return ASSUMED_OBJECT_BANDWIDTH if bandwidth is None and object_store else bandwidth
+
+
 def choose(
     nbytes: int,
     *,
@@ -688,8 +695,7 @@ def choose(
     if setting not in (True, False, "auto"):
         raise ValueError(f"expected compress=True, False or 'auto', found {setting!r}")
     workers = 1 if background else max(1, min(threads, cores))
-    if bandwidth is None and object_store:
-        bandwidth = ASSUMED_OBJECT_BANDWIDTH
+    bandwidth = weighed_bandwidth(bandwidth, object_store=object_store)
     plain = packed = None
     if measured is not None and bandwidth and nbytes > 0:
         plain = nbytes / bandwidth
@@ -704,7 +710,7 @@ def choose(
         return dataclasses.replace(base, why="nothing to compress")
     if nbytes < MIN_AUTO_BYTES:
         return dataclasses.replace(base, why=f"state under {MIN_AUTO_BYTES >> 20} MiB")
-    if bandwidth is None:  # the state is not even sampled for this (`Checkpointer._codec`)
+    if bandwidth is None:
         return dataclasses.replace(base, why="local storage not measured yet (the first save measures it)")
     if measured is None or plain is None or packed is None:
         return dataclasses.replace(base, why="nothing to compress")
