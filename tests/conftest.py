@@ -72,11 +72,12 @@ def assert_same_tensors(a: dict[str, Any], b: dict[str, Any]) -> None:
 
 
 class Trainer:
-    """The example training script as a real child process, with its stdout read line by line."""
+    """The example training script (or another ``script`` taking ``--root``) as a real child process, with its stdout
+    read line by line."""
 
-    def __init__(self, root: Path | str, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, root: Path | str, *args: str, env: dict[str, str] | None = None, script: Path = EXAMPLE) -> None:
         self.root = root
-        cmd = [sys.executable, str(EXAMPLE), "--root", str(root), *args]
+        cmd = [sys.executable, str(script), "--root", str(root), *args]
         self.proc = subprocess.Popen(
             cmd,
             stdout=subprocess.PIPE,
