@@ -87,6 +87,41 @@ def test_sigterm_to_torchrun_stops_every_rank_at_one_step_and_resumes_exactly(
     assert all(torch.equal(whole[k], v) for k, v in model.state_dict().items())
 
 
+def test_the_readmes_bare_loop_under_torchrun_stops_both_ranks_at_one_step_each_with_its_own_random_streams(
+    tmp_path: Path,
+) -> None:
+    """The README's "Lower layers" loop (`tests/scripts/bare_loop.py`) launched by torchrun as it stands: SIGTERM to
+    torchrun stops both ranks at one step, whose checkpoint holds each rank's random streams in a file of its own
+    (``per_rank=["rng"]``; without it the emergency save reports that the streams differ between ranks); both
+    ranks resume there and end bit-identical to a run never stopped."""
+    script = REPO / "tests" / "scripts" / "bare_loop.py"
+    code, out, err = Torchrun(tmp_path / "ref", 2, "--steps", "200", script=script).finish()
+    assert code == 0, err
+    reference = {line for line in out.splitlines() if line.startswith("final ")}
+    assert reference == {f"final resumed_from=0 digest={final_digest(out)}"}  # both ranks, one digest
+
+    root = tmp_path / "ckpt"
+    t = Torchrun(root, 2, "--steps", "200", *SLOW, script=script)
+    t.wait_for_step(40)
+    t.proc.send_signal(signal.SIGTERM)
+    code, out, err = t.finish()
+    assert code == 1, err  # torchrun's own SignalException, whatever the workers did
+    saved = [line for line in out.splitlines() if line.startswith("saved ")]
+    assert len(saved) == 2 and len(set(saved)) == 1, saved
+    stop = int(saved[0].split()[1].removeprefix("step="))
+    commit = json.loads((root / f"step-{stop:012d}" / "COMMIT.json").read_text())
+    assert commit["world_size"] == 2
+    assert {"rng-r00000.safetensors", "rng-r00001.safetensors"} <= set(commit["files"])
+    assert "differ between ranks" not in err
+
+    code, out, err = Torchrun(root, 2, "--steps", "200", script=script).finish()
+    assert code == 0, err
+    digest = final_digest("\n".join(reference))
+    assert {line for line in out.splitlines() if line.startswith("final ")} == {
+        f"final resumed_from={stop} digest={digest}"
+    }
+
+
 def test_sigterm_to_one_worker_stops_all_ranks_together(tmp_path: Path) -> None:
     root = tmp_path / "ckpt"
     t = Torchrun(root, 2, *ARGS, *SLOW)

@@ -52,7 +52,7 @@ def main() -> None:
 
     # From here on, the README's loop.
     guard = preemptible.Guard()
-    ckpt = preemptible.Checkpointer(args.root, keep=3)
+    ckpt = preemptible.Checkpointer(args.root, keep=3, per_rank=["rng"])
     state = {"model": model, "optimizer": optimizer, "rng": preemptible.RNGState()}
     start = ckpt.restore(state) or 0
     with guard:
