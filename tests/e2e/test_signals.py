@@ -47,30 +47,33 @@ def test_signal_mid_training_saves_exits_and_resumes_bit_identically(
 BARE_LOOP = Path(__file__).parent.parent / "scripts" / "bare_loop.py"
 
 
+@pytest.mark.parametrize(
+    ("platform", "exit_code"), [({}, 0), ({"KUBERNETES_SERVICE_HOST": "10.96.0.1"}, 143)], ids=["local", "k8s"]
+)
 def test_the_readmes_bare_loop_saves_a_planned_emergency_checkpoint_at_a_signal_and_resumes_bit_identically(
-    tmp_path: Path,
+    tmp_path: Path, platform: dict[str, str], exit_code: int
 ) -> None:
     """The README's "Lower layers" loop (a `Guard` and a `Checkpointer`, saving only on a notice), as a stranger
     would copy it: SIGTERM mid-training, an emergency save of the step after the last one run, which refills the plan
-    the loop made after its first step, exit 0 (the platform's code here), and a resume bit-identical to a run never
-    stopped."""
+    the loop made after its first step, the platform's exit code (143 in a Kubernetes pod, so its Job does not
+    count it Succeeded; 0 elsewhere), and a resume bit-identical to a run never stopped."""
     code, out, err = Trainer(tmp_path / "ref", "--steps", "120", script=BARE_LOOP).finish()
     assert code == 0, err
     reference = final_digest(out)
 
     root = tmp_path / "ckpt"
-    t = Trainer(root, "--steps", "120", "--step-time", "0.01", script=BARE_LOOP)
+    t = Trainer(root, "--steps", "120", "--step-time", "0.01", script=BARE_LOOP, env=platform)
     t.wait_for_step(40)
     t.signal(signal.SIGTERM)
     code, out, err = t.finish()
-    assert code == 0, err
+    assert code == exit_code, err
     assert "final " not in out
     last_step_run = max(int(line.split()[1]) for line in out.splitlines() if line.startswith("step "))
     stop = last_step_run + 1
     assert committed(root) == [stop]
     assert f"saved step={stop} plan=refilled" in out.splitlines()
 
-    code, out, err = Trainer(root, "--steps", "120", script=BARE_LOOP).finish()
+    code, out, err = Trainer(root, "--steps", "120", script=BARE_LOOP, env=platform).finish()
     assert code == 0, err
     assert f"resumed_from={stop}" in out
     assert final_digest(out) == reference
