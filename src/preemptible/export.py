@@ -12,17 +12,19 @@ another key's name (tied weights are stored once, under the first key).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from preemptible.checkpoint.reader import decoding_pool, open_tensor
 from preemptible.errors import CheckpointCorruptError, CheckpointNotFoundError
 from preemptible.store import checksum, layout, tagged_json
 from preemptible.store import format as tensor_format
 
+T = TypeVar("T")
 COPY_BYTES = 8 << 20
 EXPORT_JSON = "export.json"
 
@@ -58,13 +60,31 @@ def _check_empty(out: str) -> None:
         )
 
 
-def _newest(ck: Any, *, valid: bool = False) -> int:
-    """The newest committed step (``valid``: not marked invalid)."""
-    infos = [i for i in ck.checkpoints() if not (valid and i.invalid)]
+def _verified(ck: Any, step: int | None, attempt: Callable[[int], T]) -> T:
+    """``attempt(step)``; without a step, on the newest committed checkpoint not marked invalid, falling back to the
+    next newest (with a `CheckpointFallbackWarning` naming why) while one fails verification. The one fallback loop
+    of load and every export; restore has its own, which also marks what fails."""
+    import warnings
+
+    from preemptible.errors import CheckpointFallbackWarning
+
+    if step is not None:
+        return attempt(step)
+    infos = [i for i in ck.checkpoints() if not i.invalid]
     if not infos:
-        raise CheckpointNotFoundError(f"no committed checkpoint under {ck.root}: nothing to export", path=ck.root)
-    step: int = infos[-1].step
-    return step
+        raise CheckpointNotFoundError(f"no committed checkpoint under {ck.root}: nothing to read", path=ck.root)
+    for i, info in enumerate(reversed(infos)):
+        try:
+            return attempt(info.step)
+        except CheckpointCorruptError as e:
+            if i == len(infos) - 1:
+                raise
+            warnings.warn(
+                f"{e}; using the previous checkpoint (step {infos[-2 - i].step})",
+                CheckpointFallbackWarning,
+                stacklevel=3,
+            )
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def plain_name(name: str) -> str:
@@ -90,11 +110,16 @@ def export(
     """
     from preemptible.checkpoint import Checkpointer
 
-    ck = Checkpointer(root, storage_options=storage_options)
-    step = _newest(ck) if step is None else step
-    opened = ck.reader.open_base(step)
-    names = sorted((n for n in opened.manifest.files if layout.is_tensor_file(n)), key=plain_name)
     _check_empty(out)
+    ck = Checkpointer(root, storage_options=storage_options)
+    return _verified(ck, step, lambda s: _export_files(ck, s, out, on_bytes, on_total))
+
+
+def _export_files(
+    ck: Any, step: int, out: str, on_bytes: Callable[[int], None] | None, on_total: Callable[[int], None] | None
+) -> Exported:
+    opened = ck.reader.open(step)  # the one verified read path: manifest, documents, headers, sharding records
+    names = sorted((n for n in opened.manifest.files if layout.is_tensor_file(n)), key=plain_name)
     aliases = _aliases(ck, opened)
     os.makedirs(out, exist_ok=True)
     result = Exported(step=step, out=out, aliases=aliases)
@@ -190,25 +215,10 @@ def load(
         ValueError: a checkpoint of sharded tensors in a layout other than FSDP2's (one ``Shard`` or ``Replicate``
             placement on a 1-D mesh).
     """
-    import warnings
-
     from preemptible.checkpoint import Checkpointer
-    from preemptible.errors import CheckpointFallbackWarning
 
     ck = Checkpointer(root, storage_options=storage_options)
-    if step is not None:
-        return _load_step(ck, step, entry)
-    infos = [i for i in ck.checkpoints() if not i.invalid]
-    if not infos:
-        raise CheckpointNotFoundError(f"no committed checkpoint under {ck.root}: nothing to load", path=ck.root)
-    for i, info in enumerate(reversed(infos)):
-        try:
-            return _load_step(ck, info.step, entry)
-        except CheckpointCorruptError as e:
-            if i == len(infos) - 1:
-                raise
-            warnings.warn(f"{e}; loading the previous checkpoint", CheckpointFallbackWarning, stacklevel=2)
-    raise AssertionError("unreachable")  # pragma: no cover
+    return _verified(ck, step, lambda s: _load_step(ck, s, entry))
 
 
 def _load_step(ck: Any, step: int, entry: str | None, opened_out: list[Any] | None = None) -> dict[str, Any]:
@@ -224,57 +234,55 @@ def _load_step(ck: Any, step: int, entry: str | None, opened_out: list[Any] | No
 
 def _assembled(ck: Any, step: int, entry: str | None) -> dict[str, Any]:
     """The state of a checkpoint of sharded tensors (DTensor, FSDP2) with every one whole: each rank's files are read
-    (every byte checked) and its shards copied into place by the layout each rank recorded (a 1-D mesh, ``Shard`` or
-    ``Replicate``, as `preemptible.state.local_offset` describes it).
+    (every byte checked) and its shards copied into place by the records each rank wrote, once those records are
+    checked against the stored shards and shown to cover every element of every tensor exactly once
+    (`preemptible.checkpoint.shards`).
 
     Raises:
-        ValueError: a layout that is not one of those, or shards that do not cover a tensor.
+        CheckpointCorruptError: records that do not fit the stored shards, or do not cover a tensor exactly.
+        ValueError: a layout other than one ``Shard`` or ``Replicate`` placement on a 1-D mesh (FSDP2's).
     """
     import torch
 
+    from preemptible.checkpoint import shards
+
     world = ck.reader.manifest(step).world_size
-    whole: dict[str, torch.Tensor] = {}
-    rows: dict[str, int] = {}
     first = None
+    parts: list[tuple[Any, dict[str, torch.Tensor]]] = []
+    records: dict[str, list[shards.Record]] = {}
     for rank in range(world):
         opened = ck.reader.open(step, rank=rank, entry=entry)
         if first is None:
             first = opened
         else:  # the files every rank shares were read with rank 0's
             opened.selected = [n for n in opened.selected if layout.file_rank(n) == rank]
-        tensors = ck.reader.read_tensors(opened, None)
+            for name, recs in opened.shards.items():
+                opened.shards[name] = [r for r in recs if r.rank == rank]
+        for name, recs in opened.shards.items():
+            records.setdefault(name, []).extend(recs)
+        parts.append((opened, ck.reader.read_tensors(opened, None)))
+    assert first is not None
+    unchecked = shards.cover(records, world, first.bad)  # before a single row is placed
+    if unchecked:
+        raise ValueError(
+            f"the checkpoint of step {step}: {len(unchecked)} sharded tensor(s) are laid out in a way load() and "
+            f"export cannot assemble (e.g. {unchecked[0]}); expected one Shard or Replicate placement on a 1-D mesh "
+            "(FSDP2's fully_shard). Restore it under the same launch instead"
+        )
+    whole: dict[str, torch.Tensor] = {}
+    for opened, tensors in parts:
         for name, local in tensors.items():
-            meta = opened.dtensors.get(name)
-            if meta is None:
+            rec = next((r for r in records.get(name, ()) if r.rank == opened.entry_owner.get(name)), None)
+            if rec is None or rec.replicated:  # not sharded, or every rank holds all of it
                 whole.setdefault(name, local)
                 continue
-            placements, offset, shape = meta.get("placements") or [], meta.get("offset"), meta.get("shape")
-            match = re.fullmatch(r"Shard\(dim=(\d+)\)", placements[0]) if len(placements) == 1 else None
-            if offset is None or not isinstance(shape, list) or (match is None and placements != ["Replicate()"]):
-                raise ValueError(
-                    f"the checkpoint of step {step}: tensor {name!r} is sharded as {placements} on a mesh of shape "
-                    f"{meta.get('mesh')}; expected one Shard or Replicate placement on a 1-D mesh (FSDP2's "
-                    "fully_shard), which is what load() and export assemble"
-                )
-            if match is None:  # replicated: every rank holds all of it
-                whole.setdefault(name, local)
-                rows[name] = -1
-                continue
-            dim = int(match.group(1))
+            dim, offset = rec.shard_dim, rec.offset
+            assert dim is not None, name  # `cover` checked both
+            assert offset is not None, name
             full = whole.get(name)
             if full is None:
-                full = whole[name] = torch.empty(shape, dtype=local.dtype)
+                full = whole[name] = torch.empty(rec.shape, dtype=local.dtype)
             full.narrow(dim, offset[dim], local.shape[dim]).copy_(local)
-            rows[name] = rows.get(name, 0) + local.shape[dim]
-            if rows[name] == shape[dim]:
-                rows[name] = -1
-    short = sorted(n for n, r in rows.items() if r != -1)
-    if short:
-        raise ValueError(
-            f"the checkpoint of step {step}: the shards of {len(short)} tensor(s) do not cover them (e.g. "
-            f"{short[0]!r}): expected the shards of all {world} ranks that wrote it"
-        )
-    assert first is not None
     loaded: dict[str, Any] = ck.reader.rebuild(first, whole)
     return loaded
 
@@ -293,14 +301,12 @@ def _flat_tensors(obj: Any, path: str, out: dict[str, Any]) -> None:
             _flat_tensors(v, f"{path}/{i}" if path else str(i), out)
 
 
-def _source(root: str, out: str, step: int | None, storage_options: dict[str, Any] | None) -> tuple[Any, int]:
-    """The checkpointer of ``root`` and the step to export (default: the newest not marked invalid), once ``out``
-    is known to be empty."""
+def _source(root: str, out: str, storage_options: dict[str, Any] | None) -> Any:
+    """The checkpointer of ``root``, once ``out`` is known to be empty."""
     from preemptible.checkpoint import Checkpointer
 
     _check_empty(out)
-    ck = Checkpointer(root, storage_options=storage_options)
-    return ck, _newest(ck, valid=True) if step is None else step
+    return Checkpointer(root, storage_options=storage_options)
 
 
 def export_entry(
@@ -320,7 +326,11 @@ def export_entry(
         CheckpointNotFoundError, CheckpointCorruptError, ValueError: as `load`.
         FileExistsError: ``out`` holds files already.
     """
-    ck, step = _source(root, out, step, storage_options)
+    ck = _source(root, out, storage_options)
+    return _verified(ck, step, lambda s: _export_entry_step(ck, s, out, entry))
+
+
+def _export_entry_step(ck: Any, step: int, out: str, entry: str) -> Exported:
     opened: list[Any] = []
     state = _load_step(ck, step, entry, opened)
     tensors: dict[str, Any] = {}
@@ -371,31 +381,49 @@ def export_hf(
         ImportError: transformers is not installed.
         FileExistsError: ``out`` holds files already.
     """
+    ck = _source(root, out, storage_options)
+    return _verified(ck, step, lambda s: _export_hf_step(ck, s, out, entry))
+
+
+def _export_hf_step(ck: Any, step: int, out: str, entry: str) -> Exported:
     import torch
 
-    ck, step = _source(root, out, step, storage_options)
     recorded = ck.reader.manifest(step).extra.get("transformers") or {}
     record = recorded.get(entry) if isinstance(recorded, dict) else None
     if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
         raise ValueError(
             f"the checkpoint of step {step} records no Hugging Face model for entry {entry!r} (it records "
-            f"{sorted(recorded) if isinstance(recorded, dict) else 'none'}); --format hf needs an entry that was a "
-            "transformers PreTrainedModel when it was saved. Use --entry without --format for plain safetensors"
+            f"{sorted(map(str, recorded))[:20] if isinstance(recorded, dict) else 'none'}); --format hf needs an "
+            "entry that was a transformers PreTrainedModel when it was saved. Use --entry without --format for plain "
+            "safetensors"
         )
     try:
-        import transformers
+        import transformers  # noqa: F401
     except ImportError as e:
         raise ImportError("--format hf needs transformers: pip install 'preemptible[transformers]'") from e
-    cls = getattr(transformers, str(record.get("class")), None)
-    if cls is None:
-        import importlib
-
-        cls = getattr(importlib.import_module(str(record.get("module"))), str(record.get("class")))
+    cls, config_class = _hf_classes(record)
     opened: list[Any] = []
     state = _load_step(ck, step, entry, opened)
-    config = cls.config_class.from_dict(record["config"])
-    with torch.device("meta"):  # no random init of weights about to be replaced
-        model = cls(config)
+    stored = {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
+    _check_config(record["config"], stored)  # bounded by the checkpoint before anything is built
+    try:
+        config = config_class.from_dict(dict(record["config"]))
+        with torch.device("meta"):  # no random init of weights about to be replaced
+            model = cls(config)
+    except Exception as e:  # a hostile config can raise anything inside transformers: one line, not a traceback
+        raise ValueError(
+            f"the checkpoint of step {step}: the config recorded for entry {entry!r} does not build a "
+            f"{record['class']} ({type(e).__name__}: {str(e)[:200]}); export its weights with --entry instead"
+        ) from e
+    built = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    if built != stored:
+        differ = sorted(set(built) ^ set(stored)) or sorted(k for k in built if built[k] != stored[k])
+        raise ValueError(
+            f"the checkpoint of step {step}: a {record['class']} built from the recorded config has "
+            f"{sum(math.prod(s) for s in built.values())} parameters in {len(built)} tensors, the checkpoint stores "
+            f"{sum(math.prod(s) for s in stored.values())} in {len(stored)} (first differences: {differ[:3]}); the "
+            "config does not describe these weights. Export them with --entry instead"
+        )
     model.load_state_dict(state, strict=True, assign=True)
     model.tie_weights()
     model.save_pretrained(out)
@@ -406,6 +434,100 @@ def export_hf(
         result.bytes_written += os.path.getsize(p)
     _write_json(ck, result, entry=entry, layout="huggingface save_pretrained", **{"class": record.get("class")})
     return result
+
+
+_LAYER_FIELDS = (
+    "num_hidden_layers",
+    "n_layer",
+    "n_layers",
+    "num_layers",
+    "num_decoder_layers",
+    "encoder_layers",
+    "decoder_layers",
+)
+_WIDTH_FIELDS = (
+    "hidden_size",
+    "n_embd",
+    "d_model",
+    "intermediate_size",
+    "n_inner",
+    "vocab_size",
+    "n_head",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "ffn_dim",
+    "d_ff",
+    "n_positions",
+    "max_position_embeddings",
+)
+_LAYER_INDEX = re.compile(r"(?:^|\.)(?:h|layers?|blocks?|block)\.([0-9]{1,9})\.")
+
+
+def _hf_classes(record: dict[str, Any]) -> tuple[Any, Any]:
+    """The model and config classes of a recorded Hugging Face entry, through transformers' own registry alone:
+    the config's ``model_type`` names the config class (``CONFIG_MAPPING``), and the recorded class name must be one
+    the Auto classes register for that model type. Nothing a checkpoint names is imported."""
+    import transformers
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto import modeling_auto
+
+    model_type, name = record["config"].get("model_type"), record.get("class")
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        raise ValueError(
+            f"the recorded config's model_type {str(model_type)[:60]!r} is not one this transformers "
+            f"{transformers.__version__} knows; expected a model type of its registry (e.g. 'gpt2', 'llama')"
+        )
+    registered: set[str] = set()
+    for key, mapping in vars(modeling_auto).items():  # MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and its kind: type -> name
+        if not (key.startswith("MODEL_") and key.endswith("_MAPPING_NAMES") and isinstance(mapping, dict)):
+            continue
+        if isinstance(value := mapping.get(model_type), (str, tuple)):
+            registered.update((value,) if isinstance(value, str) else value)
+    if not isinstance(name, str) or name not in registered:
+        raise ValueError(
+            f"the recorded class {str(name)[:60]!r} is not a model class transformers registers for model type "
+            f"{model_type!r} (it registers {sorted(registered)[:8]}); export its weights with --entry instead"
+        )
+    return getattr(transformers, name), CONFIG_MAPPING[model_type]
+
+
+def _check_config(config: dict[str, Any], stored: dict[str, tuple[int, ...]]) -> None:
+    """Bound a recorded config by the stored tensors before a model is built from it (a layer count of a million
+    would build a million modules): its integers below `bounds.MAX_CONFIG_INT`, its layer counts equal to the layers
+    the tensor names hold, its widths no larger than the elements stored."""
+    from preemptible.store import bounds
+
+    def ints(value: Any, depth: int = 0) -> Any:
+        if depth > 8:
+            raise ValueError("the recorded config nests deeper than a config does")
+        if isinstance(value, dict):
+            for v in value.values():
+                ints(v, depth + 1)
+        elif isinstance(value, list):
+            for v in value:
+                ints(v, depth + 1)
+        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > bounds.MAX_CONFIG_INT:
+            raise ValueError(f"the recorded config holds the integer {str(value)[:30]}, beyond any model's size")
+
+    ints(config)
+    elements = sum(math.prod(s) for s in stored.values())
+    layers = {int(m.group(1)) for k in stored for m in [_LAYER_INDEX.search(k)] if m is not None}
+    # names with a layer index (``h.11.``, ``layers.3.``) say how many layers there are; else each has a tensor
+    have, what = (max(layers) + 1, "layer(s)") if layers else (len(stored), "tensors in all")
+    for key in _LAYER_FIELDS:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value <= have:
+            raise ValueError(
+                f"the recorded config says {key}={value}, the stored tensors hold {have} {what}; the config does "
+                "not describe these weights. Export them with --entry instead"
+            )
+    for key in _WIDTH_FIELDS:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value <= elements:
+            raise ValueError(
+                f"the recorded config says {key}={value}, larger than the {elements} elements stored; the config "
+                "does not describe these weights. Export them with --entry instead"
+            )
 
 
 def _write_json(ck: Any, result: Exported, **fields: Any) -> None:

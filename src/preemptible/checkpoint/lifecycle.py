@@ -7,6 +7,7 @@ to one root.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Callable
@@ -82,12 +83,12 @@ class Lifecycle:
         """Apply retention (`preemptible.store.retention`): delete committed checkpoints it allows to go, and stale
         leftovers. A checkpoint goes only once a newer one has validated; when older ones wait for that, the one
         ``just_saved`` is verified first (its files read back). Returns the deleted steps."""
-        infos = self.checkpoints(include_uncommitted=True)
+        infos = self._vouched_only(self.checkpoints(include_uncommitted=True))
         if just_saved is not None and retention.needs_validation(infos, self.keep, self.keep_best):
             newest = max((c for c in infos if c.committed), key=lambda c: c.step, default=None)
             if newest is not None and newest.step == just_saved.step and newest.status == "committed":
                 self._validate_at_save(just_saved)
-                infos = self.checkpoints(include_uncommitted=True)
+                infos = self._vouched_only(self.checkpoints(include_uncommitted=True))
         decision = retention.decide(infos, self.keep, self.keep_best)
         states = {c.step: self.markers.read(c.path).state for c in infos if c.step in decision.delete}
         for step in decision.delete:
@@ -97,6 +98,15 @@ class Lifecycle:
             kept = sorted(c.step for c in infos if c.committed and c.step not in decision.delete)
             self.events.event(Event.ROTATED, None, deleted=deleted, kept=kept)
         return deleted
+
+    def _vouched_only(self, infos: list[CheckpointInfo]) -> list[CheckpointInfo]:
+        """``infos`` with "validated" kept only where this process validated the commit: retention deletes on a
+        validation performed against the bytes, never on a marker read from storage alone (a forged, copied or
+        stale VALID.json)."""
+        return [
+            dataclasses.replace(c, validated=False) if c.validated and not self.markers.vouched(c.path) else c
+            for c in infos
+        ]
 
     def mark_finished(self, step: int) -> None:
         """Leave ``DONE.json`` in the root: the run finished all its steps (a wrapper tells "done" from "preempted")."""
@@ -145,13 +155,15 @@ class Lifecycle:
         directory = self.path_of(step)
         before = self.markers.read(directory)
         try:
-            opened = self.reader.open(step)
-            self.reader.read(opened, None)
+            opened = self.reader.open(step)  # every rank's files; a sharded root's records and their cover checked
+            # the bytes as stored (a sharded tensor: each rank's shard), no live state needed: nothing is placed
+            self.reader.rebuild(opened, self.reader.read_tensors(opened, None))
         except CheckpointCorruptError as e:
             if mark and before.state is not State.UNCOMMITTED:
                 self.markers.record(directory, Transition.CONTENT_FAIL, now=self._now(), reason=str(e), by="verify")
             raise
         notes = [f"extra file not in COMMIT.json (ignored): {n}" for n in opened.extra_files]
+        notes += [f"sharded tensor whose cover of the whole is not checked here: {u}" for u in opened.unchecked]
         if before.state is State.INVALID:
             notes.append(
                 f"marked invalid earlier ({before.invalid_reason}); its files pass now, but a checkpoint that failed "

@@ -19,11 +19,13 @@ from typing import Any
 
 import torch
 
+from preemptible.checkpoint import shards as shard_records
 from preemptible.errors import (
     CheckpointCorruptError,
     CheckpointNotFoundError,
     FileTooLargeError,
     NotRegularFileError,
+    StateMismatchError,
 )
 from preemptible.progress import Meter
 from preemptible.state import PlainFit, group_of, unflatten
@@ -55,6 +57,10 @@ class Opened:
     selected: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     dtensors: dict[str, dict[str, Any]] = field(default_factory=dict)
+    shards: dict[str, list[shard_records.Record]] = field(default_factory=dict)
+    """Sharded tensors' records by name, one per rank opened, each checked against its stored shard."""
+    unchecked: list[str] = field(default_factory=list)
+    """Sharded tensors whose cover of the whole could not be checked here (their layout), one line each."""
     entry_owner: dict[str, int | None] = field(default_factory=dict)
     source_rank: int | None = None  # the rank whose per-rank state this rank restores (None: every rank's)
     reshard: Any = None  # a `reshard.Plan` when the checkpoint is restored at another layout
@@ -213,12 +219,14 @@ class Reader:
         opened = self.open_base(step)
         opened.selected = _select(opened.manifest, rank, opened)
         opened.tree = {}
+        records: dict[int | None, dict[str, Any]] = {}  # each document's sharding records, by its rank
         for name in [n for n in opened.selected if n.endswith(".json")]:
             doc = self.read_doc(opened, name)
             tree = doc["tree"]
             if rank is None or name == layout.STATE or not (opened.tree.keys() & tree.keys()):
                 opened.tree.update(tree)
             self.merge_doc(opened, doc)
+            records.setdefault(layout.file_rank(name), {}).update(doc.get("dtensors") or {})
         if entry is not None:
             if entry not in opened.tree:
                 raise CheckpointNotFoundError(
@@ -243,7 +251,28 @@ class Reader:
             opened.entries.update(by_name)
             opened.entry_owner.update(dict.fromkeys(by_name, owner))
             opened.file_entries[name] = entries
+        self._check_shards(opened, records, every_rank=rank is None and entry is None)
         return opened
+
+    @staticmethod
+    def _check_shards(opened: Opened, records: Mapping[int | None, Mapping[str, Any]], *, every_rank: bool) -> None:
+        """Every sharding record of the documents read, checked against the shard its rank stored (`shards.check`);
+        with ``every_rank`` (all files opened), their cover of each whole tensor too (`shards.cover`)."""
+        stored: dict[tuple[int | None, str], tuple[int, ...]] = {}
+        for name, entries in opened.file_entries.items():
+            owner = layout.file_rank(name)
+            for e in entries:
+                stored[(owner, e.name)] = e.shape
+        for owner, metas in records.items():
+            for name, meta in metas.items():
+                shape = stored.get((owner, name))
+                if shape is None:
+                    shape = stored.get((None, name))
+                if shape is None:
+                    continue  # not among the files opened (an entry of another state entry); no reader uses it
+                opened.shards.setdefault(name, []).append(shard_records.check(name, meta, shape, owner, opened.bad))
+        if every_rank and opened.shards:
+            opened.unchecked = shard_records.cover(opened.shards, opened.manifest.world_size, opened.bad)
 
     @staticmethod
     def rewrap(opened: Opened, tensors: dict[str, Any], live: Mapping[str, Any]) -> None:
@@ -262,8 +291,18 @@ class Reader:
             if existing is not None and existing.to_local().data_ptr() == local.data_ptr():
                 tensors[name] = existing
                 continue
-            if mesh is None:
-                raise opened.bad(f"{name} is sharded (DTensor) but the live state has no device mesh to place it on")
+            if mesh is None:  # not the checkpoint's fault: nothing here can place it (never a content failure)
+                why = (
+                    f"{name} is sharded (DTensor) in the checkpoint, but the live state has no device mesh to place "
+                    "it on: restore it under the same kind of launch (torchrun, fully_shard), or read it whole with "
+                    "preemptible.load()"
+                )
+                raise StateMismatchError(
+                    f"the checkpoint of step {opened.step} at {opened.directory}: {why}",
+                    path=opened.directory,
+                    step=opened.step,
+                    differences=[why],
+                )
             tensors[name] = DTensor.from_local(
                 local,
                 mesh,

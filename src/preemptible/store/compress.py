@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from preemptible.errors import CheckpointCorruptError
-from preemptible.store import checksum
+from preemptible.store import bounds, checksum
 from preemptible.store import format as tensor_format
 from preemptible.store.threads import Pool
 
@@ -60,10 +60,8 @@ FRAME_BYTES = 4 << 20
 SAMPLE_BYTES = 64 << 10
 RAW_ABOVE = 0.97
 """A plane whose sample compresses to more than this share of itself is stored raw."""
-MAX_INDEX_BYTES = 64 << 20
-MAX_FRAME_BYTES = 64 << 20
-"""The largest decoded frame a reader accepts (the writer's are at most `FRAME_BYTES`; frame 0, the header, at
-most safetensors' own header limit): a hostile index cannot make a reader allocate more."""
+MAX_INDEX_BYTES = bounds.MAX_INDEX_BYTES
+MAX_FRAME_BYTES = bounds.MAX_FRAME_BYTES
 DEFAULT_LEVEL = 1
 TAIL_BYTES = 16
 

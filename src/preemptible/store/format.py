@@ -27,15 +27,15 @@ import orjson
 import torch
 
 from preemptible.errors import CheckpointCorruptError, UnsupportedStateError
-from preemptible.store import checksum, direct, vcopy
+from preemptible.store import bounds, checksum, direct, vcopy
 from preemptible.store.assist import Assisted, Piece, ShortRead
 from preemptible.store.layout import Chunks
 from preemptible.store.threads import Pool
 from preemptible.store.vcopy import memmove as _memmove
 
-MAX_HEADER_BYTES = 100 * 1024 * 1024  # the limit safetensors itself enforces
-MAX_DIMS = 64  # torch's own limit on a tensor's dimensions
-MAX_EXTENT = 1 << 62  # the product of a shape's extents (zeros counted as 1), times the item size: strides fit int64
+MAX_HEADER_BYTES = bounds.MAX_HEADER_BYTES
+MAX_DIMS = bounds.MAX_DIMS
+MAX_EXTENT = bounds.MAX_EXTENT
 CHUNK_BYTES = 16 * 1024 * 1024  # writes: large, for the disk
 HASH_BYTES = 1 << 20  # writes hash a piece in parts that stay in the CPU's cache for both of their checksums
 READ_CHUNK_BYTES = 512 << 10

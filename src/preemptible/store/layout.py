@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from typing import Any, TypeGuard
 
 from preemptible.errors import CheckpointCorruptError
+from preemptible.store import bounds
 
 FORMAT_VERSION = 2
 """The newest format this library reads and writes. Version 2 adds compressed tensor files (`COMPRESSED_SUFFIX`); a
@@ -31,7 +32,7 @@ DONE = "DONE.json"
 JOURNAL_DIR = "journal"
 TENSOR_SUFFIX = ".safetensors"
 COMPRESSED_SUFFIX = ".safetensors.zst"
-MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+MAX_MANIFEST_BYTES = bounds.MAX_MANIFEST_BYTES
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 
 
@@ -261,9 +262,24 @@ class Manifest:
         algo = doc.get("checksum_algorithm")
         if not isinstance(algo, str):
             raise bad(f"expected a checksum_algorithm string, found {algo!r}")
+        forms: dict[str, str] = {}
+        for name in files:  # one tensor file stored two ways: which one holds the state is anyone's guess
+            plain = name.removesuffix(".zst") if name.endswith(COMPRESSED_SUFFIX) else name
+            if plain in forms:
+                raise bad(
+                    f"COMMIT.json lists {forms[plain]!r} and {name!r}, two stored forms of one file; a save writes "
+                    "one of them, so one was added to the checkpoint: it cannot be trusted"
+                )
+            forms[plain] = name
         world = doc.get("world_size", 1)
-        if not _is_int(world) or world < 1:
-            raise bad(f"expected a world_size >= 1, found {world!r}")
+        if not _is_int(world) or not 1 <= world <= bounds.MAX_WORLD_SIZE:
+            raise bad(f"expected a world_size from 1 to {bounds.MAX_WORLD_SIZE}, found {str(world)[:40]!r}")
+        ranks = {r for r in map(file_rank, files) if r is not None}
+        if ranks and world != max(ranks) + 1:
+            raise bad(
+                f"world_size {world} does not match the per-rank files it lists (ranks {min(ranks)} to "
+                f"{max(ranks)}: a world of {max(ranks) + 1}); the checkpoint cannot be trusted"
+            )
         probe = doc.get("probe")
         if probe is not None and not isinstance(probe, (int, float)):
             raise bad(f"expected a number or null as probe, found {probe!r}")

@@ -28,12 +28,12 @@ from enum import Enum
 from typing import Any
 
 from preemptible.errors import LifecycleError
-from preemptible.store import layout
+from preemptible.store import bounds, checksum, layout
 from preemptible.store.io import Storage
 
 log = logging.getLogger("preemptible")
 
-MAX_MARKER_BYTES = 1 << 20
+MAX_MARKER_BYTES = bounds.MAX_MARKER_BYTES
 
 
 class State(str, Enum):
@@ -71,6 +71,9 @@ TRANSITIONS: Mapping[tuple[State, Transition], State] = {
 a new save of its step replaces it), and anything out of deleted or quarantined."""
 
 
+_VERDICTS = (Transition.VERIFY_PASS, Transition.CONTENT_FAIL)
+
+
 def advance(state: State, transition: Transition) -> State:
     """The state after ``transition``.
 
@@ -103,31 +106,70 @@ class Markers:
 
     def __init__(self, storage: Storage) -> None:
         self.storage = storage
+        self._vouched: dict[str, str] = {}
+        """Directories this process validated (checksums against the bytes, by restore, verify or a save's read
+        back), with the checksum of the ``COMMIT.json`` it validated."""
+
+    def vouched(self, directory: str) -> bool:
+        """Whether this process validated the commit now in ``directory`` (rotation deletes only on that, never on a
+        marker read from storage alone)."""
+        seen = self._vouched.get(directory)
+        if seen is None:
+            return False
+        try:
+            return self._commit_checksum(directory) == seen
+        except FileNotFoundError:
+            return False
 
     def _path(self, directory: str, name: str) -> str:
         return self.storage.join(directory, name)
 
     def read(self, directory: str) -> Verdict:
-        """The state of ``directory`` from its files (an unreadable marker counts as present)."""
-        s = self.storage
-        if not s.exists(self._path(directory, layout.COMMIT)):
+        """The state of ``directory`` from its files.
+
+        IMPORTANT: a marker vouches only for the commit it names (``commit``: the checksum of the ``COMMIT.json``
+        it was written for). One that is a link or not a regular file, unparsable, or that names another commit
+        (left stale, copied from another root, written by hand, or written before markers named their commit)
+        counts as absent: the step is then committed, not yet validated, and the next validation rewrites it.
+        """
+        try:
+            commit = self._commit_checksum(directory)
+        except FileNotFoundError:
             return Verdict(State.UNCOMMITTED)
-        invalid = self._path(directory, layout.INVALID)
-        if s.exists(invalid):
-            try:
-                doc = json.loads(s.read_bytes(invalid, MAX_MARKER_BYTES))
-                reason = str(doc.get("reason", "marked invalid")) if isinstance(doc, dict) else "marked invalid"
-            except (OSError, ValueError, RecursionError):
-                reason = "marked invalid"
-            return Verdict(State.INVALID, invalid_reason=reason)
-        valid = self._path(directory, layout.VALID)
-        if s.exists(valid):
-            try:
-                doc = json.loads(s.read_bytes(valid, MAX_MARKER_BYTES))
-            except (OSError, ValueError, RecursionError):
-                doc = None
-            return Verdict(State.VALIDATED, valid_doc=doc if isinstance(doc, dict) else None)
+        invalid = self._marker(directory, layout.INVALID, commit)
+        if invalid is not None:
+            reason = invalid.get("reason", "marked invalid")
+            return Verdict(State.INVALID, invalid_reason=reason if isinstance(reason, str) else "marked invalid")
+        valid = self._marker(directory, layout.VALID, commit)
+        if valid is not None:
+            return Verdict(State.VALIDATED, valid_doc=valid)
         return Verdict(State.COMMITTED)
+
+    def _commit_checksum(self, directory: str) -> str | None:
+        """The checksum of the directory's ``COMMIT.json`` bytes; None when it cannot be read (a link out of the
+        root, a directory, too large: no marker can vouch for it). Raises FileNotFoundError when there is none."""
+        s = self.storage
+        path = self._path(directory, layout.COMMIT)
+        try:
+            if not s.exists(path):
+                raise FileNotFoundError(path)
+            return checksum.of_bytes(s.read_bytes(path, bounds.MAX_MANIFEST_BYTES))
+        except FileNotFoundError:
+            raise
+        except (OSError, ValueError):  # NotRegularFileError, OutsideRootError, FileTooLargeError are ValueErrors
+            return None
+
+    def _marker(self, directory: str, name: str, commit: str | None) -> dict[str, Any] | None:
+        """The marker's document when it is a regular file inside the root that parses and names ``commit``."""
+        if commit is None:
+            return None
+        try:
+            doc = json.loads(self.storage.read_bytes(self._path(directory, name), MAX_MARKER_BYTES))
+        except (OSError, ValueError, RecursionError):  # absent, a link, not a regular file, too large, not JSON
+            return None
+        if not isinstance(doc, dict) or doc.get("commit") != commit:
+            return None
+        return doc
 
     def record(self, directory: str, transition: Transition, *, now: str, **doc: Any) -> State:
         """Apply ``transition`` to the checkpoint in ``directory`` and write what it changes.
@@ -142,16 +184,22 @@ class Markers:
         after = advance(before, transition)
         s = self.storage
         try:
+            commit = self._commit_checksum(directory) if transition in _VERDICTS else None
+            if transition in _VERDICTS and commit is None:  # nothing a marker could name: it would count as absent
+                raise OSError(f"{layout.COMMIT} could not be read back to name it")
             if transition is Transition.VERIFY_PASS:
-                body = {"validated_at": now, "checksums": True, **doc}
+                assert commit is not None
+                self._vouched[directory] = commit  # validated here, whether or not its marker can be written
+                body = {"validated_at": now, "checksums": True, **doc, "commit": commit}
                 s.publish(self._path(directory, layout.VALID), json.dumps(body).encode())
             elif transition is Transition.CONTENT_FAIL:
                 # IMPORTANT: INVALID.json first, VALID.json removed after: a crash in between leaves both, and
                 # INVALID wins, so a checkpoint that failed is never reported as validated.
-                body = {"invalidated_at": now, **doc}
+                self._vouched.pop(directory, None)
+                body = {"invalidated_at": now, **doc, "commit": commit}
                 s.publish(self._path(directory, layout.INVALID), json.dumps(body).encode())
                 s.remove(self._path(directory, layout.VALID))
-        except OSError as e:
+        except (OSError, ValueError) as e:  # ValueError: a marker's path is a link out of the root, a directory
             log.warning("could not record that %s is %s (%s); its markers are as they were", directory, after.value, e)
             return before
         return after

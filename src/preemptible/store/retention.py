@@ -41,9 +41,13 @@ def figure_of(c: CheckpointInfo, name: str) -> float | None:
     """The value of figure ``name`` recorded with checkpoint ``c`` (a finite number), or None."""
     figures = c.manifest.extra.get("figures") if c.manifest is not None else None
     value = figures.get(name) if isinstance(figures, dict) else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value)
+    try:
+        number = float(value)  # an int beyond a float's range (10**400) is no figure to rank by
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def best_step(checkpoints: Iterable[CheckpointInfo], best: Best) -> int | None:
