@@ -389,20 +389,40 @@ def test_slurm_requeue_survives_the_sigterm_that_ends_its_own_step(
     assert notice_at_step_1(tmp_path / "ckpt")[0]["ok"] is True
 
 
-# One line of `scontrol show job -o` from a real Slurm 22.05 job (scripts/slurm_cluster.py), cut after Partition.
-SHOW_JOB = (
-    "JobId=5 JobName=probe.sh UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901755 Nice=0 Account=(null) "
-    "QOS=(null) JobState={state} Reason=None Dependency=(null) Requeue={requeue} Restarts=1 BatchFlag=1 Reboot=0 "
-    "ExitCode=0:0 RunTime=00:00:44 TimeLimit=UNLIMITED TimeMin=N/A SubmitTime=2026-12-01T00:37:42 Partition=low"
-)
+# `squeue --noheader --states=all --jobs J --Format=State:40,Requeue:12` of a real Slurm 22.05 job
+# (scripts/slurm_cluster.py): the two fields padded to their widths, nothing else of the job.
+SQUEUE = "{state:<40}{requeue:<12}"
+
+
+def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, squeue: str) -> Path:
+    """``squeue`` printing ``squeue`` (a shell snippet), ``scontrol`` recording its calls (the requeue)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    calls = tmp_path / "scontrol-calls"
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\n{squeue}\n")
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    for name in ("squeue", "scontrol"):
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "5")
+    return calls
+
+
+def stop_at_step_1(tmp_path: Path) -> list[dict[str, Any]]:
+    run = Run(tmp_path / "ckpt", exit_on_notice=False, **parts())
+    for step in run.steps(5):
+        if step == 1:
+            run.guard.trigger(source="signal")
+    return [e for e in journal(tmp_path / "ckpt") if e["event"] == "requeue"]
 
 
 @pytest.mark.parametrize(
     ("case", "expected"),
     [
         (("RUNNING", "1", ""), True),  # preempted, or a --signal before the time limit: comes back
-        (("COMPLETING", "1", ""), False),  # scancel by its user: stays cancelled
-        (("RUNNING", "0", ""), False),  # not submitted with --requeue
+        (("CANCELLED", "1", ""), False),  # scancel by its user: stays cancelled
+        (("COMPLETING", "1", ""), False),
+        (("RUNNING", "0", ""), False),  # not requeueable
         (("COMPLETING", "1", "1"), True),  # forced
         (("RUNNING", "1", "0"), False),  # off
     ],
@@ -411,24 +431,42 @@ def test_slurm_requeues_by_default_when_the_job_is_requeueable_and_running(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: tuple[str, str, str], expected: bool
 ) -> None:
     state, requeue, env = case
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    calls = tmp_path / "scontrol-calls"
-    line = SHOW_JOB.format(state=state, requeue=requeue)
-    (bin_dir / "scontrol").write_text(
-        f'#!/bin/sh\nif [ "$1" = show ]; then echo "{line}"; else echo "$@" >> {calls}; fi\n'
-    )
-    (bin_dir / "scontrol").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
-    monkeypatch.setenv("SLURM_JOB_ID", "5")
+    calls = fake_slurm(tmp_path, monkeypatch, f'echo "{SQUEUE.format(state=state, requeue=requeue)}"')
     monkeypatch.setenv("PREEMPTIBLE_SLURM_REQUEUE", env)
-    run = Run(tmp_path / "ckpt", exit_on_notice=False, **parts())
-    for step in run.steps(5):
-        if step == 1:
-            run.guard.trigger(source="signal")
+    (event,) = stop_at_step_1(tmp_path)
     assert calls.exists() == expected
-    event = [e for e in journal(tmp_path / "ckpt") if e["event"] == "requeue"][0]
     assert event["ok"] is expected and event["why"]
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        "printf 'RUNNING \\377\\376 1\\n'",  # bytes that are not UTF-8
+        "printf 'RUNNING\\n'",  # one field
+        "printf 'RUNNING 1\\nRUNNING 1\\n'",  # two jobs
+        "printf 'JobState=RUNNING Requeue=1\\n'",  # what a job name could say, were it printed
+        "exit 1",
+    ],
+    ids=["not-utf8", "one-field", "two-lines", "fields-in-text", "fails"],
+)
+def test_regression_50_7_a_slurm_answer_that_cannot_decide_is_journaled_and_the_exit_stays_clean(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, output: str
+) -> None:
+    """Issue 50 item 7: non-UTF-8 bytes from ``scontrol show job`` raised out of the requeue decision (traceback,
+    exit 1); a job name holding ``JobState=RUNNING Requeue=1`` was read as those fields. squeue now prints only the
+    two fields; anything but one line of a state and a flag is "cannot say": journaled, not requeued, no raise."""
+    calls = fake_slurm(tmp_path, monkeypatch, output)
+    monkeypatch.setenv("PREEMPTIBLE_SLURM_REQUEUE", "")
+    (event,) = stop_at_step_1(tmp_path)
+    assert event["ok"] is False and "could not say" in event["why"]
+    assert not calls.exists()
+
+
+def test_regression_50_7_the_squeue_query_never_prints_the_job_name() -> None:
+    from preemptible.sources import slurm
+
+    assert slurm.parse_job("x JobState=RUNNING Requeue=1 y RUNNING 1") is None
+    assert slurm.parse_job(SQUEUE.format(state="RUNNING", requeue="1")) == {"JobState": "RUNNING", "Requeue": "1"}
 
 
 def test_a_late_slurm_warning_after_a_finished_run_does_not_kill_the_process(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Mapping
@@ -38,32 +39,44 @@ def requeue_wanted(env: Mapping[str, str] | None = None) -> bool | None:
     return None
 
 
+_STATE = re.compile(r"[A-Z][A-Z_]{1,31}", re.ASCII)
+_FLAG = {"1": "1", "yes": "1", "true": "1", "0": "0", "no": "0", "false": "0"}
+
+
 def job_info(env: Mapping[str, str] | None = None, *, timeout: float = 10.0) -> dict[str, str] | None:
-    """``scontrol show job -o $SLURM_JOB_ID`` as a dict (``JobState``, ``Requeue``, ``Restarts``, ...), or None."""
+    """The job's ``JobState`` and ``Requeue`` flag, or None when they cannot be had.
+
+    Asked of ``squeue`` with a format string that names those two fields alone (``--Format=State,Requeue``), so that
+    nothing the job's owner chose (its name, comment, working directory) is in the output: a job name holding
+    ``JobState=RUNNING Requeue=1`` cannot be read as those fields. The output is decoded with errors replaced (a
+    non-UTF-8 byte never raises), and anything but exactly one line of two known tokens is None ("cannot say")."""
     env = os.environ if env is None else env
     job = env.get("SLURM_JOB_ID", "")
-    scontrol = shutil.which("scontrol", path=env.get("PATH"))
-    if not job or scontrol is None:
+    squeue = shutil.which("squeue", path=env.get("PATH"))
+    if not job or squeue is None:
         return None
+    argv = [squeue, "--noheader", "--states=all", "--jobs", job, "--Format=State:40,Requeue:12"]
     try:
-        argv = [scontrol, "show", "job", "-o", job]
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        done = subprocess.run(argv, capture_output=True, timeout=timeout, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
-        log.warning("scontrol show job %s failed: %s", job, e)
+        log.warning("squeue for job %s failed: %s", job, e)
         return None
     if done.returncode != 0:
+        log.warning("squeue for job %s exited %d", job, done.returncode)
         return None
-    return parse_job(done.stdout)
+    return parse_job(done.stdout.decode("utf-8", errors="replace"))
 
 
-def parse_job(text: str) -> dict[str, str]:
-    """``Key=Value`` fields of one line of ``scontrol show job -o`` (values without spaces; the rest is skipped)."""
-    out = {}
-    for token in text.split():
-        key, eq, value = token.partition("=")
-        if eq and key and key not in out:
-            out[key] = value
-    return out
+def parse_job(text: str) -> dict[str, str] | None:
+    """``squeue --noheader --Format=State,Requeue`` output as ``{"JobState": ..., "Requeue": "1" | "0"}``, or None
+    when it is not exactly one line of a state and a flag."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) != 1:
+        return None
+    tokens = lines[0].split()
+    if len(tokens) != 2 or not _STATE.fullmatch(tokens[0]) or tokens[1].lower() not in _FLAG:
+        return None
+    return {"JobState": tokens[0], "Requeue": _FLAG[tokens[1].lower()]}
 
 
 def decide(wanted: bool | None, info: Mapping[str, str] | None) -> tuple[bool, str]:
@@ -75,7 +88,8 @@ def decide(wanted: bool | None, info: Mapping[str, str] | None) -> tuple[bool, s
     if info is None:
         return (
             False,
-            f"scontrol could not say whether the job is requeueable; not requeued (set {REQUEUE_ENV}=1 to force)",
+            f"squeue could not say whether the job is requeueable (not on PATH, failed, or an answer that is not one "
+            f"state and one flag); not requeued (set {REQUEUE_ENV}=1 to force)",
         )
     if info.get("Requeue") != "1":
         return False, "the job is not requeueable (Requeue=0): submit it with --requeue to have it come back"
