@@ -17,6 +17,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
+
 from preemptible.events import Event
 from preemptible.notice import Clock
 from preemptible.store import layout
@@ -25,17 +27,56 @@ from preemptible.store.io import Storage
 log = logging.getLogger("preemptible")
 
 
-def _clean(value: Any) -> Any:
-    """JSON-safe: non-finite floats become strings, unknown objects their str()."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
+RESERVED = ("t", "event", "step", "rank", "file")
+"""The fields the journal writes itself (``file``: the reader adds it, the file an event came from). A field given
+to `Journal.event` (and so to ``run.log``) under one of these names is kept under ``user_<name>`` instead."""
+
+MAX_LINE = 1 << 20
+"""The longest journal line `read` parses (bytes); a longer one is skipped and counted. The journal writes lines of
+a few hundred bytes."""
+
+MAX_FILE = 1 << 30
+"""How much of one journal file `read` reads (bytes); the rest is skipped and counted."""
+
+_INT_LIMIT = 1 << 63
+
+
+def clean(value: Any) -> Any:
+    """A value as the journal keeps it, in a form every JSON reader accepts: non-finite floats become the strings
+    ``"nan"``, ``"inf"`` and ``"-inf"``; an int outside the signed 64-bit range becomes the nearest float, or
+    ``"inf"``/``"-inf"`` beyond the float range; dict keys become strings; any other object its ``str()``."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(float(value))
+    if isinstance(value, int) and not isinstance(value, bool):
+        if -_INT_LIMIT <= value < _INT_LIMIT:
+            return int(value)
+        try:
+            return float(value)
+        except OverflowError:
+            return "inf" if value > 0 else "-inf"
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float, str)):
+        return [clean(v) for v in value]
+    if value is None or isinstance(value, (bool, str)):
         return value
-    return str(value)
+    try:
+        return str(value)
+    except Exception:  # a user's object whose __str__ fails: the journal goes on without it
+        return f"<unprintable {type(value).__name__}>"
+
+
+def user_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` with every name the journal writes itself (`RESERVED`) moved to ``user_<name>`` (again, until the
+    name is free), so that no event can lose its time, kind, step, rank or file to a figure of the same name."""
+    out = {k: v for k, v in fields.items() if k not in RESERVED}
+    for k, v in fields.items():
+        if k in RESERVED:
+            name = f"user_{k}"
+            while name in out or name in RESERVED:
+                name = f"user_{name}"
+            out[name] = v
+    return out
 
 
 class Journal:
@@ -72,8 +113,12 @@ class Journal:
         now = self._clock()
         self.last_at = now
         record: dict[str, Any] = {"t": layout.now_iso(now), "event": event, "step": step, "rank": self.rank}
-        record.update(_clean(fields))
-        line = json.dumps(record, allow_nan=False) + "\n"
+        try:
+            record.update(clean(user_fields(fields)))
+            line = json.dumps(record, allow_nan=False) + "\n"
+        except (ValueError, TypeError, RecursionError) as e:  # nested too deep, say: the event without its fields
+            record = {**record, "unrecordable": f"{type(e).__name__}: the fields given could not be recorded"}
+            line = json.dumps(record, allow_nan=False) + "\n"
         with self._lock:
             if self._failed:
                 return record
@@ -151,18 +196,86 @@ class Journal:
                 self._file = None
 
 
-def read(storage: Storage) -> Iterator[dict[str, Any]]:
-    """Every event under ``<root>/journal``, files in name (start-time) order, skipping torn last lines."""
+def read(storage: Storage, *, skipped: dict[str, int] | None = None) -> Iterator[dict[str, Any]]:
+    """Every event under ``<root>/journal``, files in name (start-time) order, streamed: memory does not grow with
+    a journal's length. Each event gets ``file``, the name of the file it came from (whatever the line says).
+
+    Args:
+        storage: the checkpoint root's storage.
+        skipped: if given, counts what was left out by why: ``unparsable_lines`` (torn by kill -9, not JSON, not a
+            JSON object), ``long_lines`` (longer than `MAX_LINE`), ``files_cut`` (files beyond `MAX_FILE`).
+    """
+    counts: dict[str, int] = skipped if skipped is not None else {}
     directory = storage.join(storage.root, layout.JOURNAL_DIR)
-    for name in storage.listdir(directory):
+    for name in sorted(storage.listdir(directory)):
         if not name.endswith(".jsonl"):
             continue
-        raw = storage.read_bytes(storage.join(directory, name), 1 << 30)
-        for line in raw.decode("utf-8", errors="replace").splitlines():
-            try:
-                record = json.loads(line)
-            except (ValueError, RecursionError):
-                continue  # a line torn by kill -9 (or one no journal writes: nested too deep to be an event)
-            if isinstance(record, dict):
-                record.setdefault("file", name)
-                yield record
+        for line in _lines(storage, storage.join(directory, name), counts):
+            record = _parse(line)
+            if not isinstance(record, dict):
+                counts["unparsable_lines"] = counts.get("unparsable_lines", 0) + 1
+                continue
+            record["file"] = name
+            yield record
+
+
+def _parse(line: bytes) -> Any:
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        pass  # NaN, Infinity, ints beyond 64 bits, bytes that are not UTF-8: the standard library's reading, or none
+    try:
+        return json.loads(line.decode("utf-8", errors="replace"))
+    except (ValueError, RecursionError):
+        return None  # a line torn by kill -9 (or one no journal writes: nested too deep to be an event)
+
+
+def _lines(storage: Storage, path: str, counts: dict[str, int]) -> Iterator[bytes]:
+    """The lines of one file, read in chunks; a line longer than `MAX_LINE` is skipped whole."""
+    chunk = bytearray(1 << 20)
+    view = memoryview(chunk)
+    pending = bytearray()
+    too_long = False
+    total = 0
+    stream = storage.open_read(path)
+    try:
+        while True:
+            n = stream.readinto(view)
+            if not n:
+                break
+            total += n
+            data = view[:n]
+            start = 0
+            while True:
+                end = chunk.find(b"\n", start, n)
+                if end < 0:
+                    if not too_long:
+                        pending += data[start:]
+                        if len(pending) > MAX_LINE:
+                            too_long, pending = True, bytearray()
+                    break
+                if too_long:
+                    counts["long_lines"] = counts.get("long_lines", 0) + 1
+                    too_long = False
+                elif pending:
+                    pending += data[start:end]
+                    if len(pending) > MAX_LINE:
+                        counts["long_lines"] = counts.get("long_lines", 0) + 1
+                    else:
+                        yield bytes(pending)
+                    pending = bytearray()
+                elif end - start > MAX_LINE:
+                    counts["long_lines"] = counts.get("long_lines", 0) + 1
+                elif end > start:
+                    yield bytes(data[start:end])
+                start = end + 1
+            if total >= MAX_FILE:
+                counts["files_cut"] = counts.get("files_cut", 0) + 1
+                return
+    finally:
+        with contextlib.suppress(Exception):
+            stream.close()
+    if too_long:
+        counts["long_lines"] = counts.get("long_lines", 0) + 1
+    elif pending:
+        yield bytes(pending)

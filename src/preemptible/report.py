@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -36,6 +37,19 @@ _STEP_EVENTS = frozenset(
     {"log", "progress", "save_started", "save_committed", "notice", "exit", "done", "resume", "fresh"}
 )
 
+MAX_POINTS = 2000
+"""Points kept per figure (``run.log`` name) for ``--html``, ``--png`` and ``--json``: a longer series is evenly
+thinned to at most this many (``figures_downsampled`` says which, and how many points each had)."""
+MAX_FIGURES = 64
+"""Figure names kept (the first ones seen); more are counted in ``skipped``."""
+MAX_SPANS = 1000
+"""Saves and notices kept per attempt for the timeline and the list of preemptions (the totals count them all)."""
+_MAX_NAME = 200
+_MAX_TEXT = 300
+_MAX_STEP = 1 << 53  # a step beyond this is not a step count (and would not survive float arithmetic)
+_MAX_SECONDS = 1e9  # 30 years: a duration beyond this in a journal is not one
+_KEEP_COMMITS = 1024  # commit times kept per attempt: where its redone steps began (the newest checkpoints)
+
 
 BADPUT_LABELS = {
     "saves_s": "saves (training stood still)",
@@ -47,9 +61,68 @@ BADPUT_LABELS = {
 }
 """``badput_s``'s keys, in the order shown, and how the text and the page name them."""
 
+SKIPPED_LABELS = {
+    "unparsable_lines": "unparsable line(s)",
+    "long_lines": f"line(s) too long (over {journal.MAX_LINE} bytes)",
+    "events": "event(s) of unknown shape",
+    "files_cut": f"file(s) cut at {journal.MAX_FILE} bytes",
+    "figure_names": f"figure name(s) beyond the first {MAX_FIGURES} or longer than {_MAX_NAME} characters",
+}
+"""``skipped``'s keys: what the report left out of a journal, and why."""
 
-def _t(text: str) -> float:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+def _t(value: Any) -> float | None:
+    """An event's time (UTC ISO 8601) in epoch seconds, None if it is not one."""
+    if not isinstance(value, str) or len(value) > 64:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
+def _step(value: Any) -> int | None:
+    """A step count, None for anything else (a string, a float, a bool, a number beyond any real run)."""
+    if isinstance(value, int) and not isinstance(value, bool) and -_MAX_STEP < value < _MAX_STEP:
+        return value
+    return None
+
+
+def _seconds(value: Any) -> float:
+    """A duration from a journal, 0.0 for anything that is not a finite, plausible number of seconds."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            v = float(value)
+        except OverflowError:
+            return 0.0
+        if 0.0 <= v <= _MAX_SECONDS:
+            return v
+    return 0.0
+
+
+def _text(value: Any) -> str | None:
+    """A journal value shown as text (a source, a reason): None stays None, anything else a bounded string."""
+    if value is None:
+        return None
+    text: str
+    if isinstance(value, str):
+        text = value
+    else:
+        try:
+            text = json.dumps(value)
+        except (ValueError, TypeError, RecursionError):
+            text = type(value).__name__
+    return text if len(text) <= _MAX_TEXT else text[: _MAX_TEXT - 3] + "..."
+
+
+def _figure_value(value: Any) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            v = float(value)
+        except OverflowError:
+            return None
+        return v if math.isfinite(v) else None
+    return None
 
 
 @dataclass
@@ -70,7 +143,10 @@ class Attempt:
     redone_steps: int = 0
     save_spans: list[dict[str, Any]] = field(default_factory=list)
     committed_at: dict[int, float] = field(default_factory=dict)
-    figures: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+    wait_s: float = 0.0
+    index: int = 0
+    pending: dict[str, Any] | None = None
+    background: set[int] = field(default_factory=set)
 
     @property
     def restore_s(self) -> float:
@@ -81,99 +157,175 @@ class Attempt:
         return max(0.0, self.end - (self.ready if self.ready is not None else self.end) - self.save_s - self.wait_s)
 
     @property
-    def wait_s(self) -> float:
-        return sum(n.get("wait_s") or 0.0 for n in self.notices)
-
-    @property
     def step_s(self) -> float | None:
         run = self.reached - self.from_step
         return self.train_s / run if run > 0 else None
 
 
-_RESERVED = frozenset({"t", "event", "step", "rank", "file", "pid", "host"})
-"""A ``log`` event's fields that are not figures logged with ``run.log``."""
+class _Series:
+    """One figure's points, thinned evenly to at most `MAX_POINTS` as they come (memory independent of length)."""
+
+    __slots__ = ("points", "seen", "stride")
+
+    def __init__(self) -> None:
+        self.points: list[tuple[int, float, int]] = []
+        self.seen = 0
+        self.stride = 1
+
+    def add(self, step: int, value: float, attempt: int) -> None:
+        if self.seen % self.stride == 0:
+            self.points.append((step, value, attempt))
+            if len(self.points) > MAX_POINTS:
+                del self.points[1::2]
+                self.stride *= 2
+        self.seen += 1
 
 
-def _span(e: Mapping[str, Any], seconds: float, *, background: bool, start: float | None = None) -> dict[str, Any]:
+class _Reader:
+    """Aggregates a stream of events into attempts (rank 0's journal files), keeping per-attempt figures only."""
+
+    def __init__(self, skipped: dict[str, int]) -> None:
+        self.by_file: dict[str, Attempt] = {}
+        self.series: dict[str, _Series] = {}
+        self.skipped = skipped
+        self.not_drawn = {"saves": 0, "notices": 0}
+
+    def skip(self, why: str) -> None:
+        self.skipped[why] = self.skipped.get(why, 0) + 1
+
+    def add(self, e: Mapping[str, Any]) -> None:
+        rank = e.get("rank", 0)
+        if not (isinstance(rank, int) and not isinstance(rank, bool)):
+            self.skip("events")
+            return
+        if rank != 0:
+            return
+        t = _t(e.get("t"))
+        if t is None:
+            self.skip("events")
+            return
+        name = str(e.get("file"))
+        a = self.by_file.get(name)
+        if a is None:
+            a = self.by_file[name] = Attempt(file=name, start=t, end=t, start_iso=str(e["t"]), index=len(self.by_file))
+        elif t < a.start:
+            a.start, a.start_iso = t, str(e["t"])
+        a.end = max(a.end, t)
+        kind = e.get("event")
+        if not isinstance(kind, str):
+            self.skip("events")
+            return
+        step = _step(e.get("step"))
+        if kind in ("fresh", "resume") and a.ready is None:
+            a.ready = t
+            a.from_step = a.reached = step or 0
+        if kind in _STEP_EVENTS and step is not None:
+            # a figure logged during step k: step k ran (its work is lost unless a later checkpoint holds it);
+            # the other events are at a boundary: k steps done
+            a.reached = max(a.reached, step + 1 if kind == "log" else step)
+        if kind == "log":
+            if step is not None:
+                self._figures(e, step, a.index)
+        elif kind == "save_started" and e.get("asynchronous"):
+            stall = _seconds(e.get("stall_s"))
+            a.save_s += stall
+            a.saves += 1
+            if step is not None and len(a.background) < _KEEP_COMMITS:
+                a.background.add(step)
+            self._span(a, _span(e, t, stall, background=True))
+        elif kind == "save_started" and a.pending is not None and e.get("reason") == "emergency":
+            wait = max(0.0, t - a.pending["received"])
+            a.wait_s += wait - (a.pending["wait_s"] or 0.0)
+            a.pending["wait_s"] = wait
+        elif kind == "save_committed" and (step is None or step not in a.background):  # a background save: counted
+            seconds = _seconds(e.get("seconds"))
+            a.save_s += seconds
+            a.saves += 1
+            self._span(a, _span(e, t - seconds, seconds, background=False))
+            if a.pending is not None and e.get("reason") == "emergency":
+                a.pending["commit_s"] = t - a.pending["received"]
+        elif kind == "notice":
+            received = _t(e.get("received_at"))
+            received = t if received is None else received
+            deadline = _t(e.get("deadline"))
+            a.pending = {
+                "at": str(e["t"]),
+                "deadline": deadline,
+                "step": step,
+                "source": _text(e.get("source")),
+                "detail": _text(e.get("detail")),
+                "received": received,
+                "window_s": round(deadline - received, 3) if deadline is not None else None,
+                "wait_s": None,
+                "commit_s": None,
+            }
+            if len(a.notices) < MAX_SPANS:
+                a.notices.append(a.pending)
+            else:
+                self.not_drawn["notices"] += 1
+        if kind == "save_committed" and step is not None:
+            a.background.discard(step)
+            if step not in a.committed_at:
+                a.committed_at[step] = t
+                if len(a.committed_at) > _KEEP_COMMITS:
+                    del a.committed_at[next(iter(a.committed_at))]
+        if kind == "exit":
+            code = e.get("code")
+            a.exit = {"code": code if _step(code) is not None else _text(code), "reason": _text(e.get("reason"))}
+        elif kind == "done":
+            a.done = True
+
+    def _span(self, a: Attempt, span: dict[str, Any]) -> None:
+        if len(a.save_spans) < MAX_SPANS:
+            a.save_spans.append(span)
+        else:
+            self.not_drawn["saves"] += 1
+
+    def _figures(self, e: Mapping[str, Any], step: int, attempt: int) -> None:
+        for k, v in e.items():
+            if k in journal.RESERVED:
+                continue
+            value = _figure_value(v)
+            if value is None:
+                continue
+            series = self.series.get(k)
+            if series is None:
+                if len(self.series) >= MAX_FIGURES or len(k) > _MAX_NAME:
+                    self.skip("figure_names")
+                    continue
+                series = self.series[k] = _Series()
+            series.add(step, value, attempt)
+
+
+def _span(e: Mapping[str, Any], start: float, seconds: float, *, background: bool) -> dict[str, Any]:
     return {
-        "start": _t(e["t"]) if start is None else start,
+        "start": start,
         "seconds": seconds,
-        "step": e.get("step"),
-        "reason": e.get("reason"),
+        "step": _step(e.get("step")),
+        "reason": _text(e.get("reason")),
         "background": background,
     }
 
 
-def _attempts(events: Iterable[Mapping[str, Any]]) -> list[Attempt]:
-    by_file: dict[str, list[Mapping[str, Any]]] = {}
+def summarize(events: Iterable[Mapping[str, Any]], *, skipped: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """The report's figures (``report --json``) from a root's journal events, read once, in memory that does not
+    grow with their number.
+
+    Args:
+        events: the journal's events, each with ``file`` (the attempt it belongs to), as `journal.read` gives them.
+        skipped: what the reader left out (`journal.read`'s counts), shown with what this leaves out.
+    """
+    counts: dict[str, int] = {"unparsable_lines": 0, "long_lines": 0, "events": 0}
+    reader = _Reader(counts)
     for e in events:
-        if e.get("rank", 0) == 0 and isinstance(e.get("t"), str):
-            by_file.setdefault(str(e.get("file")), []).append(e)
-    out = []
-    for name, evs in by_file.items():
-        times = [_t(e["t"]) for e in evs]
-        first = min(range(len(evs)), key=times.__getitem__)
-        a = Attempt(file=name, start=times[first], end=max(times), start_iso=str(evs[first]["t"]))
-        pending: dict[str, Any] | None = None
-        background = {e.get("step") for e in evs if e.get("event") == "save_started" and e.get("asynchronous")}
-        for e in evs:
-            kind, step = e.get("event"), e.get("step")
-            if kind in ("fresh", "resume") and a.ready is None:
-                a.ready = _t(e["t"])
-                a.from_step = a.reached = int(step or 0)
-            if kind in _STEP_EVENTS and isinstance(step, int):
-                # a figure logged during step k: step k ran (its work is lost unless a later checkpoint holds it);
-                # the other events are at a boundary: k steps done
-                a.reached = max(a.reached, step + 1 if kind == "log" else step)
-            if kind == "log" and isinstance(step, int):
-                values = {
-                    k: float(v)
-                    for k, v in e.items()
-                    if k not in _RESERVED and isinstance(v, (int, float)) and not isinstance(v, bool)
-                }
-                if values:
-                    a.figures.append((step, values))
-            if kind == "save_started" and e.get("asynchronous"):
-                a.save_s += float(e.get("stall_s") or 0.0)
-                a.saves += 1
-                a.save_spans.append(_span(e, float(e.get("stall_s") or 0.0), background=True))
-            elif kind == "save_started" and pending is not None and e.get("reason") == "emergency":
-                pending["wait_s"] = max(0.0, _t(e["t"]) - pending["received"])
-            elif kind == "save_committed" and step not in background:  # a background save: its stall counted
-                a.save_s += float(e.get("seconds") or 0.0)
-                a.saves += 1
-                seconds = float(e.get("seconds") or 0.0)
-                a.save_spans.append(_span(e, seconds, background=False, start=_t(e["t"]) - seconds))
-                if pending is not None and e.get("reason") == "emergency":
-                    pending["commit_s"] = _t(e["t"]) - pending["received"]
-            elif kind == "notice":
-                received = _t(e["received_at"]) if isinstance(e.get("received_at"), str) else _t(e["t"])
-                deadline = _t(e["deadline"]) if isinstance(e.get("deadline"), str) else None
-                pending = {
-                    "at": e["t"],
-                    "deadline": deadline,
-                    "step": step,
-                    "source": e.get("source"),
-                    "detail": e.get("detail"),
-                    "received": received,
-                    "window_s": round(deadline - received, 3) if deadline is not None else None,
-                    "wait_s": None,
-                    "commit_s": None,
-                }
-                a.notices.append(pending)
-            if kind == "save_committed" and isinstance(step, int):
-                a.committed_at.setdefault(step, _t(e["t"]))
-            if kind == "exit":
-                a.exit = {"code": e.get("code"), "reason": e.get("reason")}
-            elif kind == "done":
-                a.done = True
-        out.append(a)
-    return sorted(out, key=lambda a: a.start)
-
-
-def summarize(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """The report's figures (``report --json``) from a root's journal events."""
-    attempts = _attempts(events)
+        if isinstance(e, Mapping):
+            reader.add(e)
+        else:
+            reader.skip("events")
+    for k, v in (skipped or {}).items():  # read after the loop: the reader counts as it goes
+        counts[k] = counts.get(k, 0) + v
+    attempts = sorted(reader.by_file.values(), key=lambda a: a.start)
+    shown_skipped = {k: v for k, v in counts.items() if v or k in ("unparsable_lines", "long_lines", "events")}
     if not attempts:
         return {
             "attempts": 0,
@@ -185,6 +337,9 @@ def summarize(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             "runs": [],
             "timeline": [],
             "figures": {},
+            "figures_downsampled": {},
+            "not_drawn": {},
+            "skipped": shown_skipped,
         }
     for a, nxt in zip(attempts, [*attempts[1:], None], strict=True):
         end = nxt.from_step if nxt is not None and nxt.ready is not None else a.reached
@@ -236,6 +391,14 @@ def summarize(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         }
         for i, a in enumerate(attempts)
     ]
+    number = {a.index: i + 1 for i, a in enumerate(attempts)}
+    figures: dict[str, list[list[float]]] = {}
+    downsampled: dict[str, int] = {}
+    for name, series in reader.series.items():
+        points = sorted(series.points, key=lambda p: number[p[2]])  # by attempt, each in the order it logged
+        figures[name] = [[s, v, number[k]] for s, v, k in points]
+        if series.seen > len(series.points):
+            downsampled[name] = series.seen
     return {
         "attempts": len(attempts),
         "wall_s": round(wall, 3),
@@ -247,7 +410,10 @@ def summarize(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         "runs": runs,
         "finished": attempts[-1].done,
         "timeline": _timeline(attempts),
-        "figures": _figures(attempts),
+        "figures": figures,
+        "figures_downsampled": downsampled,
+        "not_drawn": {k: v for k, v in reader.not_drawn.items() if v},
+        "skipped": shown_skipped,
     }
 
 
@@ -300,20 +466,11 @@ def _timeline(attempts: list[Attempt]) -> list[dict[str, Any]]:
     return out
 
 
-def _figures(attempts: list[Attempt]) -> dict[str, list[list[float]]]:
-    """Every figure logged with ``run.log``: ``name -> [[step, value, attempt], ...]`` across restarts (steps
-    redone after a preemption appear once per attempt that ran them)."""
-    out: dict[str, list[list[float]]] = {}
-    for i, a in enumerate(attempts):
-        for step, values in a.figures:
-            for name, value in values.items():
-                out.setdefault(name, []).append([step, value, i + 1])
-    return out
-
-
 def report(storage: Storage) -> dict[str, Any]:
-    """`summarize` over every journal under the root of ``storage``."""
-    return summarize(journal.read(storage))
+    """`summarize` over every journal under the root of ``storage``, streamed (memory does not grow with the
+    journal's length)."""
+    skipped: dict[str, int] = {}
+    return summarize(journal.read(storage, skipped=skipped), skipped=skipped)
 
 
 def commit_and_window(p: Mapping[str, Any]) -> tuple[str, str]:
@@ -326,7 +483,7 @@ def commit_and_window(p: Mapping[str, Any]) -> tuple[str, str]:
 
 def render(doc: Mapping[str, Any]) -> str:
     if not doc["attempts"]:
-        return "no journal: nothing to report (a Run writes one under <root>/journal)"
+        return "\n".join(["no journal: nothing to report (a Run writes one under <root>/journal)", *notes(doc)])
     wall = doc["wall_s"] or 1.0
     lines = [
         f"attempts          {doc['attempts']:>10}    {'finished' if doc['finished'] else 'not finished'}",
@@ -351,7 +508,23 @@ def render(doc: Mapping[str, Any]) -> str:
             f"  attempt {r['attempt']}: steps {r['from_step']}..{r['to_step']} in {r['seconds']:.1f} s, "
             f"{r['kept_steps']} kept, {r['redone_steps']} redone, {r['saves']} save(s), ended: {r['ended']}"
         )
-    return "\n".join(lines)
+    return "\n".join(lines + notes(doc))
+
+
+def notes(doc: Mapping[str, Any]) -> list[str]:
+    """What the report left out of the journal or thinned, as the text and the page say it (empty: nothing)."""
+    out = []
+    skipped = doc.get("skipped") or {}
+    if any(skipped.values()):
+        parts = [f"{n} {SKIPPED_LABELS.get(k, k)}" for k, n in skipped.items() if n]
+        out.append(f"skipped: {', '.join(parts)}")
+    if doc.get("figures_downsampled"):
+        names = ", ".join(f"{k} ({n} points)" for k, n in doc["figures_downsampled"].items())
+        out.append(f"figures drawn from at most {MAX_POINTS} points each, evenly spaced: {names}")
+    if doc.get("not_drawn"):
+        what = " and ".join(f"{n} {k}" for k, n in doc["not_drawn"].items())
+        out.append(f"counted but not drawn or listed: {what} beyond the first {MAX_SPANS} of an attempt")
+    return out
 
 
 def to_json(doc: Mapping[str, Any]) -> str:

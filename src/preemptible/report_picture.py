@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from html import escape
 from typing import Any
 
-from preemptible.report import BADPUT_LABELS, commit_and_window
+from preemptible.report import BADPUT_LABELS, commit_and_window, notes
 
 COLORS = {
     "startup": "#9e9e9e",
@@ -38,31 +37,170 @@ _LEGEND = [
 KILLED = "x: ended without an exit event (killed, or the machine went)"
 
 
+_TEMPLATES = {
+    "svg.html": """\
+{%- macro timeline(t) -%}
+<svg class="timeline" xmlns="http://www.w3.org/2000/svg" width="{{ t.width }}" height="{{ t.height }}">
+{%- for row in t.rows -%}
+<g class="attempt" data-attempt="{{ row.attempt }}">
+<text x="{{ row.label_x }}" y="{{ row.label_y }}" text-anchor="end">attempt {{ row.attempt }}</text>
+{%- for r in row.rects -%}
+<rect class="{{ r.cls }}" x="{{ r.x }}" y="{{ r.y }}" width="{{ r.w }}" height="{{ r.h }}" fill="{{ r.fill }}"
+{%- if r.opacity %} fill-opacity="{{ r.opacity }}"{% endif %}><title>{{ r.title }}</title></rect>
+{%- endfor -%}
+{%- for n in row.lines -%}
+<line class="notice" x1="{{ n.x }}" x2="{{ n.x }}" y1="{{ n.y1 }}" y2="{{ n.y2 }}" stroke="{{ n.color }}" \
+stroke-width="3"><title>{{ n.title }}</title></line>
+{%- endfor -%}
+{%- if row.killed -%}
+<path class="killed" d="{{ row.killed }}" stroke="#000" stroke-width="2.5"><title>ended without an exit event \
+(killed, or the machine went)</title></path>
+{%- endif -%}
+</g>
+{%- endfor -%}
+<line x1="{{ t.left }}" x2="{{ t.axis_end }}" y1="{{ t.axis_y }}" y2="{{ t.axis_y }}" stroke="#555"/>
+{%- for tick in t.ticks -%}
+<line x1="{{ tick.x }}" x2="{{ tick.x }}" y1="{{ t.axis_y }}" y2="{{ t.axis_y + 5 }}" stroke="#555"/>
+<text x="{{ tick.x }}" y="{{ t.axis_y + 18 }}" text-anchor="middle">{{ tick.label }}</text>
+{%- endfor -%}
+<text x="{{ t.axis_end }}" y="{{ t.axis_y + 34 }}" text-anchor="end">seconds since the first start</text>
+</svg>
+{%- endmacro -%}
+{%- macro figure(f) -%}
+<svg class="figure" data-name="{{ f.name }}" xmlns="http://www.w3.org/2000/svg" width="{{ f.width }}" \
+height="{{ f.height }}">
+<text x="{{ f.left }}" y="16" font-weight="bold">{{ f.name }}{{ " (log scale)" if f.log else "" }}</text>
+<line x1="{{ f.left }}" x2="{{ f.right }}" y1="{{ f.bottom }}" y2="{{ f.bottom }}" stroke="#555"/>
+<line x1="{{ f.left }}" x2="{{ f.left }}" y1="{{ f.top }}" y2="{{ f.bottom }}" stroke="#555"/>
+{%- for tick in f.y_ticks -%}
+<text x="{{ f.left - 6 }}" y="{{ tick.y }}" text-anchor="end">{{ tick.label }}</text>
+{%- endfor -%}
+{%- for tick in f.x_ticks -%}
+<text x="{{ tick.x }}" y="{{ f.bottom + 16 }}" text-anchor="middle">{{ tick.label }}</text>
+{%- endfor -%}
+<text x="{{ f.right }}" y="{{ f.height - 2 }}" text-anchor="end">step</text>
+{%- for m in f.marks -%}
+<line class="preempted-at" x1="{{ m.x }}" x2="{{ m.x }}" y1="{{ f.top }}" y2="{{ f.bottom }}" stroke="{{ f.notice }}" \
+stroke-dasharray="4 3" stroke-width="2"><title>preemption notice at step {{ m.step }}</title></line>
+{%- endfor -%}
+{%- for line in f.lines -%}
+<polyline class="series" data-attempt="{{ line.attempt }}" fill="none" stroke="{{ line.color }}" stroke-width="2" \
+points="{{ line.points }}"><title>attempt {{ line.attempt }}</title></polyline>
+{%- if line.dot %}<circle cx="{{ line.dot[0] }}" cy="{{ line.dot[1] }}" r="3" fill="{{ line.color }}"/>{% endif -%}
+{%- endfor -%}
+</svg>
+{%- endmacro -%}
+""",
+    "timeline.html": '{%- from "svg.html" import timeline -%}{{ timeline(t) }}',
+    "figure.html": '{%- from "svg.html" import figure -%}{{ figure(f) }}',
+    "page.html": """\
+{%- from "svg.html" import timeline, figure -%}
+<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>preemptible report</title><style>
+body{font:14px system-ui,sans-serif;margin:24px;color:#222}h1{font-size:20px;margin:0}
+h2{font-size:16px;margin-top:28px}.root{color:#666}table{border-collapse:collapse}
+td,th{padding:3px 10px;text-align:left;border-bottom:1px solid #eee}svg text{font:12px sans-serif}
+.legend span{margin-right:16px}.legend i{display:inline-block;width:12px;height:12px;margin-right:5px;
+vertical-align:-1px}.notes{color:#666}</style></head><body>
+<h1>preemptible report</h1><p class=root>{{ root }}{% if started %} &middot; first start {{ started }}{% endif %}</p>
+<table class=summary>
+<tr><th>attempts</th><td id="attempts">{{ attempts }}</td><td id="finished">{{ finished }}</td></tr>
+<tr><th>wall time</th><td id="wall">{{ wall }}</td><td>first start to last event</td></tr>
+{%- if goodput %}
+<tr><th>goodput</th><td id="goodput" data-value="{{ goodput.value }}">{{ goodput.percent }}</td>\
+<td>{{ goodput.seconds }} in steps that were kept</td></tr>
+{%- for b in badput %}
+<tr class="badput" data-key="{{ b.key }}"><th>{{ b.label }}</th><td>{{ b.seconds }}</td><td>{{ b.percent }}</td></tr>
+{%- endfor %}
+{%- endif %}
+</table>
+{%- if notes %}<p class=notes>
+{%- for n in notes %}{{ n }}{% if not loop.last %}<br>{% endif %}{% endfor -%}
+</p>{% endif %}
+{%- if t %}
+<h2>Timeline</h2><div class=legend>
+{%- for w, c in legend %}<span><i style="background:{{ c }}"></i>{{ w }}</span>{% endfor -%}
+<span>{{ killed }}</span></div>
+{{ timeline(t) }}
+{%- endif %}
+{%- if figures %}
+<h2>Figures logged with run.log</h2><div class=legend>
+{%- for k, c in figure_keys %}<span><i style="background:{{ c }}"></i>attempt {{ k }}</span>{% endfor -%}
+<span><i style="background:{{ notice }}"></i>a preemption notice (dashed)</span></div>
+{%- for f in figures %}{{ figure(f) }}{% endfor %}
+{%- endif %}
+{%- if preemptions %}
+<h2>Preemptions</h2><table class=list><tr><th>attempt</th><th>at</th><th>source</th><th>step</th>\
+<th>notice to commit</th><th>window used</th><th>steps lost</th><th>resumed from</th></tr>
+{%- for p in preemptions %}
+<tr class="preemption"><td>{{ p.attempt }}</td><td>{{ p.at }}</td><td>{{ p.source }}</td><td>{{ p.step }}</td>\
+<td>{{ p.commit }}</td><td>{{ p.used }}</td><td>{{ p.steps_lost }}</td><td>{{ p.resumed_from }}</td></tr>
+{%- endfor %}
+</table>
+{%- endif %}
+{%- if runs %}
+<h2>Runs of steps</h2><table class=list><tr><th>attempt</th><th>steps</th><th>time</th><th>kept</th>\
+<th>redone</th><th>saves</th><th>ended</th></tr>
+{%- for r in runs %}
+<tr class="run"><td>{{ r.attempt }}</td><td>{{ r.steps }}</td><td>{{ r.seconds }}</td><td>{{ r.kept }}</td>\
+<td>{{ r.redone }}</td><td>{{ r.saves }}</td><td>{{ r.ended }}</td></tr>
+{%- endfor %}
+</table>
+{%- endif %}
+</body></html>
+""",
+}
+
+
+def _environment() -> Any:
+    import jinja2
+
+    # IMPORTANT: autoescape on, and no |safe or Markup anywhere: every journal value reaches the page as text
+    return jinja2.Environment(loader=jinja2.DictLoader(_TEMPLATES), autoescape=True, undefined=jinja2.StrictUndefined)
+
+
 def _ticks(lo: float, hi: float, want: int = 8) -> list[float]:
-    """Round tick positions covering [lo, hi]."""
-    span = hi - lo
-    if span <= 0:
-        return [lo]
-    raw = span / want
+    """Round tick positions covering [lo, hi] (the ends alone where the span is not a finite positive number)."""
+    span = hi / 2 - lo / 2  # halves: a span of -1e308..1e308 does not overflow
+    if not span > 0 or not math.isfinite(span):
+        return [lo] if lo == hi else [lo, hi]
+    raw = 2 * span / want
+    if not 0 < raw < math.inf:
+        return [lo, hi]
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    first = math.ceil(lo / step) * step
-    return [first + i * step for i in range(int((hi - first) / step + 1e-9) + 1)]
+    try:
+        first = math.ceil(lo / step) * step
+        count = int((hi - first) / step + 1e-9) + 1
+    except (OverflowError, ValueError):
+        return [lo, hi]
+    return [first + i * step for i in range(min(max(count, 0), 4 * want))]
 
 
 def _fmt(v: float) -> str:
-    return f"{v:.0f}" if abs(v) >= 100 or v == int(v) else f"{v:.3g}"
+    if not math.isfinite(v):
+        return str(v)
+    return f"{v:.0f}" if abs(v) < 1e15 and (abs(v) >= 100 or v == int(v)) else f"{v:.3g}"
 
 
-def _rect(x: float, y: float, w: float, h: float, *, cls: str, title: str, **attrs: Any) -> str:
-    extra = "".join(f' {k.replace("_", "-")}="{v}"' for k, v in attrs.items())
-    return (
-        f'<rect class="{cls}" x="{x:.1f}" y="{y:.1f}" width="{max(w, 1.5):.1f}" height="{h:.1f}"{extra}>'
-        f"<title>{escape(title)}</title></rect>"
-    )
+def _n(v: float) -> str:
+    """A coordinate."""
+    return f"{v:.1f}" if math.isfinite(v) else "0"
 
 
-def timeline_svg(doc: Mapping[str, Any], width: int = 1000) -> str:
+def _rect(x: float, y: float, w: float, h: float, *, cls: str, title: str, fill: str, opacity: str = "") -> Any:
+    return {
+        "cls": cls,
+        "x": _n(x),
+        "y": _n(y),
+        "w": _n(max(w, 1.5)),
+        "h": _n(h),
+        "title": title,
+        "fill": fill,
+        "opacity": opacity,
+    }
+
+
+def _timeline(doc: Mapping[str, Any], width: int = 1000) -> dict[str, Any]:
     rows: Sequence[Mapping[str, Any]] = doc["timeline"]
     left, right, row_h, top = 90, 20, 30, 10
     wall = max(float(doc["wall_s"]), 1e-3)  # a notice's window is drawn up to here (it may reach past the last event)
@@ -71,14 +209,11 @@ def timeline_svg(doc: Mapping[str, Any], width: int = 1000) -> str:
     def x(t: float) -> float:
         return left + t * scale
 
-    height = top + row_h * len(rows) + 40
-    out = [f'<svg class="timeline" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">']
+    out_rows = []
     for i, a in enumerate(rows):
         y = top + i * row_h
-        out.append(f'<g class="attempt" data-attempt="{a["attempt"]}">')
-        out.append(f'<text x="{left - 8}" y="{y + 19}" text-anchor="end">attempt {a["attempt"]}</text>')
         ready = a["ready_s"] if a["ready_s"] is not None else a["end_s"]
-        out.append(
+        rects = [
             _rect(
                 x(a["start_s"]),
                 y + 5,
@@ -88,9 +223,9 @@ def timeline_svg(doc: Mapping[str, Any], width: int = 1000) -> str:
                 title=f"start-up and restore: {ready - a['start_s']:.2f} s",
                 fill=COLORS["startup"],
             )
-        )
+        ]
         if a["ready_s"] is not None:
-            out.append(
+            rects.append(
                 _rect(
                     x(ready),
                     y + 5,
@@ -103,7 +238,7 @@ def timeline_svg(doc: Mapping[str, Any], width: int = 1000) -> str:
             )
         if a["redone"] is not None:
             r = a["redone"]
-            out.append(
+            rects.append(
                 _rect(
                     x(r["start_s"]),
                     y + 5,
@@ -112,12 +247,12 @@ def timeline_svg(doc: Mapping[str, Any], width: int = 1000) -> str:
                     cls="redone",
                     title=f"{r['steps']} step(s) lost, done again by the next attempt",
                     fill=COLORS["redone"],
-                    fill_opacity="0.6",
+                    opacity="0.6",
                 )
             )
         for sp in a["saves"]:
             what = "background save (stall)" if sp["background"] else f"{sp['reason'] or 'save'}"
-            out.append(
+            rects.append(
                 _rect(
                     x(sp["start_s"]),
                     y + 3,
@@ -128,9 +263,10 @@ def timeline_svg(doc: Mapping[str, Any], width: int = 1000) -> str:
                     fill=COLORS["save"],
                 )
             )
+        lines = []
         for n in a["notices"]:
             if n["deadline_s"] is not None:
-                out.append(
+                rects.append(
                     _rect(
                         x(n["at_s"]),
                         y + 1,
@@ -139,89 +275,107 @@ def timeline_svg(doc: Mapping[str, Any], width: int = 1000) -> str:
                         cls="window",
                         title=f"the notice's window: {n['deadline_s'] - n['at_s']:.0f} s",
                         fill=COLORS["notice"],
-                        fill_opacity="0.18",
+                        opacity="0.18",
                     )
                 )
             commit = f", committed after {n['commit_s'] - n['at_s']:.2f} s" if n["commit_s"] is not None else ""
-            out.append(
-                f'<line class="notice" x1="{x(n["at_s"]):.1f}" x2="{x(n["at_s"]):.1f}" y1="{y}" y2="{y + row_h}" '
-                f'stroke="{COLORS["notice"]}" stroke-width="3"><title>{escape(str(n["source"]))} notice at step '
-                f"{n['step']}{commit}</title></line>"
+            lines.append(
+                {
+                    "x": _n(x(n["at_s"])),
+                    "y1": y,
+                    "y2": y + row_h,
+                    "color": COLORS["notice"],
+                    "title": f"{n['source']} notice at step {n['step']}{commit}",
+                }
             )
+        killed = None
         if a["ended"] is None:  # no exit event: the process was killed (or its machine went) without a word
             ex, ey = x(a["end_s"]), y + 15
-            out.append(
-                f'<path class="killed" d="M{ex - 6:.1f},{ey - 6} L{ex + 6:.1f},{ey + 6} M{ex - 6:.1f},{ey + 6} '
-                f'L{ex + 6:.1f},{ey - 6}" stroke="#000" stroke-width="2.5"><title>ended without an exit event '
-                "(killed, or the machine went)</title></path>"
-            )
-        out.append("</g>")
+            killed = f"M{_n(ex - 6)},{ey - 6} L{_n(ex + 6)},{ey + 6} M{_n(ex - 6)},{ey + 6} L{_n(ex + 6)},{ey - 6}"
+        out_rows.append(
+            {
+                "attempt": a["attempt"],
+                "label_x": left - 8,
+                "label_y": y + 19,
+                "rects": rects,
+                "lines": lines,
+                "killed": killed,
+            }
+        )
     axis_y = top + row_h * len(rows) + 4
-    out.append(f'<line x1="{left}" x2="{width - right}" y1="{axis_y}" y2="{axis_y}" stroke="#555"/>')
-    for t in _ticks(0.0, wall):
-        out.append(f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{axis_y}" y2="{axis_y + 5}" stroke="#555"/>')
-        out.append(f'<text x="{x(t):.1f}" y="{axis_y + 18}" text-anchor="middle">{_fmt(t)}</text>')
-    out.append(f'<text x="{width - right}" y="{axis_y + 34}" text-anchor="end">seconds since the first start</text>')
-    out.append("</svg>")
-    return "".join(out)
+    return {
+        "width": width,
+        "height": top + row_h * len(rows) + 40,
+        "rows": out_rows,
+        "left": left,
+        "axis_end": width - right,
+        "axis_y": axis_y,
+        "ticks": [{"x": _n(x(t)), "label": _fmt(t)} for t in _ticks(0.0, wall)],
+    }
 
 
-def figure_svg(name: str, points: Sequence[Sequence[float]], marks: Sequence[int], width: int = 1000) -> str:
-    """One figure over steps: a line per attempt, a dashed line at each step a preemption came at."""
+def timeline_svg(doc: Mapping[str, Any], width: int = 1000) -> str:
+    """The timeline of the attempts as SVG (one row per attempt)."""
+    return str(_environment().get_template("timeline.html").render(t=_timeline(doc, width)))
+
+
+def _figure(name: str, points: Sequence[Sequence[float]], marks: Sequence[int], width: int = 1000) -> dict[str, Any]:
     left, right, top, bottom, height = 90, 20, 24, 30, 200
-    steps = [p[0] for p in points] + list(marks)
-    values = [p[1] for p in points if math.isfinite(p[1])]
+    finite = [(p[0], p[1], int(p[2])) for p in points if math.isfinite(p[1])]
+    steps = [p[0] for p in finite] + list(marks)
+    values = [p[1] for p in finite]
     log = log_scale(values)
     shown = [math.log10(v) for v in values] if log else values
-    s_lo, s_hi = min(steps), max(steps)
+    s_lo, s_hi = (min(steps), max(steps)) if steps else (0.0, 1.0)
     v_lo, v_hi = (min(shown), max(shown)) if shown else (0.0, 1.0)
     if v_hi == v_lo:
-        v_lo, v_hi = v_lo - 1, v_hi + 1
+        v_lo, v_hi = v_lo - max(1.0, abs(v_lo) / 2), v_hi + max(1.0, abs(v_hi) / 2)
     if s_hi == s_lo:
         s_hi = s_lo + 1
+    v_span = v_hi / 2 - v_lo / 2  # halves: values of -1e308 and 1e308 stay finite
 
     def x(s: float) -> float:
         return left + (s - s_lo) / (s_hi - s_lo) * (width - left - right)
 
     def y(v: float) -> float:
         u = math.log10(v) if log else v
-        return top + (v_hi - u) / (v_hi - v_lo) * (height - top - bottom)
+        return top + (v_hi / 2 - u / 2) / v_span * (height - top - bottom)
 
-    out = [
-        f'<svg class="figure" data-name="{escape(name)}" xmlns="http://www.w3.org/2000/svg" width="{width}" '
-        f'height="{height}">',
-        f'<text x="{left}" y="16" font-weight="bold">{escape(name)}{" (log scale)" if log else ""}</text>',
-        f'<line x1="{left}" x2="{width - right}" y1="{height - bottom}" y2="{height - bottom}" stroke="#555"/>',
-        f'<line x1="{left}" x2="{left}" y1="{top}" y2="{height - bottom}" stroke="#555"/>',
-    ]
     if log:  # a tick at each power of ten
-        for k in range(math.ceil(v_lo), math.floor(v_hi) + 1):
-            out.append(f'<text x="{left - 6}" y="{y(10.0**k) + 4:.1f}" text-anchor="end">1e{k}</text>')
+        y_ticks = [{"y": _n(y(10.0**k) + 4), "label": f"1e{k}"} for k in range(math.ceil(v_lo), math.floor(v_hi) + 1)]
     else:
-        for v in _ticks(v_lo, v_hi, 4):
-            out.append(f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{_fmt(v)}</text>')
-    for s in _ticks(s_lo, s_hi, 8):
-        out.append(f'<text x="{x(s):.1f}" y="{height - bottom + 16}" text-anchor="middle">{_fmt(s)}</text>')
-    out.append(f'<text x="{width - right}" y="{height - 2}" text-anchor="end">step</text>')
-    for s in marks:
-        out.append(
-            f'<line class="preempted-at" x1="{x(s):.1f}" x2="{x(s):.1f}" y1="{top}" y2="{height - bottom}" '
-            f'stroke="{COLORS["notice"]}" stroke-dasharray="4 3" stroke-width="2"><title>preemption notice at step '
-            f"{s}</title></line>"
+        y_ticks = [{"y": _n(y(v) + 4), "label": _fmt(v)} for v in _ticks(v_lo, v_hi, 4)]
+    lines = []
+    for k in sorted({p[2] for p in finite}):
+        mine = sorted((p[0], p[1]) for p in finite if p[2] == k)
+        lines.append(
+            {
+                "attempt": k,
+                "color": ATTEMPT_COLORS[(k - 1) % len(ATTEMPT_COLORS)],
+                "points": " ".join(f"{_n(x(s))},{_n(y(v))}" for s, v in mine),
+                "dot": (_n(x(mine[0][0])), _n(y(mine[0][1]))) if len(mine) == 1 else None,
+            }
         )
-    attempts = sorted({int(p[2]) for p in points})
-    for k in attempts:
-        mine = sorted((p[0], p[1]) for p in points if int(p[2]) == k and math.isfinite(p[1]))
-        color = ATTEMPT_COLORS[(k - 1) % len(ATTEMPT_COLORS)]
-        coords = " ".join(f"{x(s):.1f},{y(v):.1f}" for s, v in mine)
-        out.append(
-            f'<polyline class="series" data-attempt="{k}" fill="none" stroke="{color}" stroke-width="2" '
-            f'points="{coords}"><title>attempt {k}</title></polyline>'
-        )
-        if len(mine) == 1:
-            out.append(f'<circle cx="{x(mine[0][0]):.1f}" cy="{y(mine[0][1]):.1f}" r="3" fill="{color}"/>')
-    out.append("</svg>")
-    return "".join(out)
+    return {
+        "name": name,
+        "log": log,
+        "width": width,
+        "height": height,
+        "left": left,
+        "right": width - right,
+        "top": top,
+        "bottom": height - bottom,
+        "y_ticks": y_ticks,
+        "x_ticks": [{"x": _n(x(s)), "label": _fmt(s)} for s in _ticks(s_lo, s_hi, 8)],
+        "marks": [{"x": _n(x(s)), "step": s} for s in marks],
+        "notice": COLORS["notice"],
+        "lines": lines,
+    }
+
+
+def figure_svg(name: str, points: Sequence[Sequence[float]], marks: Sequence[int], width: int = 1000) -> str:
+    """One figure over steps: a line per attempt, a dashed line at each step a preemption came at."""
+    return str(_environment().get_template("figure.html").render(f=_figure(name, points, marks, width)))
 
 
 def log_scale(values: Sequence[float]) -> bool:
@@ -235,82 +389,81 @@ def _marks(doc: Mapping[str, Any]) -> list[int]:
 
 
 def html(doc: Mapping[str, Any], root: str) -> str:
-    """The report as one self-contained HTML page."""
+    """The report as one self-contained HTML page, from a template that escapes every value it is given."""
     wall = doc["wall_s"] or 1.0
-    summary = [
-        f'<tr><th>attempts</th><td id="attempts">{doc["attempts"]}</td>'
-        f'<td id="finished">{"finished" if doc.get("finished") else "not finished"}</td></tr>',
-        f'<tr><th>wall time</th><td id="wall">{doc["wall_s"]:.1f} s</td><td>first start to last event</td></tr>',
-    ]
+    goodput = None
+    badput = []
     if doc["attempts"]:
-        summary.append(
-            f'<tr><th>goodput</th><td id="goodput" data-value="{doc["goodput"]}">{100 * (doc["goodput"] or 0):.1f}%'
-            f"</td><td>{doc['goodput_s']:.1f} s in steps that were kept</td></tr>"
-        )
+        goodput = {
+            "value": doc["goodput"],
+            "percent": f"{100 * (doc['goodput'] or 0):.1f}%",
+            "seconds": f"{doc['goodput_s']:.1f} s",
+        }
         for key, label in BADPUT_LABELS.items():
             v = doc["badput_s"][key]
-            summary.append(
-                f'<tr class="badput" data-key="{key}"><th>{escape(label)}</th><td>{v:.1f} s</td>'
-                f"<td>{100 * v / wall:.1f}%</td></tr>"
-            )
-    rows = []
+            badput.append({"key": key, "label": label, "seconds": f"{v:.1f} s", "percent": f"{100 * v / wall:.1f}%"})
+    preemptions = []
     for p in doc["preemptions"]:
         commit, used = commit_and_window(p)
-        rows.append(
-            f'<tr class="preemption"><td>{p["attempt"]}</td><td>{escape(str(p["at"]))}</td>'
-            f"<td>{escape(str(p['source']))} {escape(str(p['detail'] or ''))}</td><td>{p['step']}</td>"
-            f"<td>{commit}</td><td>{used}</td><td>{p['steps_lost']}</td><td>{p['resumed_from']}</td></tr>"
+        preemptions.append(
+            {
+                "attempt": p["attempt"],
+                "at": p["at"],
+                "source": f"{p['source']} {p['detail'] or ''}",
+                "step": p["step"],
+                "commit": commit,
+                "used": used,
+                "steps_lost": p["steps_lost"],
+                "resumed_from": p["resumed_from"],
+            }
         )
     runs = [
-        f'<tr class="run"><td>{r["attempt"]}</td><td>{r["from_step"]}..{r["to_step"]}</td><td>{r["seconds"]:.1f} s'
-        f"</td><td>{r['kept_steps']}</td><td>{r['redone_steps']}</td><td>{r['saves']}</td>"
-        f"<td>{escape(str(r['ended']))}</td></tr>"
+        {
+            "attempt": r["attempt"],
+            "steps": f"{r['from_step']}..{r['to_step']}",
+            "seconds": f"{r['seconds']:.1f} s",
+            "kept": r["kept_steps"],
+            "redone": r["redone_steps"],
+            "saves": r["saves"],
+            "ended": r["ended"],
+        }
         for r in doc["runs"]
     ]
     figures = list(doc["figures"].items())[:MAX_FIGURES]
-    legend = "".join(f'<span><i style="background:{c}"></i>{w}</span>' for w, c in _LEGEND) + f"<span>{KILLED}</span>"
-    body = [
-        f"<h1>preemptible report</h1><p class=root>{escape(root)}"
-        + (f" &middot; first start {escape(str(doc['started']))}" if doc.get("started") else "")
-        + "</p>",
-        f"<table class=summary>{''.join(summary)}</table>",
-    ]
-    if doc["attempts"]:
-        body += ["<h2>Timeline</h2>", f"<div class=legend>{legend}</div>", timeline_svg(doc)]
-    if figures:
-        attempts = sorted({int(p[2]) for _, pts in figures for p in pts})
-        keys = "".join(
-            f'<span><i style="background:{ATTEMPT_COLORS[(k - 1) % len(ATTEMPT_COLORS)]}"></i>attempt {k}</span>'
-            for k in attempts
+    attempts = sorted({int(p[2]) for _, pts in figures for p in pts})
+    marks = _marks(doc)
+    return str(
+        _environment()
+        .get_template("page.html")
+        .render(
+            root=root,
+            started=doc.get("started"),
+            attempts=doc["attempts"],
+            finished="finished" if doc.get("finished") else "not finished",
+            wall=f"{doc['wall_s']:.1f} s",
+            goodput=goodput,
+            badput=badput,
+            notes=notes(doc),
+            t=_timeline(doc) if doc["attempts"] else None,
+            legend=_LEGEND,
+            killed=KILLED,
+            figures=[_figure(name, pts, marks) for name, pts in figures],
+            figure_keys=[(k, ATTEMPT_COLORS[(k - 1) % len(ATTEMPT_COLORS)]) for k in attempts],
+            notice=COLORS["notice"],
+            preemptions=preemptions,
+            runs=runs,
         )
-        body.append(
-            "<h2>Figures logged with run.log</h2><div class=legend>"
-            f'{keys}<span><i style="background:{COLORS["notice"]}"></i>a preemption notice (dashed)</span></div>'
-        )
-        body += [figure_svg(name, pts, _marks(doc)) for name, pts in figures]
-    if rows:
-        body.append(
-            "<h2>Preemptions</h2><table class=list><tr><th>attempt</th><th>at</th><th>source</th><th>step</th>"
-            f"<th>notice to commit</th><th>window used</th><th>steps lost</th><th>resumed from</th></tr>{''.join(rows)}"
-            "</table>"
-        )
-    if runs:
-        body.append(
-            "<h2>Runs of steps</h2><table class=list><tr><th>attempt</th><th>steps</th><th>time</th><th>kept</th>"
-            f"<th>redone</th><th>saves</th><th>ended</th></tr>{''.join(runs)}</table>"
-        )
-    return (
-        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>preemptible report</title><style>'
-        "body{font:14px system-ui,sans-serif;margin:24px;color:#222}h1{font-size:20px;margin:0}"
-        "h2{font-size:16px;margin-top:28px}.root{color:#666}table{border-collapse:collapse}"
-        "td,th{padding:3px 10px;text-align:left;border-bottom:1px solid #eee}svg text{font:12px sans-serif}"
-        ".legend span{margin-right:16px}.legend i{display:inline-block;width:12px;height:12px;margin-right:5px;"
-        "vertical-align:-1px}</style></head><body>" + "".join(body) + "</body></html>\n"
     )
 
 
-def png(doc: Mapping[str, Any], path: str) -> None:
-    """The timeline and the figures as a PNG (matplotlib, without pyplot's global state).
+PNG_CLIP = 1e100
+"""``--png`` draws figure values beyond +-this at +-this (matplotlib's transforms overflow near 1e308) and says so in
+the axis label."""
+
+
+def png(doc: Mapping[str, Any], path: str, fmt: str = "png") -> None:
+    """The timeline and the figures as a picture (matplotlib, without pyplot's global state), written at ``path``
+    exactly, in ``fmt`` (one of matplotlib's formats: ``png``, ``svg``, ``pdf``, ...).
 
     Raises:
         ImportError: matplotlib is not installed (``pip install 'preemptible[plot]'``).
@@ -360,7 +513,9 @@ def png(doc: Mapping[str, Any], path: str) -> None:
     good = 100 * (doc["goodput"] or 0)
     ax.set_title(f"{doc['attempts']} attempt(s), {len(doc['preemptions'])} preemption(s), goodput {good:.1f}%")
     marks = _marks(doc)
-    for ax, (name, points) in zip(axes[1:], figures, strict=True):
+    for ax, (name, given) in zip(axes[1:], figures, strict=True):
+        points = [(p[0], max(-PNG_CLIP, min(PNG_CLIP, p[1])), p[2]) for p in given if math.isfinite(p[1])]
+        clipped = any(abs(p[1]) > PNG_CLIP for p in given if math.isfinite(p[1]))
         for k in sorted({int(p[2]) for p in points}):
             mine = sorted((p[0], p[1]) for p in points if int(p[2]) == k)
             ax.plot(
@@ -374,8 +529,9 @@ def png(doc: Mapping[str, Any], path: str) -> None:
             ax.axvline(s, color=COLORS["notice"], linestyle="--", linewidth=1.5)
         if log_scale([p[1] for p in points if math.isfinite(p[1])]):
             ax.set_yscale("log")
-        ax.set_ylabel(name)
+        label = f"{name} (clipped to ±{PNG_CLIP:.0e})" if clipped else name
+        ax.set_ylabel(label, parse_math=False)  # a name's "$" is text, not a formula to parse
         ax.set_xlabel("step")
         ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, format=fmt)  # the format named: matplotlib never appends a suffix to the path

@@ -39,7 +39,7 @@ from preemptible.errors import (
 )
 from preemptible.events import Advisory, Event, SaveReason, tag
 from preemptible.guard import Guard
-from preemptible.journal import Journal
+from preemptible.journal import Journal, clean, user_fields
 from preemptible.notice import Clock, Notice, NoticeKind, NoticeSource
 from preemptible.options import EXIT_SAVE_FAILED, RunOptions
 from preemptible.relay import ReportFile
@@ -616,12 +616,22 @@ class Run:
     def log(self, **figures: Any) -> None:
         """Record figures (loss, throughput, ...) for the current step in the journal. A one-element tensor or a
         NumPy scalar is recorded as its number (``.item()``: on a GPU that waits for the step's kernels, so there
-        log every few steps, or log a number you read anyway)."""
+        log every few steps, or log a number you read anyway).
+
+        Nothing logged can end training or spoil the journal: a figure named like a field the journal writes itself
+        (``t``, ``event``, ``step``, ``rank``, ``file``) is recorded as ``user_<name>`` (``run.log(step=3)`` gives
+        ``user_step``); NaN and infinities are recorded as the strings ``"nan"``, ``"inf"`` and ``"-inf"``, an int
+        beyond 64 bits as the nearest float (``"inf"``/``"-inf"`` beyond the float range). Only finite numbers count
+        for ``keep_best`` (a NaN is never the best) and appear in ``preemptible report``'s figures.
+
+        Raises:
+            PreemptibleError: called outside ``run.steps()``.
+        """
         if self.journal is None:
             raise PreemptibleError("Run.log() needs a started run: call it inside `for step in run.steps(...)`")
-        figures = {k: _figure(v) for k, v in figures.items()}
-        self.journal.event(Event.LOG, self.step, **figures)
-        self._figures.update(figures)
+        kept = user_fields({k: _figure(v) for k, v in figures.items()})
+        self.journal.event(Event.LOG, self.step, **kept)
+        self._figures.update(kept)
 
     def save(self, reason: str = SaveReason.MANUAL) -> SaveResult:
         """Save a checkpoint of the current step now (blocking)."""
@@ -956,8 +966,8 @@ def _figure(value: Any) -> Any:
     """A value given to `Run.log` as the journal keeps it: a one-element tensor (``loss``, as the step left it) or a
     NumPy scalar as its Python number, so that `report` and the checkpoint's figures see a number, not its text."""
     if isinstance(value, numpy.generic) or (isinstance(value, torch.Tensor) and value.numel() == 1):
-        return value.item()
-    return value
+        value = value.item()
+    return clean(value)  # a NaN or 10**400 as the journal keeps it: keep_best compares only finite numbers
 
 
 def _recordable(figures: dict[str, Any]) -> dict[str, Any]:

@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
+import tempfile
 from typing import Any
 
-from preemptible.cli.args import integer, local_directory, number
+from preemptible.cli.args import fail, integer, local_directory, number
+
+PROG = "preemptible bench"
 
 
 def bench_directory(text: str) -> str:
@@ -65,9 +69,23 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from preemptible import bench
+    from preemptible.cli.report import unwritable
 
+    if args.json:  # checked before minutes of measuring, not after
+        why = unwritable(args.json, "--json")
+        if why is not None:
+            return fail(PROG, why)
     if args.dir is not None:
-        os.makedirs(args.dir, exist_ok=True)
+        try:
+            os.makedirs(args.dir, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=args.dir, prefix=".bench-probe-"):
+                pass
+        except OSError as e:
+            return fail(
+                PROG,
+                f"could not write in --dir {args.dir}: {e.strerror or e}; expected a directory this user can create "
+                "and write files in",
+            )
     out = bench.main(
         params=args.params,
         small_tensors=args.small_tensors,
@@ -93,6 +111,10 @@ def run(args: argparse.Namespace) -> int:
             )
             for k, v in out.items()
         }
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
+        try:
+            with open(args.json, "w") as f:
+                json.dump(doc, f, indent=1)
+        except OSError as e:
+            return fail(PROG, f"could not write {args.json}: {e.strerror or e}; expected a writable file path")
+        print(f"wrote {args.json}", file=sys.stderr)
     return 0
