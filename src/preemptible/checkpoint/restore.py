@@ -89,6 +89,8 @@ class Restorer:
                 live = reshard.Live(state, flat.dtensor_objs)
                 if reshard.needed(opened, live, world):  # another world size or wrapper: each rank reads its slices
                     opened = reshard.open_resharded(self.reader, step, rank=rank, world=world, live=live)
+                else:
+                    _same_layout(opened, flat.dtensor_objs)
                 self.check_fits(state, self.reader.skeleton(opened), step, captured)  # before a single byte changes
                 if opened.reshard is not None:
                     loaded = reshard.read_resharded(self.reader, opened)
@@ -331,6 +333,32 @@ def _plain_fit(state: Mapping[str, Any], captured: Mapping[str, Any], opened: Op
     if any(name not in tree for name in state if not name.startswith("_")):
         return None  # preemptible's own entries ("_...") may be absent: a bare Checkpointer wrote it
     return plain_fit({n: captured[n] for n in state if n in tree}, tree, opened.entries, opened.casts)
+
+
+def _same_layout(opened: Opened, live: Mapping[str, Any]) -> None:
+    """A sharded checkpoint restored at its own layout: each of this rank's sharding records must say what this
+    rank's live shard is (global shape, placements, offset). The records of all ranks then cover every tensor exactly
+    once, as the live layout does, without this rank reading the others' (`verify`, `load` and `export` check that
+    cover from every rank's records).
+
+    Raises:
+        CheckpointCorruptError: a record that says otherwise (the files were altered).
+    """
+    from preemptible.state import dtensor_meta
+
+    for name, records in opened.shards.items():
+        t = live.get(name)
+        if t is None:
+            continue
+        meta = dtensor_meta(t)
+        for r in records:
+            said = (list(r.shape), list(r.placements), list(r.offset) if r.offset is not None else None)
+            have = (meta["shape"], meta["placements"], meta["offset"])
+            if said != have:
+                raise opened.bad(
+                    f"the sharding record of {name!r} says shape {said[0]}, placements {said[1]}, offset {said[2]}; "
+                    f"this rank's shard at the same layout is {have[0]}, {have[1]} from {have[2]}"
+                )
 
 
 def _by_reason(reports: Iterable[tuple[int, str]]) -> str:
