@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 import torch
 from test_reshard import launch
-from torchrunkit import journals
 
 import preemptible
 from preemptible import Checkpointer
 from preemptible.cli import main
 from preemptible.errors import CheckpointCorruptError, CheckpointFallbackWarning
 from preemptible.store import checksum, layout
+from torchrunkit import journals
 
 STEP = "step-{:012d}"
 
