@@ -10,6 +10,7 @@ Examples: ``PREEMPTIBLE_PROPERTY_EXAMPLES`` (default 100 in CI; the documented l
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -25,7 +26,7 @@ from faults import FaultyStorage
 from preemptible import CheckpointCorruptError, Checkpointer
 from preemptible.cli import main
 from preemptible.errors import LifecycleError
-from preemptible.store import retention
+from preemptible.store import checksum, retention
 from preemptible.store.io import LocalStorage
 from preemptible.store.layout import CheckpointInfo
 from preemptible.store.markers import TRANSITIONS, State, Transition, advance
@@ -195,6 +196,7 @@ class Lifecycle(RuleBasedStateMachine):
         self.intact: set[int] = set()  # committed and not damaged since
         self.passed: set[int] = set()  # passed a content check since commit
         self.failed: set[int] = set()  # failed a content check
+        self.forged: set[int] = set()  # carry a VALID.json written by hand that names their commit, unchecked since
 
     def teardown(self) -> None:
         import shutil
@@ -211,7 +213,7 @@ class Lifecycle(RuleBasedStateMachine):
         """What rotation removed: each must have had a newer checkpoint that passed verification."""
         now = self.on_disk()
         for s, status in now.items():
-            if status == "validated" and s in self.intact:
+            if status == "validated" and s in self.intact and s not in self.forged:
                 self.passed.add(s)
         deleted = before - set(now)
         for d in deleted:
@@ -221,6 +223,7 @@ class Lifecycle(RuleBasedStateMachine):
             self.intact.discard(d)
             self.passed.discard(d)
             self.failed.discard(d)
+            self.forged.discard(d)
 
     @rule(reason=st.sampled_from(["periodic", "emergency", "final"]))
     def save(self, reason: str) -> None:
@@ -297,6 +300,7 @@ class Lifecycle(RuleBasedStateMachine):
         assert step in self.intact, f"damaged step {step} passed verify"
         if step not in self.failed:
             self.passed.add(step)
+            self.forged.discard(step)
 
     @rule()
     def restore(self) -> None:
@@ -317,7 +321,31 @@ class Lifecycle(RuleBasedStateMachine):
         assert live["meta"]["step"] == got and torch.equal(live["w"]["a"], values(got)["w"]["a"])
         self.failed |= {s for s in self.committed if s > got}
         self.passed.add(got)
+        self.forged.discard(got)
         assert set(self.on_disk()) == before  # restore marks, never deletes
+
+    @rule(
+        pick=st.integers(0, 1 << 20),
+        how=st.sampled_from(["valid-no-commit", "valid-right-commit", "valid-other-commit", "invalid-no-commit"]),
+    )
+    def forge_a_marker(self, pick: int, how: str) -> None:
+        """Markers written by hand, left stale or copied: only a validation this process made lets rotation delete,
+        and a marker naming no commit, or another, counts as absent."""
+        if not self.committed:
+            return
+        step = sorted(self.committed)[pick % len(self.committed)]
+        directory = self.root / f"step-{step:012d}"
+        commit = checksum.of_bytes((directory / "COMMIT.json").read_bytes())
+        if how == "invalid-no-commit":
+            if not (directory / "INVALID.json").exists():
+                (directory / "INVALID.json").write_text(json.dumps({"reason": "forged"}))
+            return
+        if (directory / "INVALID.json").exists() or step in self.failed:
+            return  # INVALID wins over VALID: nothing a VALID.json can do there
+        named = {"valid-no-commit": None, "valid-right-commit": commit, "valid-other-commit": "0123456789abcdef"}[how]
+        (directory / "VALID.json").write_text(json.dumps({"checksums": True, "commit": named}))
+        if how == "valid-right-commit":
+            self.forged.add(step)
 
     @rule()
     def rotate(self) -> None:

@@ -295,3 +295,39 @@ def test_hostile_hf_class_and_config_values_are_one_line(
     assert main(["export", str(root), "--format", "hf", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+# item 11 (export) -----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("where", ["through-a-file", "proc", "read-only-mount"])
+def test_regression_50_11_export_to_a_path_it_cannot_write_is_one_line_and_leaves_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    """``export --out`` on a read-only or uncreatable path gave a traceback. CI runs as root: the unwritable paths
+    are ones root cannot write either (a path through a regular file, /proc, a read-only tmpfs this test mounts)."""
+    import subprocess
+
+    root = tmp_path / "root"
+    two_steps(root)
+    if where == "through-a-file":
+        (tmp_path / "file").write_text("x")
+        out = tmp_path / "file" / "out"
+    elif where == "proc":
+        out = Path("/proc/self/preemptible-export")
+    else:
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], check=False)
+        if done.returncode != 0:
+            pytest.skip("no read-only tmpfs can be mounted here (needs root and CAP_SYS_ADMIN)")
+        out = ro / "out"
+    try:
+        try:
+            code = main(["export", str(root), "--out", str(out)])
+        except SystemExit as e:  # refused while parsing its arguments
+            code = e.code  # type: ignore[assignment]
+        err = capsys.readouterr().err
+        assert code in (1, 2) and err.count("\n") == 1 and "Traceback" not in err, err
+        assert str(out) in err
+    finally:
+        if where == "read-only-mount":
+            subprocess.run(["umount", str(tmp_path / "ro")], check=False)

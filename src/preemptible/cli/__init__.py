@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from preemptible._version import __version__
 from preemptible.cli.args import OneLineParser
-from preemptible.errors import StorageCredentialsError, StorageUnavailableError
+from preemptible.errors import PreemptibleError, StorageCredentialsError, StorageUnavailableError
 
 SUBCOMMANDS = ("bench", "diagnose", "drill", "emulate", "export", "inspect", "plan", "report", "run", "verify")
 
@@ -49,4 +49,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (StorageCredentialsError, StorageUnavailableError) as e:  # set-up to fix, said whole: no traceback
         print(f"preemptible {args.command}: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a read or write that failed where the subcommand did not expect it: one line, never a trace
+        where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+        print(
+            f"preemptible {args.command}: error: {e.strerror or e}{where}; expected a path this process can read "
+            "and write, or storage that answers: check it and try again",
+            file=sys.stderr,
+        )
+        return 1
+    except PreemptibleError as e:  # a checkpoint or journal that a subcommand did not expect to refuse: one line
+        print(f"preemptible {args.command}: error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 1
     return code

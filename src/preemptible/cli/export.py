@@ -69,6 +69,13 @@ def run(args: argparse.Namespace) -> int:
         return 1
     except (CheckpointNotFoundError, FileExistsError, ValueError, ImportError) as e:
         return fail("preemptible export", str(e))
+    except OSError as e:  # --out cannot be created or written (read-only, a path through a file, a full disk)
+        return fail(
+            "preemptible export",
+            f"cannot write the export to {args.out}: {e.strerror or e}; expected a directory this process can create "
+            "and write: choose another --out",
+            1,
+        )
     finally:
         if meter is not None:
             meter.close()

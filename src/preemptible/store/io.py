@@ -80,9 +80,11 @@ def _open_regular(path: str, root: str | None = None) -> io.FileIO:
         NotRegularFileError: it is a directory, FIFO, device or socket (checked on the opened file: no race).
         OutsideRootError: the file opened is outside ``root`` (checked on the opened file where /proc says).
     """
+    if root is not None:  # before the open: nothing outside the root is opened at all (a device, a FIFO, a secret)
+        _check_inside(path, os.path.realpath(path), root)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
-        if root is not None:
+        if root is not None:  # and after it, on the file opened: a link swapped in between is caught too
             try:
                 opened = os.readlink(f"/proc/self/fd/{fd}")
             except OSError:
