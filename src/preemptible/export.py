@@ -514,19 +514,14 @@ def _check_config(config: dict[str, Any], stored: dict[str, tuple[int, ...]]) ->
     layers = {int(m.group(1)) for k in stored for m in [_LAYER_INDEX.search(k)] if m is not None}
     # names with a layer index (``h.11.``, ``layers.3.``) say how many layers there are; else each has a tensor
     have, what = (max(layers) + 1, "layer(s)") if layers else (len(stored), "tensors in all")
-    for key in _LAYER_FIELDS:
+    limits = [(key, have, f"the stored tensors hold {have} {what}") for key in _LAYER_FIELDS]
+    limits += [(key, elements, f"larger than the {elements} elements stored") for key in _WIDTH_FIELDS]
+    for key, most, why in limits:
         value = config.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value <= have:
+        if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value <= most:
             raise ValueError(
-                f"the recorded config says {key}={value}, the stored tensors hold {have} {what}; the config does "
-                "not describe these weights. Export them with --entry instead"
-            )
-    for key in _WIDTH_FIELDS:
-        value = config.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value <= elements:
-            raise ValueError(
-                f"the recorded config says {key}={value}, larger than the {elements} elements stored; the config "
-                "does not describe these weights. Export them with --entry instead"
+                f"the recorded config says {key}={value}, {why}; the config does not describe these weights. Export "
+                "them with --entry instead"
             )
 
 

@@ -33,7 +33,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_fuzz_reader import DAMAGE, PATHS, REPLACEMENTS, dumps, json_values, replace_at
+from test_fuzz_reader import DAMAGE, PATHS, REPLACEMENTS, damage_bytes, dumps, json_values, replace_at
 
 import preemptible
 from preemptible import Checkpointer
@@ -259,17 +259,7 @@ def test_entry_points_on_generated_byte_damage(roots: dict[str, Root], kind: str
     def edit(root: Root, step_dir: Path, secret: Path) -> None:
         files = sorted(n for n in os.listdir(step_dir) if n not in (layout.VALID, layout.INVALID))
         p = step_dir / files[int(where * 1000) % len(files)]
-        raw = bytearray(p.read_bytes())
-        i = min(int(where * len(raw)), max(len(raw) - 1, 0))
-        if action == "flip" and raw:
-            raw[i] ^= 1 << (junk[0] % 8)
-        elif action == "truncate":
-            del raw[i:]
-        elif action == "insert":
-            raw[i:i] = junk
-        else:
-            raw[i : i + len(junk)] = bytes(len(junk))
-        p.write_bytes(bytes(raw))
+        damage_bytes(p, where, action, junk)
         if seal and p.name != layout.COMMIT:
             reseal(step_dir)
 

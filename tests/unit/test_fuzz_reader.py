@@ -241,24 +241,28 @@ DAMAGE = st.tuples(
 )
 
 
+def damage_bytes(p: Path, where: float, action: str, junk: bytes) -> None:
+    """Flip a bit, truncate, insert ``junk`` or zero bytes at ``where`` (a fraction of the file's length)."""
+    raw = bytearray(p.read_bytes())
+    i = min(int(where * len(raw)), max(len(raw) - 1, 0))
+    if action == "flip" and raw:
+        raw[i] ^= 1 << (junk[0] % 8)
+    elif action == "truncate":
+        del raw[i:]
+    elif action == "insert":
+        raw[i:i] = junk
+    elif action == "zero":
+        raw[i : i + len(junk)] = bytes(len(junk))
+    p.write_bytes(bytes(raw))
+
+
 @FUZZ
 @given(damage=DAMAGE)
 def test_generated_byte_damage(base: Any, damage: tuple[str, float, str, bytes, bool]) -> None:
     name, where, action, junk, seal = damage
 
     def edit(step_dir: Path) -> None:
-        p = step_dir / name
-        raw = bytearray(p.read_bytes())
-        i = min(int(where * len(raw)), len(raw) - 1)
-        if action == "flip":
-            raw[i] ^= 1 << (junk[0] % 8)
-        elif action == "truncate":
-            del raw[i:]
-        elif action == "insert":
-            raw[i:i] = junk
-        else:
-            raw[i : i + len(junk)] = bytes(len(junk))
-        p.write_bytes(bytes(raw))
+        damage_bytes(step_dir / name, where, action, junk)
         if seal and name != layout.COMMIT:
             reseal(step_dir, json.loads((step_dir / layout.COMMIT).read_text()))
 
