@@ -270,6 +270,7 @@ def _assembled(ck: Any, step: int, entry: str | None) -> dict[str, Any]:
             "(FSDP2's fully_shard). Restore it under the same launch instead"
         )
     whole: dict[str, torch.Tensor] = {}
+    filled: dict[str, int] = {}  # rows placed of each sharded tensor: every row, once (`cover` said where)
     for opened, tensors in parts:
         for name, local in tensors.items():
             rec = next((r for r in records.get(name, ()) if r.rank == opened.entry_owner.get(name)), None)
@@ -283,6 +284,17 @@ def _assembled(ck: Any, step: int, entry: str | None) -> dict[str, Any]:
             if full is None:
                 full = whole[name] = torch.empty(rec.shape, dtype=local.dtype)
             full.narrow(dim, offset[dim], local.shape[dim]).copy_(local)
+            filled[name] = filled.get(name, 0) + local.shape[dim]
+    short = sorted(
+        n
+        for n, rs in records.items()
+        if rs[0].shard_dim is not None and filled.get(n, 0) != rs[0].shape[rs[0].shard_dim]
+    )
+    if short:
+        raise first.bad(
+            f"the shards read of {len(short)} sharded tensor(s) do not fill them (e.g. {short[0]!r}): a record "
+            "names rows that no rank's file holds"
+        )
     loaded: dict[str, Any] = ck.reader.rebuild(first, whole)
     return loaded
 
@@ -426,6 +438,12 @@ def _export_hf_step(ck: Any, step: int, out: str, entry: str) -> Exported:
         )
     model.load_state_dict(state, strict=True, assign=True)
     model.tie_weights()
+    replaced = [k for k, v in model.state_dict().items() if not torch.equal(v, state[k])]
+    if replaced:  # a config that ties weights the checkpoint stores apart would write other weights than it holds
+        raise ValueError(
+            f"the checkpoint of step {step}: the recorded config of {record['class']} ties weights that the checkpoint "
+            f"stores apart ({', '.join(replaced[:3])} would not be the stored tensors); export with --entry instead"
+        )
     model.save_pretrained(out)
     result = Exported(step=step, out=out, bytes_read=opened[0].meta_bytes + opened[0].data_bytes)
     for name in sorted(os.listdir(out)):
@@ -514,15 +532,22 @@ def _check_config(config: dict[str, Any], stored: dict[str, tuple[int, ...]]) ->
     layers = {int(m.group(1)) for k in stored for m in [_LAYER_INDEX.search(k)] if m is not None}
     # names with a layer index (``h.11.``, ``layers.3.``) say how many layers there are; else each has a tensor
     have, what = (max(layers) + 1, "layer(s)") if layers else (len(stored), "tensors in all")
-    limits = [(key, have, f"the stored tensors hold {have} {what}") for key in _LAYER_FIELDS]
-    limits += [(key, elements, f"larger than the {elements} elements stored") for key in _WIDTH_FIELDS]
-    for key, most, why in limits:
-        value = config.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value <= most:
-            raise ValueError(
-                f"the recorded config says {key}={value}, {why}; the config does not describe these weights. Export "
-                "them with --entry instead"
-            )
+    limits = {key: (have, f"the stored tensors hold {have} {what}") for key in _LAYER_FIELDS}
+    limits |= {key: (elements, f"larger than the {elements} elements stored") for key in _WIDTH_FIELDS}
+
+    def bounded(doc: dict[str, Any], where: str) -> None:  # a sub-config (text_config, vision_config) too
+        for key, value in doc.items():
+            if isinstance(value, dict):
+                bounded(value, f"{where}{key}.")
+            elif key in limits and isinstance(value, int) and not isinstance(value, bool):
+                most, why = limits[key]
+                if not 0 <= value <= most:
+                    raise ValueError(
+                        f"the recorded config says {where}{key}={value}, {why}; the config does not describe these "
+                        "weights. Export them with --entry instead"
+                    )
+
+    bounded(config, "")
 
 
 def _write_json(ck: Any, result: Exported, **fields: Any) -> None:

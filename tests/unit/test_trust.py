@@ -121,14 +121,15 @@ def test_regression_50_6_a_resealed_world_size_the_files_do_not_bear_out_falls_b
 
 
 def test_a_world_size_must_match_the_per_rank_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A checkpoint with per-rank files bounds its world size itself: one more than the highest rank present."""
+    """A checkpoint with per-rank files bounds its world size itself: every rank of the world has its files (a world
+    of 100,000 with one rank's file made load() open 100,000 times)."""
     root = tmp_path / "root"
     two_steps(root)
     d = root / STEP.format(2)
     (d / "model.safetensors").rename(d / "model-r00003.safetensors")
     doc = commit_of(root, 2)
     doc["files"]["model-r00003.safetensors"] = doc["files"].pop("model.safetensors")
-    for world in (1, 7):
+    for world in (1, 4, 7):
         doc["world_size"] = world
         reseal(root, 2, doc)
         assert main(["verify", str(root), "--step", "2", "--no-mark"]) == 1
@@ -331,3 +332,222 @@ def test_regression_50_11_export_to_a_path_it_cannot_write_is_one_line_and_leave
     finally:
         if where == "read-only-mount":
             subprocess.run(["umount", str(tmp_path / "ro")], check=False)
+
+
+# an outside attack on this stop's read path (11 breaks of 47): each as a regression test ------------------------------
+def test_attack_a_step_directory_linking_to_another_step_is_refused_never_written_or_retracted_through(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``step-3 -> step-2`` inside the root: restore raised LifecycleError, wrote INVALID.json (naming step 2's
+    commit) into step 2 through the link, and rotation retracted step 2's COMMIT.json."""
+    root = tmp_path / "root"
+    state = small()
+    ck = Checkpointer(root, keep=5)
+    for s in (1, 2, 4):
+        ck.save(state, s)
+    os.symlink(STEP.format(2), root / STEP.format(3))
+    assert restored_step(root)[0] == 4
+    assert main(["verify", str(root)]) == 0
+    assert "step 3" not in capsys.readouterr().out
+    assert Checkpointer(root, keep=3).rotate() == []
+    for s in (1, 2, 4):
+        d = root / STEP.format(s)
+        assert (d / layout.COMMIT).exists() and not (d / layout.INVALID).exists()
+    assert main(["inspect", str(root)]) == 0
+    assert "inside the root: never read, restored or deleted through" in capsys.readouterr().out
+
+
+def hand_made(root: Path, files: dict[str, Any], world: int) -> Path:
+    """A committed step 1 of ``files`` (tensor dicts become safetensors files; the rest JSON), sealed."""
+    from safetensors.torch import save_file
+
+    d = root / STEP.format(1)
+    d.mkdir(parents=True)
+    doc: dict[str, Any] = {
+        "format_version": 1,
+        "step": 1,
+        "created": "x",
+        "world_size": world,
+        "checksum_algorithm": checksum.ALGORITHM,
+        "files": {},
+        "probe": None,
+        "timings": {},
+        "predicted_save_s": None,
+    }
+    for name, content in files.items():
+        if name.endswith(".safetensors"):
+            save_file(content, str(d / name))
+        else:
+            (d / name).write_text(json.dumps(content))
+        data = (d / name).read_bytes()
+        doc["files"][name] = {"bytes": len(data), "checksum": checksum.of_bytes(data)}
+    (d / layout.COMMIT).write_text(json.dumps(layout.seal(doc)))
+    return root
+
+
+TREE = {"model": {"$dict": [["weight", {"$tensor": "model/weight"}]]}}
+STATE_DOC = {"format": "preemptible.state", "version": 1, "numpy": [], "casts": {}, "dtensors": {}, "tree": TREE}
+
+
+def test_attack_a_shard_record_of_a_tensor_no_rank_file_holds_is_refused_not_filled_with_garbage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Records that cover a (3, 4) tensor, rank 1's rows held by no rank's file (the tensor sat in the file every
+    rank reads): verify said PASS, and load()/export --entry returned uninitialized rows as "all verified"."""
+
+    def rec(offset: list[int]) -> dict[str, Any]:
+        return {"shape": [3, 4], "stride": [4, 1], "mesh": [2], "placements": ["Shard(dim=0)"], "offset": offset}
+
+    root = hand_made(
+        tmp_path / "root",
+        {
+            "model.safetensors": {"model/weight": torch.full((1, 4), 7.0), "pad": torch.zeros(64)},
+            "model-r00000.safetensors": {"model/weight": torch.full((2, 4), 1.0)},
+            "state.json": STATE_DOC,
+            "state-r00000.json": {"tree": {}, "dtensors": {"model/weight": rec([0, 0])}},
+            "state-r00001.json": {"tree": {}, "dtensors": {"model/weight": rec([2, 0])}},
+        },
+        world=2,
+    )
+    assert main(["verify", str(root), "--no-mark"]) == 1
+    assert "more than one file" in capsys.readouterr().out
+    with pytest.raises(preemptible.errors.CheckpointCorruptError):
+        preemptible.load(root, entry="model")
+    assert main(["export", str(root), "--entry", "model", "--out", str(tmp_path / "o")]) == 1
+
+
+def test_attack_a_world_of_100000_with_one_ranks_file_is_refused_at_once(tmp_path: Path) -> None:
+    """load() opened the checkpoint 100,000 times (a minute) for a world that one per-rank file claimed."""
+    root = hand_made(
+        tmp_path / "root",
+        {"model.safetensors": {"model/weight": torch.ones(3, 4)}, "state.json": STATE_DOC, "state-r99999.json": {}},
+        world=100_000,
+    )
+    with pytest.raises(preemptible.errors.CheckpointCorruptError, match="every rank of a job writes its own files"):
+        preemptible.load(root)
+
+
+@pytest.mark.parametrize("dtype", ["qint8", "bits8", "int64", "bool"])
+def test_attack_a_cast_to_a_dtype_a_save_never_makes_is_a_content_failure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], dtype: str
+) -> None:
+    """``casts: {"model/bias": "qint8"}``: tracebacks from verify and export, and load() raised RuntimeError
+    instead of falling back."""
+    root = tmp_path / "root"
+    _, at_1 = two_steps(root)
+    d = root / STEP.format(2)
+    doc = json.loads((d / layout.STATE).read_text())
+    doc["casts"] = {"model/bias": dtype}
+    (d / layout.STATE).write_text(json.dumps(doc))
+    reseal(root, 2, commit_of(root, 2))
+    assert main(["verify", str(root), "--step", "2", "--no-mark"]) == 1
+    assert "expected a floating dtype" in capsys.readouterr().out
+    with pytest.warns(CheckpointFallbackWarning):
+        assert torch.equal(preemptible.load(root, entry="model")["bias"], at_1["bias"])
+
+
+def test_attack_a_per_rank_document_that_redefines_an_entry_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ``state-r00000.json`` mapping ``weight`` to ``exp_avg``: load() returned exp_avg as the weight while
+    restore loaded the weight, and verify said PASS."""
+    root = tmp_path / "root"
+    two_steps(root)
+    d = root / STEP.format(2)
+    doc = json.loads((d / layout.STATE).read_text())
+    doc["tree"]["model"] = {"$dict": [["weight", {"$tensor": "optimizer/state/0/exp_avg"}]]}
+    (d / "state-r00000.json").write_text(json.dumps(doc))
+    commit = commit_of(root, 2)
+    commit["files"]["state-r00000.json"] = {}
+    reseal(root, 2, commit)
+    assert main(["verify", str(root), "--step", "2", "--no-mark"]) == 1
+    assert "other than the documents before it" in capsys.readouterr().out
+
+
+def test_attack_a_tensor_in_the_shared_file_and_a_per_rank_file_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``model/weight`` in ``model.safetensors`` and ``model-r00000.safetensors``: which copy load() and restore
+    took depended on the files' sizes."""
+    from safetensors.torch import save_file
+
+    root = tmp_path / "root"
+    two_steps(root)
+    d = root / STEP.format(2)
+    save_file({"model/weight": torch.full((3, 4), 666.0)}, str(d / "model-r00000.safetensors"))
+    commit = commit_of(root, 2)
+    commit["files"]["model-r00000.safetensors"] = {}
+    reseal(root, 2, commit)
+    assert main(["verify", str(root), "--step", "2", "--no-mark"]) == 1
+    assert "more than one file" in capsys.readouterr().out
+    assert restored_step(root)[0] == 1
+
+
+def test_attack_a_forged_invalid_json_naming_the_commit_never_lets_rotation_delete(tmp_path: Path) -> None:
+    """INVALID.json with the right commit on healthy steps 2 and 3: rotation deleted them. An invalid checkpoint is
+    deleted only once this process has found it failing against its bytes."""
+    root = tmp_path / "root"
+    emergency_steps(root, range(1, 5))
+    for s in (2, 3):
+        d = root / STEP.format(s)
+        commit = checksum.of_bytes((d / layout.COMMIT).read_bytes())
+        (d / layout.INVALID).write_text(json.dumps({"commit": commit, "reason": "forged"}))
+    ck = Checkpointer(root, keep=2)
+    assert ck.restore(small(seed=3)) == 4
+    assert ck.rotate() == []  # 2 and 3, "invalid", would go; they pass a check here: kept (and 1, the second good)
+    assert sorted(c.step for c in ck.checkpoints()) == [1, 2, 3, 4]
+    (root / STEP.format(3) / "model.safetensors").write_bytes(b"damaged")  # now really bad: found so, then deleted
+    assert ck.rotate() == [3]
+
+
+@pytest.mark.timeout(120)  # a failure detector for the hang, not a speed assertion
+def test_attack_layer_counts_in_a_nested_sub_config_are_bounded_too(
+    tmp_path: Path, hf_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``CLIPModel`` with ``text_config.num_hidden_layers`` 30,000: 45 s and 1.86 GB before a refusal."""
+    config = {
+        "model_type": "clip",
+        "text_config": {"num_hidden_layers": 30_000, "hidden_size": 16, "intermediate_size": 16},
+        "vision_config": {"num_hidden_layers": 1, "hidden_size": 16, "image_size": 16, "patch_size": 8},
+    }
+    root = hostile_hf(tmp_path, hf_root, lambda rec: rec.update({"class": "CLIPModel", "config": config}))
+    assert main(["export", str(root), "--format", "hf", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "text_config.num_hidden_layers=30000" in err and err.count("\n") == 1
+
+
+def test_attack_a_config_that_ties_weights_stored_apart_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``tie_word_embeddings: true`` resealed into an untied GPT-2: the export wrote wte where the stored lm_head
+    belonged, "all verified"."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=16, tie_word_embeddings=False)
+    base = tmp_path / "base"
+    Checkpointer(base).save({"model": GPT2LMHeadModel(config)}, 1)
+    root = hostile_hf(tmp_path, base, lambda rec: rec["config"].__setitem__("tie_word_embeddings", True))
+    assert main(["export", str(root), "--format", "hf", "--out", str(tmp_path / "out")]) == 2
+    assert "ties weights that the checkpoint stores apart" in capsys.readouterr().err
+
+
+def test_attack_terminal_escapes_from_a_checkpoint_are_shown_never_obeyed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A forged reason or a journal value holding ``ESC]0;PWNED BEL ESC[2J`` reached the terminal raw."""
+    root = tmp_path / "root"
+    two_steps(root)
+    d = root / STEP.format(2)
+    commit = checksum.of_bytes((d / layout.COMMIT).read_bytes())
+    (d / layout.INVALID).write_text(json.dumps({"commit": commit, "reason": "\x1b]0;PWNED\x07\x1b[2J\u202e"}))
+    (root / "journal").mkdir(exist_ok=True)
+    (root / "journal" / "20260101T000000.000000Z-r0.jsonl").write_text(
+        json.dumps({"t": "2026-01-01T00:00:00Z", "event": "start", "step": 0, "rank": 0, "host": "\x1b[2J"}) + "\n"
+    )
+    for argv in (["inspect", str(root)], ["verify", str(root), "--no-mark"], ["report", str(root)]):
+        main(argv)
+        out = capsys.readouterr().out
+        assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out, argv
+    main(["inspect", str(root)])
+    assert "\\x1b]0;PWNED" in capsys.readouterr().out

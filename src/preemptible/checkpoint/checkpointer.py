@@ -288,7 +288,8 @@ class Checkpointer(Lifecycle, Prestaging):
             target = self.storage.escapes(path)
             if target is not None:
                 if include_uncommitted:
-                    why = f"{name} is a link to {target}, outside the root: never read, restored or deleted through"
+                    where = "inside the root" if target.startswith(self.root.rstrip("/") + "/") else "outside the root"
+                    why = f"{name} is a link to {target}, {where}: never read, restored or deleted through"
                     out.append(CheckpointInfo(step=step or attempt or 0, path=path, committed=False, refused=why))
                 continue
             if not self.storage.isdir(path):

@@ -90,23 +90,44 @@ class Lifecycle:
                 self._validate_at_save(just_saved)
                 infos = self._vouched_only(self.checkpoints(include_uncommitted=True))
         decision = retention.decide(infos, self.keep, self.keep_best)
-        states = {c.step: self.markers.read(c.path).state for c in infos if c.step in decision.delete}
-        for step in decision.delete:
+        by_step = {c.step: c for c in infos if c.committed}
+        doomed = [s for s in decision.delete if not by_step[s].invalid or self._condemned_here(by_step[s])]
+        states = {c.step: self.markers.read(c.path).state for c in infos if c.step in doomed}
+        for step in doomed:
             deletion.delete_checkpoint(self.storage, self.root, step, states[step])
-        deleted = list(decision.delete) + self.cleanup(infos)
+        deleted = doomed + self.cleanup(infos)
         if deleted:
-            kept = sorted(c.step for c in infos if c.committed and c.step not in decision.delete)
+            kept = sorted(c.step for c in infos if c.committed and c.step not in doomed)
             self.events.event(Event.ROTATED, None, deleted=deleted, kept=kept)
         return deleted
 
     def _vouched_only(self, infos: list[CheckpointInfo]) -> list[CheckpointInfo]:
-        """``infos`` with "validated" kept only where this process validated the commit: retention deletes on a
-        validation performed against the bytes, never on a marker read from storage alone (a forged, copied or
-        stale VALID.json)."""
+        """``infos`` with "validated" (and "invalid") kept only where this process found so against the bytes:
+        retention deletes on a verdict performed here, never on a marker read from storage alone (a forged, copied
+        or stale VALID.json or INVALID.json)."""
         return [
             dataclasses.replace(c, validated=False) if c.validated and not self.markers.vouched(c.path) else c
             for c in infos
         ]
+
+    def _condemned_here(self, info: CheckpointInfo) -> bool:
+        """Whether checkpoint ``info``, marked invalid by its INVALID.json, fails a content check now, in this
+        process (its bytes read and checked): rotation deletes an invalid checkpoint only then, never on a marker
+        read from storage alone. A pass, or an I/O error, keeps it."""
+        if self.markers.condemned(info.path):
+            return True
+        try:
+            opened = self.reader.open(info.step)
+            self.reader.rebuild(opened, self.reader.read_tensors(opened, None))
+        except CheckpointCorruptError as e:
+            self.markers.record(info.path, Transition.CONTENT_FAIL, now=self._now(), reason=str(e), by="rotation")
+            return self.markers.condemned(info.path)
+        except OSError:
+            return False
+        log.warning(
+            "step %d is marked invalid (%s) but its files pass a check now: not deleted", info.step, info.invalid
+        )
+        return False
 
     def mark_finished(self, step: int) -> None:
         """Leave ``DONE.json`` in the root: the run finished all its steps (a wrapper tells "done" from "preempted")."""

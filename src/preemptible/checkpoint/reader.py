@@ -84,9 +84,11 @@ def _placeholder(meta: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
 
 
 def _dtype(name: str) -> torch.dtype:
+    """The dtype a cast restores a stored tensor to: a floating dtype the format holds (a save casts an optimizer's
+    moments to bf16 and back, nothing else; quantized or bit dtypes cannot even be allocated)."""
     dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype {name!r}")
+    if not isinstance(dtype, torch.dtype) or dtype not in tensor_format.DTYPES or not dtype.is_floating_point:
+        raise ValueError(f"a cast to {name[:40]!r}: expected a floating dtype the format holds")
     return dtype
 
 
@@ -223,6 +225,11 @@ class Reader:
         for name in [n for n in opened.selected if n.endswith(".json")]:
             doc = self.read_doc(opened, name)
             tree = doc["tree"]
+            for key in (
+                opened.tree.keys() & tree.keys()
+            ):  # documents may repeat an entry (a sharded one), never change it
+                if opened.tree[key] != tree[key]:
+                    raise opened.bad(f"{name} holds entry {key!r} other than the documents before it do")
             if rank is None or name == layout.STATE or not (opened.tree.keys() & tree.keys()):
                 opened.tree.update(tree)
             self.merge_doc(opened, doc)
@@ -246,7 +253,9 @@ class Reader:
             owner = layout.file_rank(name)
             by_name = {e.name: e for e in entries}  # a header's names are unique (parse_header)
             for clash in opened.entries.keys() & by_name.keys():
-                if opened.entry_owner.get(clash) == owner:
+                # per-rank files of different ranks may each hold a tensor of one name (a shard, a per-rank entry);
+                # a file every rank reads and any other file may not: which copy holds it would be a guess
+                if opened.entry_owner.get(clash) == owner or owner is None or opened.entry_owner.get(clash) is None:
                     raise opened.bad(f"tensor {clash!r} appears in more than one file")
             opened.entries.update(by_name)
             opened.entry_owner.update(dict.fromkeys(by_name, owner))
@@ -259,16 +268,24 @@ class Reader:
         """Every sharding record of the documents read, checked against the shard its rank stored (`shards.check`);
         with ``every_rank`` (all files opened), their cover of each whole tensor too (`shards.cover`)."""
         stored: dict[tuple[int | None, str], tuple[int, ...]] = {}
+        stems: set[tuple[int | None, str]] = set()  # (owner, stem) of the tensor files opened
         for name, entries in opened.file_entries.items():
             owner = layout.file_rank(name)
+            stems.add((owner, stem_of_file(name)))
             for e in entries:
                 stored[(owner, e.name)] = e.shape
         for owner, metas in records.items():
             for name, meta in metas.items():
+                # IMPORTANT: a record describes the shard its own rank's file holds (a one-process checkpoint: the
+                # files every rank reads), never a tensor of another file: else its rows would be filled by nothing
                 shape = stored.get((owner, name))
                 if shape is None:
-                    shape = stored.get((None, name))
-                if shape is None:
+                    if (owner, file_stem(group_of(name))) in stems:
+                        raise opened.bad(
+                            f"the sharding record of {name!r}"
+                            + (f" (rank {owner})" if owner is not None else "")
+                            + " has no shard in its own file"
+                        )
                     continue  # not among the files opened (an entry of another state entry); no reader uses it
                 opened.shards.setdefault(name, []).append(shard_records.check(name, meta, shape, owner, opened.bad))
         if every_rank and opened.shards:

@@ -4,15 +4,43 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
 import os
+import re
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from preemptible._version import __version__
 from preemptible.cli.args import OneLineParser
 from preemptible.errors import PreemptibleError, StorageCredentialsError, StorageUnavailableError
 
 SUBCOMMANDS = ("bench", "diagnose", "drill", "emulate", "export", "inspect", "plan", "report", "run", "verify")
+READERS = ("diagnose", "export", "inspect", "report", "verify")
+"""Subcommands that print what they read from checkpoints, journals and logs: their text goes out escaped."""
+
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+class _Escaped(io.TextIOBase):
+    """A text stream that writes control characters (a terminal's escape sequences, carriage returns, bidi
+    overrides) as ``\\xNN`` / ``\\uNNNN``: a value from a hostile checkpoint or journal is shown, never obeyed."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(_CONTROL.sub(lambda m: ascii(m.group())[1:-1], text))
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def fileno(self) -> int:
+        return int(self._stream.fileno())
+
+    def isatty(self) -> bool:
+        return bool(self._stream.isatty())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,6 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     module = importlib.import_module(f"preemptible.cli.{args.command}")
+    stdout = sys.stdout
+    if args.command in READERS:
+        sys.stdout = _Escaped(stdout)
     try:
         code: int = module.run(args)
         sys.stdout.flush()
@@ -60,4 +91,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PreemptibleError as e:  # a checkpoint or journal that a subcommand did not expect to refuse: one line
         print(f"preemptible {args.command}: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 1
+    finally:
+        sys.stdout = stdout
     return code

@@ -2,7 +2,7 @@
 
 A checkpoint may come from a stranger, so every number a reader takes from it is bounded before it is used. Where
 the checkpoint bounds a number itself (an offset plus a length within the tensor; a tensor's bytes equal to its
-shape's product times its item size; a world size equal to the per-rank records present), the reader derives the
+shape's product times its item size; a world size equal to the ranks whose files are present), the reader derives the
 bound from it. What is left is bounded here, in one place, so that every reader refuses the same things.
 """
 
@@ -17,7 +17,7 @@ MAX_MARKER_BYTES = 1 << 20
 
 MAX_WORLD_SIZE = 100_000
 """Ranks of a job that wrote a checkpoint: per-rank file names carry five digits (``-r00000`` to ``-r99999``). A
-checkpoint with per-rank files bounds it further: its world size is one more than the highest rank present."""
+checkpoint with per-rank files bounds it further: each rank of its world has files of its own."""
 
 MAX_HEADER_BYTES = 100 << 20
 """A safetensors header: the limit safetensors itself enforces."""

@@ -69,7 +69,7 @@ class Storage(Protocol):
     def remove_tree(self, path: str) -> None: ...
     def sync_dir(self, path: str) -> None: ...
     def escapes(self, path: str) -> str | None:
-        """Where ``path`` leads when a symbolic link takes it outside the root, else None."""
+        """Where ``path`` leads when a symbolic link takes it anywhere but to itself, else None."""
 
 
 def _open_regular(path: str, root: str | None = None) -> io.FileIO:
@@ -191,10 +191,12 @@ class LocalStorage:
         return path
 
     def escapes(self, path: str) -> str | None:
-        """Where ``path`` leads when that is outside the root, else None."""
+        """Where ``path`` leads when a symbolic link on it takes it anywhere but to itself: outside the root, or to
+        another place inside it (a step directory that links to another step would have markers written into,
+        and a commit retracted from, the step it points to). None when it is what it says."""
         real = os.path.realpath(path)
-        inside = real == self.root or real.startswith(self.root.rstrip(os.sep) + os.sep)
-        return None if inside else real
+        own = os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(path))), os.path.basename(path))
+        return None if real == own else real
 
     def makedirs(self, path: str) -> None:
         os.makedirs(self.inside(path), exist_ok=True)

@@ -275,10 +275,12 @@ class Manifest:
         if not _is_int(world) or not 1 <= world <= bounds.MAX_WORLD_SIZE:
             raise bad(f"expected a world_size from 1 to {bounds.MAX_WORLD_SIZE}, found {str(world)[:40]!r}")
         ranks = {r for r in map(file_rank, files) if r is not None}
-        if ranks and world != max(ranks) + 1:
+        if ranks and ranks != set(range(world)):  # every rank of a job writes its own files, or none does
+            missing = sorted(set(range(min(world, max(ranks) + 1))) - ranks)[:3]
             raise bad(
-                f"world_size {world} does not match the per-rank files it lists (ranks {min(ranks)} to "
-                f"{max(ranks)}: a world of {max(ranks) + 1}); the checkpoint cannot be trusted"
+                f"world_size {world} does not match the per-rank files it lists ({len(ranks)} rank(s), from "
+                f"{min(ranks)} to {max(ranks)}{f', none of ranks {missing}' if missing else ''}); every rank of a "
+                "job writes its own files: the checkpoint cannot be trusted"
             )
         probe = doc.get("probe")
         if probe is not None and not isinstance(probe, (int, float)):

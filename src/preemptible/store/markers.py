@@ -109,11 +109,20 @@ class Markers:
         self._vouched: dict[str, str] = {}
         """Directories this process validated (checksums against the bytes, by restore, verify or a save's read
         back), with the checksum of the ``COMMIT.json`` it validated."""
+        self._condemned: dict[str, str] = {}
+        """Directories whose content this process found failing, likewise."""
 
     def vouched(self, directory: str) -> bool:
         """Whether this process validated the commit now in ``directory`` (rotation deletes only on that, never on a
         marker read from storage alone)."""
-        seen = self._vouched.get(directory)
+        return self._judged(self._vouched, directory)
+
+    def condemned(self, directory: str) -> bool:
+        """Whether this process found the commit now in ``directory`` failing a content check."""
+        return self._judged(self._condemned, directory)
+
+    def _judged(self, verdicts: dict[str, str], directory: str) -> bool:
+        seen = verdicts.get(directory)
         if seen is None:
             return False
         try:
@@ -196,6 +205,8 @@ class Markers:
                 # IMPORTANT: INVALID.json first, VALID.json removed after: a crash in between leaves both, and
                 # INVALID wins, so a checkpoint that failed is never reported as validated.
                 self._vouched.pop(directory, None)
+                assert commit is not None
+                self._condemned[directory] = commit
                 body = {"invalidated_at": now, **doc, "commit": commit}
                 s.publish(self._path(directory, layout.INVALID), json.dumps(body).encode())
                 s.remove(self._path(directory, layout.VALID))
