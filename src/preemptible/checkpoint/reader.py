@@ -222,14 +222,13 @@ class Reader:
         opened.selected = _select(opened.manifest, rank, opened)
         opened.tree = {}
         records: dict[int | None, dict[str, Any]] = {}  # each document's sharding records, by its rank
-        for name in [n for n in opened.selected if n.endswith(".json")]:
-            doc = self.read_doc(opened, name)
+        docs = {name: self.read_doc(opened, name) for name in opened.selected if name.endswith(".json")}
+        shared = docs[layout.STATE]["tree"] if layout.STATE in docs else {}
+        for name, doc in docs.items():
             tree = doc["tree"]
-            for key in (
-                opened.tree.keys() & tree.keys()
-            ):  # documents may repeat an entry (a sharded one), never change it
-                if opened.tree[key] != tree[key]:
-                    raise opened.bad(f"{name} holds entry {key!r} other than the documents before it do")
+            for key in shared.keys() & tree.keys():  # a rank's document may repeat a shared entry, never change it
+                if name != layout.STATE and shared[key] != tree[key]:
+                    raise opened.bad(f"{name} holds entry {key!r} other than {layout.STATE} does")
             if rank is None or name == layout.STATE or not (opened.tree.keys() & tree.keys()):
                 opened.tree.update(tree)
             self.merge_doc(opened, doc)
