@@ -71,20 +71,20 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "AlreadyCommittedError",
     "CheckpointCorruptError",
     "CheckpointInfo",
     "CheckpointNotFoundError",
     "Checkpointer",
     "Guard",
     "Notice",
-    "Plan",
     "NoticeKind",
     "NoticeSource",
+    "Plan",
     "PreemptibleError",
     "RNGState",
     "Run",
     "SaveError",
-    "AlreadyCommittedError",
     "SaveHandle",
     "SaveResult",
     "StateMismatchError",

@@ -3,6 +3,29 @@
 One base class, and each subclass also inherits the builtin a caller already catches, so code written
 against ``FileNotFoundError`` or ``ValueError`` keeps working. Messages say what was expected, what was
 found and what to do.
+
+The hierarchy (each error also inherits the builtin in brackets)::
+
+    PreemptibleError
+    ├── CheckpointNotFoundError        [FileNotFoundError]
+    ├── CheckpointCorruptError         [ValueError]
+    ├── StateMismatchError             [ValueError]
+    ├── StateDivergenceError           [ValueError]
+    ├── UnsupportedStateError          [TypeError]
+    ├── SaveError                      [OSError]
+    │   └── AlreadyCommittedError
+    ├── SaveCancelled
+    ├── NoticeSourceError              [ValueError]
+    ├── ProbeError                     [ValueError]
+    ├── FileTooLargeError              [ValueError]
+    ├── NotRegularFileError            [ValueError]
+    │   └── OutsideRootError
+    ├── StorageUnavailableError        [ImportError]
+    ├── StorageCredentialsError        [PermissionError]
+    ├── CoordinationError              [RuntimeError]
+    └── LifecycleError                 [RuntimeError]
+
+    CheckpointFallbackWarning          [UserWarning]
 """
 
 from __future__ import annotations
@@ -167,6 +190,7 @@ class CheckpointFallbackWarning(UserWarning):
 
 
 __all__ = [
+    "AlreadyCommittedError",
     "CheckpointCorruptError",
     "CheckpointFallbackWarning",
     "CheckpointNotFoundError",
@@ -175,12 +199,14 @@ __all__ = [
     "LifecycleError",
     "NotRegularFileError",
     "NoticeSourceError",
+    "OutsideRootError",
     "PreemptibleError",
     "ProbeError",
     "SaveCancelled",
     "SaveError",
     "StateDivergenceError",
     "StateMismatchError",
+    "StorageCredentialsError",
     "StorageUnavailableError",
     "UnsupportedStateError",
 ]
