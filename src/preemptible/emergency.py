@@ -1,6 +1,9 @@
-"""The one owner of the deadline: what a notice does to saves in flight, the pre-staged flush and its watcher.
+"""The notice-to-exit sequence of a `Run`, and the one owner of the deadline.
 
-Every decision against the time left uses the same `SAFETY_MARGIN` of it and the same bandwidth estimate
+`Emergency.respond` is what a notice does at the boundary where the loop stops: journal it, settle a background
+save in flight, flush the pre-staged state when the current step cannot land in time, write the emergency
+checkpoint, requeue under Slurm, flush the trackers, and decide the exit code (`ExitPolicy`). Every decision
+against the time left uses the same `SAFETY_MARGIN` of it and the same bandwidth estimate
 (`Checkpointer.bandwidth`, measured by earlier saves, else `ASSUMED_BANDWIDTH`). The clock is injected: the
 tests of a 30 s window run in milliseconds.
 """
@@ -8,20 +11,29 @@ tests of a 30 s window run in milliseconds.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from preemptible.checkpoint import Checkpointer, SaveHandle, SaveResult
 from preemptible.errors import PreemptibleError
-from preemptible.events import Event, SaveReason
-
-if TYPE_CHECKING:
-    from preemptible.checkpoint import Checkpointer, SaveHandle, SaveResult
-    from preemptible.guard import Guard
-    from preemptible.writer import Progress
+from preemptible.events import Event, SaveReason, tag
+from preemptible.guard import Guard
+from preemptible.journal import Journal
+from preemptible.sources import slurm
+from preemptible.writer import Progress
 
 log = logging.getLogger("preemptible")
+
+EXIT_PREEMPTED = 0
+"""Default exit code after a successful emergency save: a clean, intentional stop."""
+EXIT_SAVE_FAILED = 75
+"""Exit code when the emergency save failed (EX_TEMPFAIL): nothing new committed, the previous checkpoint is
+intact, restart the job."""
+EXIT_CODE_ENV = "PREEMPTIBLE_EXIT_CODE"
 
 SAFETY_MARGIN = 0.8
 """Plan to use at most this share of the time left: bandwidth drifts, and steps vary."""
@@ -74,15 +86,69 @@ def deadline_choice(
     return InflightChoice.FINISH if needed <= margin * remaining_s else InflightChoice.ABANDON
 
 
+@dataclass(frozen=True)
+class ExitPolicy:
+    """How a process ends after a notice: its exit code and, under Slurm, whether the job is requeued.
+
+    Args:
+        exit_code: the code after an emergency save; None: ``$PREEMPTIBLE_EXIT_CODE``, else the platform's
+            default (143 on Kubernetes, 0 elsewhere). A failed emergency save always exits `EXIT_SAVE_FAILED`.
+        requeue: SLURM: ``scontrol requeue`` after a successful emergency save; None: the environment, else the
+            job's own state (`slurm.decide`).
+    """
+
+    exit_code: int | None = None
+    requeue: bool | None = None
+
+    def code_after_notice(self, platform_default: int) -> int:
+        """``exit_code``, else ``$PREEMPTIBLE_EXIT_CODE``, else the platform's default."""
+        if self.exit_code is not None:
+            return self.exit_code
+        env = os.environ.get(EXIT_CODE_ENV, "").strip()
+        if env:
+            try:
+                return int(env)
+            except ValueError:
+                log.warning("ignoring %s=%r: expected an integer exit code", EXIT_CODE_ENV, env)
+        return platform_default
+
+    def requeue_wanted(self) -> bool | None:
+        """``requeue``, else the environment, else None (decided from the job's own state, `slurm.decide`)."""
+        return self.requeue if self.requeue is not None else slurm.requeue_wanted()
+
+
+class Saver(Protocol):
+    """What the emergency sequence needs of a run's saves (`preemptible.saves.Saves`)."""
+
+    pending: SaveHandle | None
+
+    def save(
+        self, step: int, reason: str, *, raise_errors: bool = ..., deadline: float | None = ..., blocking: bool = ...
+    ) -> SaveResult | None: ...
+
+    def reap(self, *, block: bool = ...) -> None: ...
+
+    def report(self, result: SaveResult, reason: str) -> None: ...
+
+    def state_bytes(self) -> int: ...
+
+
+class Trackers(Protocol):
+    def on_notice(self) -> dict[str, Any]: ...
+
+
 class Emergency:
-    """The deadline decisions of one `Run`.
+    """The notice-to-exit sequence and the deadline decisions of one `Run`.
 
     Args:
         checkpointer, guard: the run's.
-        events: the run's journal (an events sink), read when needed (it exists once the run has started).
-        state_bytes: bytes of the state an emergency save would write now.
+        saves: the run's saves (`preemptible.saves.Saves`): the emergency save and the in-flight one go through it.
+        trackers: what a notice flushes (`preemptible.trackers.Trackers`).
+        policy: the exit code and Slurm requeue (`ExitPolicy`).
+        exit_process: whether the run ends the process after the sequence (journaled with the exit).
         prestage_every: the run's pre-staging period, or None (no watcher, no flush).
         clock: epoch seconds.
+        rank: this process's rank.
     """
 
     def __init__(
@@ -90,20 +156,34 @@ class Emergency:
         checkpointer: Checkpointer,
         guard: Guard,
         *,
-        events: Callable[[], Any],
-        state_bytes: Callable[[], int],
+        saves: Saver,
+        trackers: Trackers,
+        policy: ExitPolicy,
+        exit_process: bool,
         prestage_every: int | None,
         clock: Callable[[], float],
         rank: int = 0,
     ) -> None:
         self.checkpointer = checkpointer
         self.guard = guard
-        self._events = events
-        self._state_bytes = state_bytes
+        self.saves = saves
+        self.trackers = trackers
+        self.policy = policy
+        self.exit_process = exit_process
         self.prestage_every = prestage_every
-        self._clock = clock
+        self.clock = clock
         self.rank = rank
+        self.journal: Journal | None = None
         self.watcher: PrestageWatcher | None = None
+
+    def attach(self, journal: Journal) -> None:
+        """The run's journal, once the run has started."""
+        self.journal = journal
+
+    @property
+    def events(self) -> Journal:
+        assert self.journal is not None, "Emergency.attach(journal) comes before any notice is handled"
+        return self.journal
 
     @property
     def bandwidth(self) -> float:
@@ -119,10 +199,98 @@ class Emergency:
             self.watcher.stop()
             self.watcher = None
 
-    def at_boundary(self) -> None:
+    # the sequence -----------------------------------------------------------------------------------------------
+    def respond(self, completed: int, *, resumed_from: int | None, waited: int = 0) -> int:
+        """A notice stops the loop at the boundary after ``completed`` steps: run the whole sequence, journal the
+        exit, and return the exit code (the caller ends the process, or the loop).
+
+        Args:
+            resumed_from: the step this process restored (a save of it would add nothing).
+            waited: boundaries the stop waited for the optimizer step that ends a gradient accumulation.
+        """
+        notice = self.guard.notice
+        assert notice is not None
+        self._journal_notice(completed, waited)
+        code = self.policy.code_after_notice(self.guard.platform.exit_code)
+        saved = self._save_what_can_land(completed, resumed_from)
+        if not saved:
+            code = EXIT_SAVE_FAILED
+        if saved and self.rank == 0 and self.guard.platform.scheduler == "slurm":
+            self._requeue(completed)
+        tracked = self.trackers.on_notice()
+        if tracked["flushed"] or "wandb" in tracked:
+            self.events.event(Event.TRACKERS, completed, **tracked)
+        self.events.event(
+            Event.EXIT,
+            completed,
+            code=code,
+            reason="notice",
+            saved=saved,
+            later_notices=len(self.guard.notices) - 1,
+            remaining_s=self.guard.remaining(),
+            exit_process=self.exit_process,
+        )
+        self.events.sync()
+        return code
+
+    def _journal_notice(self, completed: int, waited: int) -> None:
+        notice = self.guard.notice
+        assert notice is not None
+        remaining = self.guard.remaining()
+        extra = {"waited_for_optimizer_steps": waited} if waited else {}
+        self.events.event(Event.NOTICE, completed, **notice.to_json(), remaining_s=remaining, **extra)
+        log.warning(
+            "[rank=%d] %s: %s notice (%s) received; stopping at step %d with %s left",
+            self.rank,
+            tag(Event.NOTICE, source=notice.source),
+            notice.source,
+            notice.detail or notice.kind.value,
+            completed,
+            f"{remaining:.1f} s" if remaining is not None else "unknown time",
+        )
+
+    def _save_what_can_land(self, completed: int, resumed_from: int | None) -> bool:
+        """Settle the save in flight, flush the pre-staged state if the current step cannot land, then save the
+        current step unless there is nothing new. False when the emergency save failed."""
         if self.watcher is not None:
             self.watcher.at_boundary()
+        handle = self.settle(completed, self.saves.pending)
+        if handle is not None:
+            self.saves.pending = handle
+            self.saves.reap(block=True)
+        landed, stop_with_it = self.flush_prestaged(completed)
+        if landed is not None:
+            self.saves.report(landed, SaveReason.PRESTAGED)
+        if stop_with_it:
+            return True  # the journal says which step landed and why
+        if completed in (0, resumed_from):
+            self.events.event(
+                Event.SAVE_SKIPPED, completed, reason=SaveReason.EMERGENCY, why="nothing new since the last checkpoint"
+            )
+            return True
+        return self._emergency_save(completed)
 
+    def _emergency_save(self, completed: int) -> bool:
+        notice = self.guard.notice
+        assert notice is not None
+        deadline = notice.deadline.timestamp() if notice.deadline is not None else None
+        try:
+            self.saves.save(completed, SaveReason.EMERGENCY, raise_errors=True, deadline=deadline)
+            self.guard.acknowledge(notice)
+        except BaseException as e:
+            log.error("[rank=%d] emergency save of step %d failed: %s", self.rank, completed, e)
+            if not isinstance(e, Exception):
+                raise
+            return False
+        return True
+
+    def _requeue(self, completed: int) -> None:
+        wanted = self.policy.requeue_wanted()
+        requeue, why = slurm.decide(wanted, slurm.job_info() if wanted is None else None)
+        log.info("[rank=%d] SLURM: %s", self.rank, why)
+        self.events.event(Event.REQUEUE, completed, ok=slurm.requeue() if requeue else False, why=why)
+
+    # the deadline -----------------------------------------------------------------------------------------------
     def settle(self, completed: int, pending: SaveHandle | None) -> SaveHandle | None:
         """A background save may be writing when the notice comes: finish it or abandon it (cancelled), by the
         deadline arithmetic above. Returns the handle the caller must reap (wait for), or None."""
@@ -136,10 +304,10 @@ class Emergency:
         choice = deadline_choice(
             remaining_s=remaining,
             inflight_left_bytes=handle.bytes_left,
-            emergency_bytes=self._state_bytes(),
+            emergency_bytes=self.saves.state_bytes(),
             bandwidth=bandwidth,
         )
-        self._events().event(
+        self.events.event(
             Event.INFLIGHT,
             completed,
             saving=handle.step,
@@ -160,17 +328,9 @@ class Emergency:
         if self.prestage_every is None:
             return None, False
         handle = self.watcher.handle if self.watcher is not None else None
-        staged = self.checkpointer.staging.current
         why = "the watcher started it before the step in progress ended"
         if handle is None:
-            remaining = self.guard.remaining()
-            if staged is None or staged.step is None or remaining is None or staged.step >= completed:
-                return None, False
-            current_s = self._state_bytes() / self.bandwidth
-            if current_s <= SAFETY_MARGIN * remaining:
-                return None, False
-            why = f"the current step needs about {current_s:.1f} s, {remaining:.1f} s are left"
-            handle = self.checkpointer.flush_staged(reason=SaveReason.PRESTAGED, deadline=self._clock() + remaining)
+            handle, why = self._start_flush(completed)
             if handle is None:
                 return None, False
         try:
@@ -178,7 +338,7 @@ class Emergency:
         except (OSError, PreemptibleError) as e:
             log.error("[rank=%d] flushing the pre-staged step %d failed: %s", self.rank, handle.step, e)
             return None, False
-        self._events().event(
+        self.events.event(
             Event.PRESTAGED_FLUSH,
             completed,
             landed=result.step,
@@ -191,7 +351,19 @@ class Emergency:
         )
         remaining = self.guard.remaining()
         # Time left after all: land the current step too; else stop with the pre-staged one.
-        return result, remaining is None or self._state_bytes() / self.bandwidth > SAFETY_MARGIN * remaining
+        return result, remaining is None or self.saves.state_bytes() / self.bandwidth > SAFETY_MARGIN * remaining
+
+    def _start_flush(self, completed: int) -> tuple[SaveHandle | None, str]:
+        """Start the flush of the pre-staged state when the current step would not land in time."""
+        staged = self.checkpointer.staging.current
+        remaining = self.guard.remaining()
+        if staged is None or staged.step is None or remaining is None or staged.step >= completed:
+            return None, ""
+        current_s = self.saves.state_bytes() / self.bandwidth
+        if current_s <= SAFETY_MARGIN * remaining:
+            return None, ""
+        why = f"the current step needs about {current_s:.1f} s, {remaining:.1f} s are left"
+        return self.checkpointer.flush_staged(reason=SaveReason.PRESTAGED, deadline=self.clock() + remaining), why
 
 
 class PrestageWatcher:
@@ -234,8 +406,6 @@ class PrestageWatcher:
             if staged is None or staged.step is None or remaining is None:
                 return
             if staged.nbytes / em.bandwidth >= SAFETY_MARGIN * remaining:
-                self.handle = em.checkpointer.flush_staged(
-                    reason=SaveReason.PRESTAGED, deadline=em._clock() + remaining
-                )
+                self.handle = em.checkpointer.flush_staged(reason=SaveReason.PRESTAGED, deadline=em.clock() + remaining)
                 return
             self._boundary.wait(0.02)

@@ -1,4 +1,4 @@
-"""`Run`'s options, checked once when it is built, and the exit policy they set.
+"""`Run`'s options, checked once when it is built (the exit policy they set is `emergency.ExitPolicy`).
 
 Every option is validated here with a message that says what was expected and what was found, so a bad value is
 an error at construction, never a surprise at the first save (``keep=2.5``, ``save_interval_s=nan``).
@@ -6,24 +6,14 @@ an error at construction, never a surprise at the first save (``keep=2.5``, ``sa
 
 from __future__ import annotations
 
-import logging
 import math
-import os
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from preemptible.emergency import ExitPolicy
 from preemptible.events import Advisory
-from preemptible.sources import slurm
-
-log = logging.getLogger("preemptible")
-
-EXIT_PREEMPTED = 0
-"""Default exit code after a successful emergency save: a clean, intentional stop."""
-EXIT_SAVE_FAILED = 75
-"""Exit code when the emergency save failed (EX_TEMPFAIL): nothing new committed, the previous checkpoint is
-intact, restart the job."""
-EXIT_CODE_ENV = "PREEMPTIBLE_EXIT_CODE"
+from preemptible.validate import DEFAULT_RTOL
 
 
 def _whole(name: str, value: object, minimum: int, *, optional: bool = True) -> None:
@@ -46,6 +36,7 @@ class RunOptions:
     exit_code: int | None = None
     requeue: bool | None = None
     per_rank: tuple[str, ...] = ()
+    probe_rtol: float = DEFAULT_RTOL
 
     def __post_init__(self) -> None:
         _whole("save_every", self.save_every, 1)
@@ -56,6 +47,11 @@ class RunOptions:
             raise ValueError(f"expected save_interval_s to be a finite number of seconds > 0 or None, found {s!r}")
         if self.exit_code is not None and (isinstance(self.exit_code, bool) or not isinstance(self.exit_code, int)):
             raise ValueError(f"expected exit_code to be an integer or None, found {self.exit_code!r}")
+        r = self.probe_rtol
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r < math.inf:
+            raise ValueError(
+                f"expected probe_rtol to be a finite relative tolerance >= 0 (default {DEFAULT_RTOL}), found {r!r}"
+            )
 
     @classmethod
     def build(
@@ -84,19 +80,6 @@ class RunOptions:
             raise ValueError(f"expected on_advisory to be 'save', 'stop' or 'ignore', found {on_advisory!r}")
         return cls(per_rank=tuple(names), on_advisory=Advisory(on_advisory), **kw)
 
-    def exit_code_after_notice(self, platform_default: int) -> int:
-        """The exit policy: ``exit_code``, else ``$PREEMPTIBLE_EXIT_CODE``, else the platform's default."""
-        if self.exit_code is not None:
-            return self.exit_code
-        env = os.environ.get(EXIT_CODE_ENV, "").strip()
-        if env:
-            try:
-                return int(env)
-            except ValueError:
-                log.warning("ignoring %s=%r: expected an integer exit code", EXIT_CODE_ENV, env)
-        return platform_default
-
-    def requeue_wanted(self) -> bool | None:
-        """SLURM: ``scontrol requeue`` after a successful emergency save: ``requeue``, else the environment, else
-        None (decided from the job's own state, `slurm.decide`)."""
-        return self.requeue if self.requeue is not None else slurm.requeue_wanted()
+    @property
+    def exit_policy(self) -> ExitPolicy:
+        return ExitPolicy(exit_code=self.exit_code, requeue=self.requeue)

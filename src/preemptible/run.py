@@ -11,7 +11,6 @@ import contextlib
 import gc
 import inspect
 import logging
-import math
 import os
 import signal
 import socket
@@ -28,24 +27,23 @@ import torch
 from preemptible import dist
 from preemptible._version import __version__
 from preemptible.accumulation import OptimizerSteps
-from preemptible.checkpoint import Checkpointer, SaveHandle, SaveResult
+from preemptible.checkpoint import Checkpointer, SaveResult
 from preemptible.emergency import Emergency
 from preemptible.errors import (
     CheckpointCorruptError,
     PreemptibleError,
-    SaveCancelled,
-    StateDivergenceError,
     UnsupportedStateError,
 )
-from preemptible.events import Advisory, Event, SaveReason, tag
+from preemptible.events import Advisory, Event, SaveReason
 from preemptible.guard import Guard
 from preemptible.journal import Journal, clean, user_fields
+from preemptible.loaders import LoopPosition
 from preemptible.notice import Clock, Notice, NoticeKind, NoticeSource
-from preemptible.options import EXIT_SAVE_FAILED, RunOptions
+from preemptible.options import RunOptions
 from preemptible.relay import ReportFile
-from preemptible.sources import slurm
+from preemptible.saves import Saves
+from preemptible.schedule import Due, SaveSchedule, StepTimer
 from preemptible.state import RNGState, capture, check_state, flatten
-from preemptible.store import retention
 from preemptible.store.io import ephemeral_reason
 from preemptible.trackers import Trackers, continue_wandb
 from preemptible.validate import DEFAULT_RTOL, Probe
@@ -165,12 +163,7 @@ class Run:
         trackers: Iterable[Any] = (),
         **state: Any,
     ) -> None:
-        for name in state:
-            if name.startswith("_"):
-                raise UnsupportedStateError(
-                    f"state name {name!r} starts with '_', which preemptible reserves for its own entries; rename it",
-                    key=name,
-                )
+        _check_names(state)
         check_state(state)
         self.options = RunOptions.build(
             state,
@@ -183,32 +176,27 @@ class Run:
             prestage_every=prestage_every,
             exit_code=exit_code,
             requeue=requeue,
+            probe_rtol=probe_rtol,
         )
-        self.on_advisory = self.options.on_advisory
-        self.requeue = requeue
-        override = os.environ.get(ROOT_ENV, "").strip()
-        if override:
-            log.info("checkpoint root %s from $%s (the code asked for %s)", override, ROOT_ENV, os.fspath(root))
-        self.root = override or os.fspath(root)
-        self.save_every = save_every
-        self.save_interval_s = save_interval_s
-        self.exit_code = exit_code
-        self.exit_on_notice = exit_on_notice
-        self._clock = clock
-        self._monotonic = monotonic
-        self.rank = dist.rank()
-        self.journal: Journal | None = None
-        self.async_save = async_save
-        self.prestage_every = prestage_every
         if save_on_best and keep_best is None:
             raise ValueError(
                 "save_on_best=True needs keep_best=(figure, 'min' or 'max'): which figure makes a checkpoint the best"
             )
+        self.on_advisory = self.options.on_advisory
+        self.requeue = requeue
+        self.root = _root(root)
+        self.save_every = save_every
+        self.save_interval_s = save_interval_s
+        self.exit_code = exit_code
+        self.exit_on_notice = exit_on_notice
+        self.async_save = async_save
+        self.prestage_every = prestage_every
         self.save_on_best = save_on_best
-        self._figures: dict[str, Any] = {}
-        """Figures logged since the last save: the next checkpoint records them (``figures`` in COMMIT.json)."""
-        self._best: float | None = None
-        self._best_known = False
+        self.allow_fresh_start = allow_fresh_start
+        self._clock = clock
+        self._monotonic = monotonic
+        self.rank = dist.rank()
+        self.journal: Journal | None = None
         self.checkpointer = Checkpointer(
             self.root,
             keep=keep,
@@ -223,16 +211,41 @@ class Run:
             storage_options=storage_options,
             per_rank=(_RNG, _LOOP, *self.options.per_rank),
         )
-        self.allow_fresh_start = allow_fresh_start
         self.guard = guard if guard is not None else Guard(sources, grace=grace, clock=clock)
         self.trackers = Trackers(trackers)
         """What a notice flushes and marks (`preemptible.trackers`); integrations add the framework's writers."""
-        self._meta: dict[str, Any] = {}
-        self._loop: dict[str, Any] = {"epoch": 0, "done": 0, "rng": None}
-        """Where `epochs`/`batches` are: the epoch, the batches done in it, the random streams at its start."""
-        self._finished = False  # the last step ran and its final checkpoint committed
-        self.state: dict[str, Any] = {**state, _RNG: RNGState(), _RUN: self._meta, _LOOP: self._loop}
+        self.position = LoopPosition()  # where `epochs`/`batches` are (`preemptible.loaders`)
+        meta: dict[str, Any] = {}
+        self.state: dict[str, Any] = {**state, _RNG: RNGState(), _RUN: meta, _LOOP: self.position.entry}
         flatten(capture(self.state))  # every leaf storable now: a clear error here, not at the first save
+        self.schedule = SaveSchedule(
+            save_every=save_every,
+            save_interval_s=save_interval_s,
+            prestage_every=prestage_every,
+            save_on_best=save_on_best,
+        )  # when a boundary saves (`preemptible.schedule`)
+        self.timer = StepTimer()
+        self.saves = Saves(
+            self.checkpointer,
+            self.state,
+            meta,
+            schedule=self.schedule,
+            timer=self.timer,
+            platform=self.guard.platform,
+            monotonic=monotonic,
+            rank=self.rank,
+        )  # every save this run makes goes through it (`preemptible.saves`)
+        self.emergency = Emergency(
+            self.checkpointer,
+            self.guard,
+            saves=self.saves,
+            trackers=self.trackers,
+            policy=self.options.exit_policy,
+            exit_process=exit_on_notice,
+            prestage_every=prestage_every,
+            clock=clock,
+            rank=self.rank,
+        )  # the notice-to-exit sequence (`preemptible.emergency`)
         self.step: int = 0
         """Completed steps so far (the step a checkpoint taken now would carry)."""
         self.attempt: int | None = None
@@ -241,32 +254,23 @@ class Run:
         """The step restored at start, or None for a fresh start."""
         self.preempted = False
         """True once an emergency save has ended the loop."""
-        self.last_save: SaveResult | None = None
-        self._last_save_time = 0.0
+        self._finished = False  # the last step ran and its final checkpoint committed
         self._entered = False
         self._advisory_done = False
-        self._prepared = False
-        self._pending: SaveHandle | None = None
-        self.emergency = Emergency(
-            self.checkpointer,
-            self.guard,
-            events=lambda: self.journal,
-            state_bytes=self._state_bytes,
-            prestage_every=prestage_every,
-            clock=clock,
-            rank=self.rank,
-        )
-        self._boundary_at = 0.0
         self._optimizer_steps: OptimizerSteps | None = None  # from the start of the loop to `close`
         self._waited = 0  # boundaries a notice's stop waited for an accumulation to end (`_waits_for_optimizer`)
-        self._owed: int | None = None  # the step a periodic save fell due at, mid-accumulation: saved at its end
-        self._prestage_owed = False  # a pre-stage fell due mid-accumulation: staged at its end
         self._start: int | None = None
         self._auto_close = False
-        self._total: int | None = None
-        self._planned = False
-        self.step_time: float | None = None
+
+    @property
+    def last_save(self) -> SaveResult | None:
+        """The last save this process committed (or skipped), or None."""
+        return self.saves.last
+
+    @property
+    def step_time(self) -> float | None:
         """Seconds per step (moving average), once steps have run."""
+        return self.timer.step_time
 
     def __repr__(self) -> str:
         names = [n for n in self.state if not n.startswith("_")]
@@ -287,19 +291,14 @@ class Run:
             return
         _ensure_log_handler()
         continue_wandb(self.root)
-        self.journal = Journal(self.checkpointer.storage, rank=self.rank, clock=self._clock)
-        self.checkpointer.journal = self.journal
+        journal = Journal(self.checkpointer.storage, rank=self.rank, clock=self._clock)
+        self.journal = journal
+        self.checkpointer.journal = journal
+        self.saves.attach(journal)
+        self.emergency.attach(journal)
         if self.rank == 0:
-            self.journal.report = ReportFile.from_env(root=self.root, journal=self.journal.path)
-        reason = ephemeral_reason(self.checkpointer.storage)
-        if reason is not None and self.rank == 0:
-            log.warning(
-                "[rank=%d] checkpoints will not survive the machine: %s. Use storage that outlives it: a network "
-                "or persistent volume, or an object store (s3://, gs://, az://)",
-                self.rank,
-                reason,
-            )
-            self.journal.event(Event.EPHEMERAL_ROOT, None, why=reason)
+            journal.report = ReportFile.from_env(root=self.root, journal=journal.path)
+        self._warn_if_ephemeral(journal)
         coord = self.checkpointer.coordinator
         if coord is not None:
             if self.save_interval_s is not None or self.prestage_every is not None:
@@ -312,11 +311,22 @@ class Run:
         self.emergency.start()
         self._entered = True
 
+    def _warn_if_ephemeral(self, journal: Journal) -> None:
+        reason = ephemeral_reason(self.checkpointer.storage)
+        if reason is not None and self.rank == 0:
+            log.warning(
+                "[rank=%d] checkpoints will not survive the machine: %s. Use storage that outlives it: a network "
+                "or persistent volume, or an object store (s3://, gs://, az://)",
+                self.rank,
+                reason,
+            )
+            journal.event(Event.EPHEMERAL_ROOT, None, why=reason)
+
     def close(self) -> None:
         """Finish a background save, remove signal handlers, stop pollers, flush the journal. Idempotent."""
         self.emergency.stop()
-        if self._pending is not None:
-            self._reap(block=True)
+        if self.saves.pending is not None:
+            self.saves.reap(block=True)
         if self._optimizer_steps is not None:
             self._optimizer_steps.close()
             self._optimizer_steps = None
@@ -370,8 +380,8 @@ class Run:
         start = self._resume()
         self.step = start
         self._start = start
-        self._last_save_time = self._monotonic()
-        self._boundary_at = self._monotonic()
+        self.schedule.saved(self._monotonic())
+        self.timer.start(self._monotonic())
         return start
 
     def _attempt(self, journal: Journal) -> int:
@@ -394,7 +404,7 @@ class Run:
         """
         if total < 0:
             raise ValueError(f"expected total >= 0 steps, found {total}")
-        self._total = total
+        self.schedule.total = total
         try:
             start = self._begin(total)
             if not self._ready(start, total):
@@ -442,49 +452,58 @@ class Run:
         """
         if self._start is None:
             self._begin(None)
-        total = self._total
         self.step = completed
-        now = self._monotonic()
-        spent = now - self._boundary_at
-        self._boundary_at = now
-        self.step_time = spent if self.step_time is None else 0.9 * self.step_time + 0.1 * spent
-        steps = self._optimizer_steps
-        stepped = steps.boundary(completed) if steps is not None else True
+        self.timer.boundary(self._monotonic())
+        stepped = self._optimizer_steps.boundary(completed) if self._optimizer_steps is not None else True
         if self.guard.should_stop(completed):
-            if self._waits_for_optimizer(completed, stepped):
-                return False
-            self._stop(completed)
-            return True
-        if self.guard.advisory is not None and not self._advisory_done and (total is None or completed < total):
+            return self._stop_after_optimizer(completed, stepped)
+        if self.guard.advisory is not None and not self._advisory_done and self.schedule.before_end(completed):
             if self._advisory(completed):
                 return True
-        elif self._periodic_due(completed, total) or (self._owed is not None and (total is None or completed < total)):
-            if self._owed is None:
-                self._owed = completed
-            if steps is not None and completed - self._owed < steps.limit and steps.accumulating(stepped):
-                pass  # owed: saved at the optimizer step that ends this accumulation (see `_waits_for_optimizer`)
-            else:
-                self._owed = None
-                self._save(completed, SaveReason.PERIODIC, blocking=not self.async_save)
-                # a notice that came during the save
-                if self.guard.should_stop(completed) and not self._waits_for_optimizer(completed, stepped):
-                    self._stop(completed)
-                    return True
-        elif self.prestage_every is not None and (completed % self.prestage_every == 0 or self._prestage_owed):
-            # staged mid-accumulation, a flush would land a state without the accumulated gradients: at its end
-            self._prestage_owed = steps is not None and steps.accumulating(stepped)
-            if not self._prestage_owed:
-                self.checkpointer.prestage(self.state, completed)
-        elif self.save_on_best and self._is_new_best():
-            self._save(completed, SaveReason.BEST, blocking=not self.async_save)
-        elif not self._prepared:
+        elif self._scheduled(completed, stepped):
+            return True
+        self._after_boundary(completed)
+        return False
+
+    def _stop_after_optimizer(self, completed: int, stepped: bool) -> bool:
+        """A notice: stop here, unless the stop waits for the optimizer step that ends an accumulation."""
+        if self._waits_for_optimizer(completed, stepped):
+            return False
+        self._stop(completed)
+        return True
+
+    def _scheduled(self, completed: int, stepped: bool) -> bool:
+        """Do what the save schedule says is due at this boundary. True when a notice that came during a save ends
+        the loop."""
+        steps = self._optimizer_steps
+        due = self.schedule.due(
+            completed,
+            self._monotonic(),
+            accumulating=(lambda: steps.accumulating(stepped)) if steps is not None else None,
+            limit=steps.limit if steps is not None else 0,
+            new_best=self.saves.new_best,
+        )
+        if due is Due.SAVE:
+            self.saves.save(completed, SaveReason.PERIODIC, blocking=not self.async_save)
+            # a notice that came during the save
+            if self.guard.should_stop(completed) and not self._waits_for_optimizer(completed, stepped):
+                self._stop(completed)
+                return True
+        elif due is Due.PRESTAGE:
+            self.checkpointer.prestage(self.state, completed)
+        elif due is Due.BEST:
+            self.saves.save(completed, SaveReason.BEST, blocking=not self.async_save)
+        elif due is Due.PREPARE:
             self._prepare()
-        if self._pending is not None:
-            self._reap()
+        return False
+
+    def _after_boundary(self, completed: int) -> None:
+        """Collect a background save that has finished; journal progress after a quiet while."""
+        if self.saves.pending is not None:
+            self.saves.reap()
         journal = self.journal
         if journal is not None and journal.last_at is not None and self._clock() - journal.last_at >= PROGRESS_QUIET_S:
             journal.event(Event.PROGRESS, completed)  # a process killed without a word still shows what it ran
-        return False
 
     def _waits_for_optimizer(self, completed: int, stepped: bool) -> bool:
         """Whether a notice's stop at this boundary waits for the optimizer step that ends a gradient accumulation
@@ -527,12 +546,10 @@ class Run:
     def _prepare(self) -> None:
         """After the first step of this process (the optimizer's state exists by then): make the plan of a save
         ahead of any notice, so the emergency save only refills it (`Checkpointer.prepare`)."""
-        self._prepared = True
         t = self._monotonic()
-        self._stamp(self.step)  # as a save sets it: the same shape
+        self.saves.stamp(self.step)  # as a save sets it: the same shape
         try:
-            periodic = self.save_every is not None or self.save_interval_s is not None
-            staged = (self.async_save and periodic) or self.prestage_every is not None  # they will allocate the arena
+            staged = (self.async_save and self.schedule.periodic) or self.prestage_every is not None  # an arena
             ready = self.checkpointer.prepare(self.state, arena=staged)
         except Exception as e:  # the first save will say what is wrong, with its own error
             log.debug("preparing the save plan failed: %r", e)
@@ -557,21 +574,21 @@ class Run:
             raise ValueError(f"expected total >= 0 epochs, found {total}")
         try:
             start = self._begin(None)
-            if self._loop["epoch"] >= total:
+            if self.position.epoch >= total:
                 assert self.journal is not None
                 self.journal.event(Event.DONE, start, total=start, already=True)
                 return
             if not self._ready(start, None):
                 return
-            while self._loop["epoch"] < total:
+            while self.position.epoch < total:
                 try:
-                    yield self._loop["epoch"]
+                    yield self.position.epoch
                 except GeneratorExit:
                     self._left(self.step)
                     raise
                 if self.preempted:
                     return  # exit_on_notice=False: batches() ended the epoch early
-                self._loop.update(epoch=self._loop["epoch"] + 1, done=0, rng=None)
+                self.position.next_epoch()
             self._finish(self.step)
         finally:
             if self._auto_close:
@@ -586,30 +603,10 @@ class Run:
         puts the streams back as the checkpoint had them. A loader given to `Run` as state (a stateful loader
         that saves its own position) is not skipped.
         """
-        loop = self._loop
-        skip = int(loop["done"])
         stateful = any(loader is obj for obj in self.state.values())
-        if stateful or skip == 0:
-            loop["rng"] = None if stateful else {"global": RNGState().state_dict(), **_loader_streams(loader)}
-            iterator = iter(loader)
-        else:
-            if loop["rng"] is None:
-                raise PreemptibleError(
-                    f"expected the random streams of epoch {loop['epoch']}'s start in the checkpoint, to skip its "
-                    f"{skip} done batches in their order; found none (the checkpoint was not written inside "
-                    "run.batches()). Resume with the loop that wrote it"
-                )
-            resumed = RNGState().state_dict()
-            RNGState().load_state_dict(loop["rng"]["global"])
-            _put_back_loader_streams(loader, loop["rng"])
-            iterator = iter(loader)
-            for _ in range(skip):
-                if next(iterator, _END) is _END:
-                    break
-            RNGState().load_state_dict(resumed)
-        for batch in iterator:
+        for batch in self.position.iterate(loader, stateful=stateful):
             yield batch
-            loop["done"] += 1
+            self.position.batch_done()
             if self.boundary(self.step + 1):
                 return
 
@@ -631,12 +628,12 @@ class Run:
             raise PreemptibleError("Run.log() needs a started run: call it inside `for step in run.steps(...)`")
         kept = user_fields({k: _figure(v) for k, v in figures.items()})
         self.journal.event(Event.LOG, self.step, **kept)
-        self._figures.update(kept)
+        self.saves.figures.update(kept)
 
     def save(self, reason: str = SaveReason.MANUAL) -> SaveResult:
         """Save a checkpoint of the current step now (blocking)."""
         self._open()
-        return self._save(self.step, reason, raise_errors=True)  # type: ignore[return-value]
+        return self.saves.save(self.step, reason, raise_errors=True)  # type: ignore[return-value]
 
     # internals ---------------------------------------------------------------------------------------------
     def _resume(self) -> int:
@@ -670,131 +667,11 @@ class Run:
         log.info("[rank=%d] resumed from the checkpoint of step %d (%.2f s)", self.rank, restored, seconds)
         return restored
 
-    def _periodic_due(self, completed: int, total: int | None) -> bool:
-        if total is not None and completed >= total:
-            return False  # the final save covers it
-        if self.save_every is not None and completed % self.save_every == 0:
-            return True
-        return self.save_interval_s is not None and self._monotonic() - self._last_save_time >= self.save_interval_s
-
-    def _save(
-        self,
-        step: int,
-        reason: str,
-        *,
-        raise_errors: bool = False,
-        deadline: float | None = None,
-        blocking: bool = True,
-    ) -> SaveResult | None:
-        self._stamp(step)
-        figures = _recordable(self._figures)
-        try:
-            handle = self.checkpointer.save(
-                self.state,
-                step,
-                reason=reason,
-                deadline=deadline,
-                blocking=blocking,
-                extra={"figures": figures} if figures else None,
-            )
-            self._last_save_time = self._monotonic()
-            self._figures.clear()  # they belong to this checkpoint
-            self._note_best(figures)
-            if not handle.done():
-                self._pending = handle
-                return None
-            result = handle.wait()
-        except (UnsupportedStateError, StateDivergenceError):
-            raise  # the state itself cannot be saved: retrying at the next save would fail the same way
-        except (OSError, PreemptibleError) as e:
-            if raise_errors:
-                raise
-            log.warning("[rank=%d] %s save of step %d failed, training continues: %s", self.rank, reason, step, e)
-            return None
-        self._report(result, reason)
-        return result
-
-    def _stamp(self, step: int) -> None:
-        """The run's own entry of the checkpoint: the step and the version that saved it."""
-        self._meta.clear()
-        self._meta.update({"step": step, "saved_by": __version__})
-
-    def _is_new_best(self) -> bool:
-        """Whether the keep_best figure logged since the last save beats every checkpoint's so far."""
-        best = self.checkpointer.keep_best
-        value = _recordable(self._figures).get(best[0]) if best else None
-        if best is None or value is None:
-            return False
-        if not self._best_known:  # once per process: what the checkpoints already on storage record
-            self._best_known = True
-            infos = self.checkpointer.checkpoints()
-            step = retention.best_step(infos, best)
-            self._best = next((retention.figure_of(c, best[0]) for c in infos if c.step == step), None)
-        return self._best is None or (value < self._best if best[1] == "min" else value > self._best)
-
-    def _note_best(self, figures: dict[str, Any]) -> None:
-        best = self.checkpointer.keep_best
-        value = figures.get(best[0]) if best else None
-        if best is None or value is None or not self._best_known:
-            return
-        if self._best is None or (value < self._best if best[1] == "min" else value > self._best):
-            self._best = value
-
-    def _reap(self, *, block: bool = False) -> None:
-        """Collect a finished background save: log it, or warn if it failed (training goes on)."""
-        handle = self._pending
-        if handle is None or (not block and not handle.done()):
-            return
-        self._pending = None
-        try:
-            result = handle.wait()
-        except SaveCancelled:
-            return
-        except (OSError, PreemptibleError) as e:
-            log.warning(
-                "[rank=%d] background save of step %d failed, training continues: %s", self.rank, handle.step, e
-            )
-            return
-        self._report(result, SaveReason.BACKGROUND)
-
-    def _report(self, result: SaveResult, reason: str) -> None:
-        self.last_save = result
-        if not result.skipped and not self._planned and reason != SaveReason.EMERGENCY:  # advice for what comes
-            self._plan(result)
-        if not result.skipped:
-            log.log(
-                logging.INFO if self.rank == 0 or reason == SaveReason.EMERGENCY else logging.DEBUG,
-                "[rank=%d] %s checkpoint of step %d committed: %.1f MB in %.2f s (%.0f MB/s)",
-                self.rank,
-                reason,
-                result.step,
-                result.bytes / 1e6,
-                result.seconds,
-                result.throughput / 1e6,
-            )
-
-    def _plan(self, result: SaveResult) -> None:
-        """After the first save: will the emergency save fit this platform's window? (`budget.advise`)"""
-        assert self.journal is not None
-        self._planned = True
-        bandwidth = self.checkpointer.bandwidth
-        if bandwidth:
-            from preemptible import budget
-
-            budget.advise(
-                result.step,
-                state_bytes=result.bytes,
-                bandwidth=bandwidth,
-                platform=self.guard.platform,
-                step_time=self.step_time or 0.0,
-                journal=self.journal,
-                rank=self.rank,
-            )
-
     def _finish(self, total: int) -> None:
+        """The last step ran: the final checkpoint, ``DONE.json``, and the journal's ``done``."""
         assert self.journal is not None
-        self._reap(block=True)
-        self._save(total, SaveReason.FINAL, raise_errors=True)
+        self.saves.reap(block=True)
+        self.saves.save(total, SaveReason.FINAL, raise_errors=True)
         if self.rank == 0:
             self.checkpointer.mark_finished(total)
         self.journal.event(Event.DONE, total, total=total)
@@ -817,7 +694,7 @@ class Run:
             ],
         )
         if self.on_advisory is Advisory.SAVE:
-            self._save(completed, SaveReason.ADVISORY)
+            self.saves.save(completed, SaveReason.ADVISORY)
         elif self.on_advisory is Advisory.STOP:
             self.guard.trigger(
                 Notice(
@@ -833,76 +710,10 @@ class Run:
             return True
         return False
 
-    def _state_bytes(self) -> int:
-        if self.last_save is not None and self.last_save.bytes:
-            return self.last_save.bytes
-        return flatten(capture(self.state)).tensor_bytes
-
     def _stop(self, completed: int) -> None:
-        """The emergency path: journal the notice, save (unless nothing new), exit."""
-        assert self.journal is not None
-        notice = self.guard.notice
-        assert notice is not None
-        remaining = self.guard.remaining()
-        waited = {"waited_for_optimizer_steps": self._waited} if self._waited else {}
-        self.journal.event(Event.NOTICE, completed, **notice.to_json(), remaining_s=remaining, **waited)
-        log.warning(
-            "[rank=%d] %s: %s notice (%s) received; stopping at step %d with %s left",
-            self.rank,
-            tag(Event.NOTICE, source=notice.source),
-            notice.source,
-            notice.detail or notice.kind.value,
-            completed,
-            f"{remaining:.1f} s" if remaining is not None else "unknown time",
-        )
-        code = self.options.exit_code_after_notice(self.guard.platform.exit_code)
-        saved = True
-        self.emergency.at_boundary()
-        handle = self.emergency.settle(completed, self._pending)
-        if handle is not None:
-            self._pending = handle
-            self._reap(block=True)
-        landed, stop_with_it = self.emergency.flush_prestaged(completed)
-        if landed is not None:
-            self._report(landed, SaveReason.PRESTAGED)
-        if stop_with_it:
-            pass  # the journal says which step landed and why
-        elif completed in (0, self.resumed_from):
-            self.journal.event(
-                Event.SAVE_SKIPPED, completed, reason=SaveReason.EMERGENCY, why="nothing new since the last checkpoint"
-            )
-        else:
-            deadline = notice.deadline.timestamp() if notice.deadline is not None else None
-            try:
-                self._save(completed, SaveReason.EMERGENCY, raise_errors=True, deadline=deadline)
-                self.guard.acknowledge(notice)
-            except BaseException as e:
-                saved = False
-                code = EXIT_SAVE_FAILED
-                log.error("[rank=%d] emergency save of step %d failed: %s", self.rank, completed, e)
-                if not isinstance(e, Exception):
-                    raise
-        if saved and self.rank == 0 and self.guard.platform.scheduler == "slurm":
-            wanted = self.options.requeue_wanted()
-            requeue, why = slurm.decide(wanted, slurm.job_info() if wanted is None else None)
-            log.info("[rank=%d] SLURM: %s", self.rank, why)
-            self.journal.event(Event.REQUEUE, completed, ok=slurm.requeue() if requeue else False, why=why)
+        """A notice ends the loop here: the emergency sequence (`Emergency.respond`), then the exit."""
+        code = self.emergency.respond(completed, resumed_from=self.resumed_from, waited=self._waited)
         self.preempted = True
-        tracked = self.trackers.on_notice()
-        if tracked["flushed"] or "wandb" in tracked:
-            self.journal.event(Event.TRACKERS, completed, **tracked)
-        repeats = len(self.guard.notices) - 1
-        self.journal.event(
-            Event.EXIT,
-            completed,
-            code=code,
-            reason="notice",
-            saved=saved,
-            later_notices=repeats,
-            remaining_s=self.guard.remaining(),
-            exit_process=self.exit_on_notice,
-        )
-        self.journal.sync()
         if self.exit_on_notice:
             _ignore_late_notices()  # before close(): it then leaves these alone (it restores only its own handlers)
             self.close()
@@ -912,54 +723,21 @@ class Run:
             raise SystemExit(code)
 
 
-_END = object()
-
-_LOADER_PARTS = ("sampler", "batch_sampler", "base_dataloader", "dataset")
-_COUNTERS = ("iteration", "epoch")
-
-
-def _loader_parts(loader: Any) -> Iterator[tuple[str, Any]]:
-    """The loader and the objects it draws its order from (sampler, batch sampler, a wrapped loader: as Accelerate
-    nests them), by attribute path."""
-    seen: set[int] = set()
-    todo: list[tuple[str, Any, int]] = [("", loader, 0)]
-    while todo:
-        path, obj, depth = todo.pop(0)
-        if obj is None or id(obj) in seen or isinstance(obj, (int, float, str, torch.Tensor)):
-            continue
-        seen.add(id(obj))
-        yield path, obj
-        if depth < 4:
-            todo += [(f"{path}.{n}" if path else n, getattr(obj, n, None), depth + 1) for n in _LOADER_PARTS]
+def _check_names(state: dict[str, Any]) -> None:
+    for name in state:
+        if name.startswith("_"):
+            raise UnsupportedStateError(
+                f"state name {name!r} starts with '_', which preemptible reserves for its own entries; rename it",
+                key=name,
+            )
 
 
-def _loader_streams(loader: Any) -> dict[str, Any]:
-    """What decides a loader's order for the coming epoch besides the global streams: the state of every
-    ``torch.Generator`` its parts hold (a sampler's own generator, as Accelerate gives one under several processes)
-    and their epoch counters (a seedable sampler's ``epoch``, Accelerate's ``iteration``)."""
-    generators: dict[str, torch.Tensor] = {}
-    counters: dict[str, int] = {}
-    for path, obj in _loader_parts(loader):
-        gen = getattr(obj, "generator", None)
-        if isinstance(gen, torch.Generator):
-            generators[path] = gen.get_state()
-        for name in _COUNTERS:
-            value = getattr(obj, name, None)
-            if isinstance(value, int) and not isinstance(value, bool):
-                counters[f"{path}:{name}"] = value
-    return {"generators": generators, "counters": counters}
-
-
-def _put_back_loader_streams(loader: Any, saved: dict[str, Any]) -> None:
-    parts = dict(_loader_parts(loader))
-    for path, state in saved.get("generators", {}).items():
-        gen = getattr(parts.get(path), "generator", None)
-        if isinstance(gen, torch.Generator):
-            gen.set_state(state)
-    for key, value in saved.get("counters", {}).items():
-        path, name = key.rsplit(":", 1)
-        if path in parts:
-            setattr(parts[path], name, value)
+def _root(root: str | os.PathLike[str]) -> str:
+    """The root given in code, unless ``$PREEMPTIBLE_ROOT`` overrides it."""
+    override = os.environ.get(ROOT_ENV, "").strip()
+    if override:
+        log.info("checkpoint root %s from $%s (the code asked for %s)", override, ROOT_ENV, os.fspath(root))
+    return override or os.fspath(root)
 
 
 def _figure(value: Any) -> Any:
@@ -968,15 +746,6 @@ def _figure(value: Any) -> Any:
     if isinstance(value, numpy.generic) or (isinstance(value, torch.Tensor) and value.numel() == 1):
         value = value.item()
     return clean(value)  # a NaN or 10**400 as the journal keeps it: keep_best compares only finite numbers
-
-
-def _recordable(figures: dict[str, Any]) -> dict[str, Any]:
-    """The logged figures a checkpoint can record: finite numbers, by name."""
-    out: dict[str, Any] = {}
-    for k, v in figures.items():
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-            out[k] = v
-    return out
 
 
 def _ignore_late_notices() -> None:

@@ -130,6 +130,6 @@ def test_a_mid_epoch_checkpoint_without_the_epoch_s_streams_is_a_clear_error(tmp
     model, _optimizer, _scheduler, loader = build()
     run = preemptible.Run(tmp_path / "ckpt", sources=(), model=model)
     with run:
-        run._loop.update(epoch=0, done=2, rng=None)  # as a checkpoint written outside run.batches() holds it
+        run.position.entry.update(epoch=0, done=2, rng=None)  # as a checkpoint written outside run.batches() holds it
         with pytest.raises(PreemptibleError, match="expected the random streams of epoch 0"):
             next(iter(run.batches(loader)))

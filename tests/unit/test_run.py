@@ -12,8 +12,8 @@ import torch
 
 from conftest import committed_steps, journal, make_model, train_some
 from preemptible import Guard, PreemptibleError, Run, UnsupportedStateError, report
+from preemptible.emergency import EXIT_SAVE_FAILED
 from preemptible.journal import read as read_journal
-from preemptible.run import EXIT_SAVE_FAILED
 from preemptible.store.io import LocalStorage
 
 

@@ -39,7 +39,8 @@ from lightning.pytorch.plugins.io import CheckpointIO
 
 from preemptible.errors import PreemptibleError
 from preemptible.integrations._common import Settings
-from preemptible.run import Run, _loader_streams, _put_back_loader_streams
+from preemptible.loaders import loader_streams, put_back_loader_streams
+from preemptible.run import Run
 from preemptible.state import RNGState
 from preemptible.trackers import purge_from
 
@@ -110,16 +111,16 @@ class _Resumable:
         if skip:
             assert self.streams is not None
             RNGState().load_state_dict(self.streams["global"])
-            _put_back_loader_streams(self.inner, self.streams)
+            put_back_loader_streams(self.inner, self.streams)
             iterator = iter(self.inner)
             for _ in range(skip):
                 next(iterator, None)
         else:
             if self._next is not None:  # the first epoch after a resume: its sampler continues where it was
-                _put_back_loader_streams(self.inner, self._next)
+                put_back_loader_streams(self.inner, self._next)
                 self._next = None
             self._cb._restore_streams()  # ... and its shuffle draws from the streams as they were at the save
-            self.streams = {"global": RNGState().state_dict(), **_loader_streams(self.inner)}
+            self.streams = {"global": RNGState().state_dict(), **loader_streams(self.inner)}
             iterator = iter(self.inner)
         self.completed = skip
         if skip:
@@ -327,7 +328,7 @@ class _RankParts:
         loaders = self._cb._loaders
         return {
             "epoch_streams": {str(i): x.streams for i, x in enumerate(loaders) if x.streams},
-            "now": {str(i): _loader_streams(x.inner) for i, x in enumerate(loaders)},
+            "now": {str(i): loader_streams(x.inner) for i, x in enumerate(loaders)},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:  # never: restored into a dict

@@ -254,7 +254,7 @@ class PreemptibleCallback(TrainerCallback, Settings):
                 current: Any = getattr(self._trainer, name, None)
                 moved = saved.to(current.device) if hasattr(current, "device") and hasattr(saved, "to") else saved
                 setattr(self._trainer, name, moved)
-        run._total = state.max_steps if state.max_steps and state.max_steps > 0 else None
+        run.schedule.total = state.max_steps if state.max_steps and state.max_steps > 0 else None
         for why in _inexact(args):
             log.warning("[rank=%d] a resume will not be bit-identical: %s", run.rank, why)
 

@@ -1,0 +1,110 @@
+"""Resuming a data loader mid-epoch: where `Run.epochs`/`Run.batches` are, and the loader's order restored.
+
+A loader that is not stateful is resumed by replay: the random streams as they were at the interrupted epoch's
+start (the global ones and every ``torch.Generator`` the loader's parts hold, with their epoch counters) make the
+iterator draw the same order, the batches done before the checkpoint are loaded and dropped, then the streams go
+back to what the checkpoint holds. A loader given to `Run` as state saves its own position and is not replayed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+from preemptible.errors import PreemptibleError
+from preemptible.state import RNGState
+
+_END = object()
+
+_LOADER_PARTS = ("sampler", "batch_sampler", "base_dataloader", "dataset")
+_COUNTERS = ("iteration", "epoch")
+
+
+class LoopPosition:
+    """Where an epoch-structured loop is: the epoch, the batches done in it, the random streams at its start.
+
+    ``entry`` is the dict the checkpoint holds (the run's ``_loop`` state entry): restored in place.
+    """
+
+    def __init__(self) -> None:
+        self.entry: dict[str, Any] = {"epoch": 0, "done": 0, "rng": None}
+
+    @property
+    def epoch(self) -> int:
+        return int(self.entry["epoch"])
+
+    def next_epoch(self) -> None:
+        self.entry.update(epoch=self.epoch + 1, done=0, rng=None)
+
+    def batch_done(self) -> None:
+        self.entry["done"] += 1
+
+    def iterate(self, loader: Iterable[Any], *, stateful: bool) -> Iterator[Any]:
+        """An iterator over this epoch's batches still to run: from the start, or after the batches done (replayed
+        in their order, see the module docs)."""
+        skip = int(self.entry["done"])
+        if stateful or skip == 0:
+            self.entry["rng"] = None if stateful else {"global": RNGState().state_dict(), **loader_streams(loader)}
+            return iter(loader)
+        if self.entry["rng"] is None:
+            raise PreemptibleError(
+                f"expected the random streams of epoch {self.epoch}'s start in the checkpoint, to skip its "
+                f"{skip} done batches in their order; found none (the checkpoint was not written inside "
+                "run.batches()). Resume with the loop that wrote it"
+            )
+        resumed = RNGState().state_dict()
+        RNGState().load_state_dict(self.entry["rng"]["global"])
+        put_back_loader_streams(loader, self.entry["rng"])
+        iterator = iter(loader)
+        for _ in range(skip):
+            if next(iterator, _END) is _END:
+                break
+        RNGState().load_state_dict(resumed)
+        return iterator
+
+
+def loader_parts(loader: Any) -> Iterator[tuple[str, Any]]:
+    """The loader and the objects it draws its order from (sampler, batch sampler, a wrapped loader: as Accelerate
+    nests them), by attribute path."""
+    seen: set[int] = set()
+    todo: list[tuple[str, Any, int]] = [("", loader, 0)]
+    while todo:
+        path, obj, depth = todo.pop(0)
+        if obj is None or id(obj) in seen or isinstance(obj, (int, float, str, torch.Tensor)):
+            continue
+        seen.add(id(obj))
+        yield path, obj
+        if depth < 4:
+            todo += [(f"{path}.{n}" if path else n, getattr(obj, n, None), depth + 1) for n in _LOADER_PARTS]
+
+
+def loader_streams(loader: Any) -> dict[str, Any]:
+    """What decides a loader's order for the coming epoch besides the global streams: the state of every
+    ``torch.Generator`` its parts hold (a sampler's own generator, as Accelerate gives one under several processes)
+    and their epoch counters (a seedable sampler's ``epoch``, Accelerate's ``iteration``)."""
+    generators: dict[str, torch.Tensor] = {}
+    counters: dict[str, int] = {}
+    for path, obj in loader_parts(loader):
+        gen = getattr(obj, "generator", None)
+        if isinstance(gen, torch.Generator):
+            generators[path] = gen.get_state()
+        for name in _COUNTERS:
+            value = getattr(obj, name, None)
+            if isinstance(value, int) and not isinstance(value, bool):
+                counters[f"{path}:{name}"] = value
+    return {"generators": generators, "counters": counters}
+
+
+def put_back_loader_streams(loader: Any, saved: dict[str, Any]) -> None:
+    """Set the generators and counters of `loader_streams` back on the loader's parts."""
+    parts = dict(loader_parts(loader))
+    for path, state in saved.get("generators", {}).items():
+        gen = getattr(parts.get(path), "generator", None)
+        if isinstance(gen, torch.Generator):
+            gen.set_state(state)
+    for key, value in saved.get("counters", {}).items():
+        path, name = key.rsplit(":", 1)
+        if path in parts:
+            setattr(parts[path], name, value)
