@@ -271,11 +271,23 @@ def write(
         drain(0)
     finally:
         pieces.close()  # a pooled buffer goes back (the last piece was copied out by now)
-        for future, _ in inflight:
-            future.cancel()
-        for future, _ in inflight:
-            if not future.cancelled():
-                future.exception()  # wait: no thread may still read a buffer of ours
+        _cancel_and_wait(inflight)
+    put(_index_and_trailer(frames))
+    stats.stored = total
+    return total, hasher.hexdigest(), stats
+
+
+def _cancel_and_wait(inflight: Iterable[tuple[Future[Any], np.ndarray]]) -> None:
+    """Cancel the frames still queued and wait for those running: no thread may still read a buffer of ours."""
+    for future, _ in inflight:
+        future.cancel()
+    for future, _ in inflight:
+        if not future.cancelled():
+            future.exception()
+
+
+def _index_and_trailer(frames: Sequence[Frame]) -> bytes:
+    """The file's last bytes: the index of its frames, its length, and the trailer's magic."""
     index = json.dumps(
         {
             "format": FORMAT,
@@ -287,9 +299,7 @@ def write(
         },
         separators=(",", ":"),
     ).encode()
-    put(index + struct.pack("<Q", len(index)) + TAIL_MAGIC)
-    stats.stored = total
-    return total, hasher.hexdigest(), stats
+    return index + struct.pack("<Q", len(index)) + TAIL_MAGIC
 
 
 class _Reframer:
@@ -352,20 +362,7 @@ def parse_index(tail: bytes, size: int, *, where: str) -> Index:
             raise ValueError(f"version {doc.get('version')!r}; this preemptible reads version {VERSION}")
         if doc.get("checksum_algorithm") != checksum.ALGORITHM:
             raise ValueError(f"checksum algorithm {doc.get('checksum_algorithm')!r}, expected {checksum.ALGORITHM}")
-        frames: list[Frame] = []
-        for raw in doc["frames"]:
-            decoded, group, digest, *planes = raw
-            ints = (decoded, group, *planes)
-            if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in ints):
-                raise ValueError(f"frame {str(raw)[:80]}: sizes must be non-negative integers")
-            if group not in (1, 2, 4, 8) or len(planes) != group or decoded % group:
-                raise ValueError(f"frame {str(raw)[:80]}: {len(planes)} planes for a group of {group}")
-            if any(p > decoded // group for p in planes) or not isinstance(digest, str) or len(digest) != 16:
-                raise ValueError(f"frame {str(raw)[:80]}: a plane larger than itself, or a malformed checksum")
-            limit = 8 + tensor_format.MAX_HEADER_BYTES if not frames else MAX_FRAME_BYTES
-            if decoded > limit:
-                raise ValueError(f"frame {len(frames)} decodes to {decoded} bytes, more than the {limit} a frame holds")
-            frames.append(Frame(decoded, group, digest, tuple(planes)))
+        frames = [_frame(raw, k) for k, raw in enumerate(doc["frames"])]
         if not frames or sum(f.decoded for f in frames) != doc["decoded_bytes"]:
             raise ValueError("the frames do not add up to decoded_bytes")
     except (UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as e:
@@ -379,6 +376,23 @@ def parse_index(tail: bytes, size: int, *, where: str) -> Index:
             where, f"frames and index cover {stored[-1] + len(tail)} bytes but the file holds {size} (truncated?)"
         )
     return Index(tuple(frames), decoded[-1], tuple(stored[:-1]), tuple(decoded[:-1]), bytes(tail))
+
+
+def _frame(raw: Any, k: int) -> Frame:
+    """Frame ``k`` of an index, checked (raises ValueError): sizes, planes, checksum, and a decoded size within what
+    a frame holds (the first frame holds the safetensors header: it may be as large as the largest header)."""
+    decoded, group, digest, *planes = raw
+    ints = (decoded, group, *planes)
+    if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in ints):
+        raise ValueError(f"frame {str(raw)[:80]}: sizes must be non-negative integers")
+    if group not in (1, 2, 4, 8) or len(planes) != group or decoded % group:
+        raise ValueError(f"frame {str(raw)[:80]}: {len(planes)} planes for a group of {group}")
+    if any(p > decoded // group for p in planes) or not isinstance(digest, str) or len(digest) != 16:
+        raise ValueError(f"frame {str(raw)[:80]}: a plane larger than itself, or a malformed checksum")
+    limit = 8 + tensor_format.MAX_HEADER_BYTES if k == 0 else MAX_FRAME_BYTES
+    if decoded > limit:
+        raise ValueError(f"frame {k} decodes to {decoded} bytes, more than the {limit} a frame holds")
+    return Frame(decoded, group, digest, tuple(planes))
 
 
 def read_index(read_range: Callable[[int, memoryview], int], size: int, *, where: str) -> Index:
@@ -702,16 +716,9 @@ def choose(
     base = Choice(False, "", ratio, rate, bandwidth, workers, plain, packed)
     if setting is True or setting is False:
         return dataclasses.replace(base, on=bool(setting), why=f"compress={setting}")
-    if not available():
-        return dataclasses.replace(base, why="the zstandard package is not installed")
-    if nbytes <= 0:
-        return dataclasses.replace(base, why="nothing to compress")
-    if nbytes < MIN_AUTO_BYTES:
-        return dataclasses.replace(base, why=f"state under {MIN_AUTO_BYTES >> 20} MiB")
-    if bandwidth is None:
-        return dataclasses.replace(base, why="local storage not measured yet (the first save measures it)")
-    if measured is None or plain is None or packed is None:
-        return dataclasses.replace(base, why="nothing to compress")
+    unweighed = _cannot_weigh(nbytes, bandwidth, measured)
+    if unweighed is not None or measured is None or plain is None or packed is None or bandwidth is None:
+        return dataclasses.replace(base, why=unweighed or "nothing to compress")
     if packed >= WORTH_IT * plain:
         why = (
             f"compressed {packed:.2f} s vs plain {plain:.2f} s: the destination ({bandwidth / 1e6:.0f} MB/s) is fast "
@@ -726,3 +733,16 @@ def choose(
         return dataclasses.replace(base, why=why)
     why = f"compressed {packed:.2f} s vs plain {plain:.2f} s (ratio {measured.ratio:.2f}, {bandwidth / 1e6:.0f} MB/s)"
     return dataclasses.replace(base, on=True, why=why)
+
+
+def _cannot_weigh(nbytes: int, bandwidth: float | None, measured: Measured | None) -> str | None:
+    """Why auto leaves a save plain without weighing it, or None when it can weigh it."""
+    if not available():
+        return "the zstandard package is not installed"
+    if nbytes <= 0:
+        return "nothing to compress"
+    if nbytes < MIN_AUTO_BYTES:
+        return f"state under {MIN_AUTO_BYTES >> 20} MiB"
+    if bandwidth is None:
+        return "local storage not measured yet (the first save measures it)"
+    return "nothing to compress" if measured is None else None

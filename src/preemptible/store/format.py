@@ -578,49 +578,60 @@ def parse_header(raw: bytes, *, data_bytes: int, where: str) -> tuple[list[Entry
         raise _corrupt(where, "expected __metadata__ to map strings to strings")
     entries: list[Entry] = []
     append = entries.append
-    codes, prod = CODES, math.prod
     cursor, in_order = 0, True
     for name, info in doc.items():  # IMPORTANT: 10,000s of entries in a real state; each check kept cheap
-        try:
-            dtype = codes[info["dtype"]]
-            shape = tuple(info["shape"])
-            begin, end = info["data_offsets"]
-            if type(begin) is not int or type(end) is not int or begin < 0 or end < 0:  # bool is not int here
-                raise ValueError("shape and offsets must be non-negative integers")
-            for d in shape:
-                if type(d) is not int or d < 0:
-                    raise ValueError("shape and offsets must be non-negative integers")
-            if len(shape) > MAX_DIMS:
-                raise ValueError(f"{len(shape)} dimensions, more than torch's {MAX_DIMS}")
-            numel = prod(shape)
-            extent = numel if numel else prod(max(d, 1) for d in shape)
-            if extent * dtype.itemsize >= MAX_EXTENT or begin >= MAX_EXTENT or end >= MAX_EXTENT:
-                raise ValueError("a shape or offset too large for any tensor (its strides would overflow)")
-        except (KeyError, TypeError, ValueError) as e:
-            raise _corrupt(where, f"tensor {name!r} has a malformed header entry {str(info)[:120]} ({e})") from e
-        want = numel * dtype.itemsize
-        if end - begin != want:
-            raise _corrupt(
-                where,
-                f"tensor {name!r}: shape {list(shape)} of {info['dtype']} needs {want} bytes, "
-                f"offsets give {end - begin}",
-            )
-        if begin != cursor:
+        entry = _entry(name, info, where)
+        if entry.begin != cursor:
             in_order = False
-        cursor = end
-        append(_NEW_ENTRY(Entry, (name, dtype, shape, begin, end)))
+        cursor = entry.end
+        append(entry)
     if not in_order:  # offsets out of order need not be wrong (safetensors orders by name); gaps and overlaps are
         entries.sort(key=_BY_OFFSETS)
-        cursor = 0
-        for entry in entries:
-            if entry.begin != cursor:
-                raise _corrupt(
-                    where, f"tensor {entry.name!r} starts at byte {entry.begin}, expected {cursor} (gap or overlap)"
-                )
-            cursor = entry.end
+        cursor = _contiguous_end(entries, where)
     if cursor != data_bytes:
         raise _corrupt(where, f"tensors cover {cursor} data bytes but the file holds {data_bytes}")
     return entries, meta
+
+
+def _entry(name: str, info: Any, where: str) -> Entry:
+    """One header entry, checked: a known dtype, a shape and offsets of non-negative ints within torch's limits,
+    and offsets that hold exactly the shape's bytes."""
+    try:
+        dtype = CODES[info["dtype"]]
+        shape = tuple(info["shape"])
+        begin, end = info["data_offsets"]
+        if type(begin) is not int or type(end) is not int or begin < 0 or end < 0:  # bool is not int here
+            raise ValueError("shape and offsets must be non-negative integers")
+        for d in shape:
+            if type(d) is not int or d < 0:
+                raise ValueError("shape and offsets must be non-negative integers")
+        if len(shape) > MAX_DIMS:
+            raise ValueError(f"{len(shape)} dimensions, more than torch's {MAX_DIMS}")
+        numel = math.prod(shape)
+        extent = numel if numel else math.prod(max(d, 1) for d in shape)
+        if extent * dtype.itemsize >= MAX_EXTENT or begin >= MAX_EXTENT or end >= MAX_EXTENT:
+            raise ValueError("a shape or offset too large for any tensor (its strides would overflow)")
+    except (KeyError, TypeError, ValueError) as e:
+        raise _corrupt(where, f"tensor {name!r} has a malformed header entry {str(info)[:120]} ({e})") from e
+    want = numel * dtype.itemsize
+    if end - begin != want:
+        raise _corrupt(
+            where,
+            f"tensor {name!r}: shape {list(shape)} of {info['dtype']} needs {want} bytes, offsets give {end - begin}",
+        )
+    return _NEW_ENTRY(Entry, (name, dtype, shape, begin, end))
+
+
+def _contiguous_end(entries: Sequence[Entry], where: str) -> int:
+    """Entries in offset order must follow each other without gap or overlap: where the last one ends."""
+    cursor = 0
+    for entry in entries:
+        if entry.begin != cursor:
+            raise _corrupt(
+                where, f"tensor {entry.name!r} starts at byte {entry.begin}, expected {cursor} (gap or overlap)"
+            )
+        cursor = entry.end
+    return cursor
 
 
 def read_header(source: Source, size: int, *, where: str) -> list[Entry]:
@@ -672,86 +683,132 @@ def read(
         CheckpointCorruptError: truncated, malformed, or checksum mismatch.
     """
     hasher = checksum.new()
-    if entries is None:
-        entries, _ = _header(source, size, where, hasher)
-        pos = size - (entries[-1].end if entries else 0)  # parse_header: the entries cover the data, back to back
-    else:
-        head = _read_exact(source, 8, where)
-        (n,) = struct.unpack("<Q", head)
-        if 8 + n > size:
-            raise _corrupt(where, f"header length {n} is impossible for a file of {size} bytes")
-        hasher.update(head)
-        hasher.update(_read_exact(source, n, where))
-        pos = 8 + n
-    data = pos  # where the tensors' bytes start; ``pos``: where the source is
+    entries, data = _read_and_hash_header(source, size, where, hasher, entries)
     # A run of small tensors is read, hashed and scattered in pieces of at most ``run_cap`` bytes: each stays in the
     # CPU's cache for all three, and a restore's fresh threads fault in no more of their buffers.
     segments = _segments(entries, max(1, min(run_cap, BATCH_BYTES)), where)
-    out: dict[str, torch.Tensor] = {}
-    large: dict[str, torch.Tensor] = {}
-    assisted = None
+    reading = _Reading(source, where, hasher, data=data, into=into, chunk=chunk)
     if assist is not None:
-        pieces: list[Piece] = []
-        runs: dict[int, list[Entry]] = {}  # the runs of small tensors, by piece
+        reading.offer(segments, assist)
+    try:
         for seg in segments:
             if isinstance(seg, Entry):
-                target = large[seg.name] = _large_target(seg, into)
+                reading.large(seg)
+            else:
+                reading.run(seg)
+    finally:
+        if reading.assisted is not None:
+            reading.assisted.close()  # no helper writes into these tensors once this read has ended, well or not
+    if expected_checksum is not None:
+        _check_checksum(hasher.hexdigest(), expected_checksum, where)
+    return reading.out
+
+
+def _read_and_hash_header(
+    source: Source, size: int, where: str, hasher: Any, entries: Sequence[Entry] | None
+) -> tuple[Sequence[Entry], int]:
+    """Read the header into ``hasher`` (parsing it unless ``entries`` were given): the entries and where the data
+    starts."""
+    if entries is None:
+        parsed, _ = _header(source, size, where, hasher)
+        return parsed, size - (parsed[-1].end if parsed else 0)  # parse_header: the entries cover the data
+    head = _read_exact(source, 8, where)
+    (n,) = struct.unpack("<Q", head)
+    if 8 + n > size:
+        raise _corrupt(where, f"header length {n} is impossible for a file of {size} bytes")
+    hasher.update(head)
+    hasher.update(_read_exact(source, n, where))
+    return entries, 8 + n
+
+
+def _check_checksum(found: str, expected: str, where: str) -> None:
+    if found != expected:
+        raise _corrupt(
+            where,
+            f"checksum mismatch: COMMIT.json records {expected}, the file hashes to "
+            f"{found} (the file changed after it was written: bit rot, a partial copy, or tampering)",
+        )
+
+
+class _Reading:
+    """One `read` of a file's data, segment by segment in file order: ``pos`` is where the source is, ``k`` the next
+    piece of those offered to helpers (``assisted``), ``out`` the tensors read so far."""
+
+    def __init__(self, source: Source, where: str, hasher: Any, *, data: int, into: Into | None, chunk: int) -> None:
+        self.source = source
+        self.where = where
+        self.hasher = hasher
+        self.data = data  # where the tensors' bytes start
+        self.pos = data
+        self.into = into
+        self.chunk = chunk
+        self.k = 0
+        self.out: dict[str, torch.Tensor] = {}
+        self.large_targets: dict[str, torch.Tensor] = {}
+        self.assisted: Assisted | None = None
+
+    def offer(
+        self,
+        segments: list[Entry | list[Entry]],
+        assist: Callable[[list[Piece], Callable[[int, torch.Tensor], object]], Assisted],
+    ) -> None:
+        """Offer every piece to helper threads, which read pieces from the end (`assist`)."""
+        pieces: list[Piece] = []
+        runs: dict[int, list[Entry]] = {}  # the runs of small tensors, by piece
+        chunk, data = self.chunk, self.data
+        for seg in segments:
+            if isinstance(seg, Entry):
+                target = self.large_targets[seg.name] = _large_target(seg, self.into)
                 view = byte_view(target.detach())
                 pieces += [Piece(data + seg.begin + s, view[s : s + chunk]) for s in range(0, len(view), chunk)]
             else:
                 runs[len(pieces)] = seg
                 pieces.append(Piece(data + seg[0].begin, None, seg[-1].end - seg[0].begin))
-        assisted = assist(pieces, lambda k, buf: _spread(buf, runs[k], into, where))
-    k = 0  # the next piece, of those offered to ``assisted``
-    try:
-        for seg in segments:
-            if not isinstance(seg, Entry):  # a run of small tensors
-                nbytes = seg[-1].end - seg[0].begin
-                if assisted is None or assisted.own(k):
-                    if pos != data + seg[0].begin:  # a helper read the pieces before it
-                        pos = data + seg[0].begin
-                        source.seek(pos)  # type: ignore[attr-defined]
-                    buf = _batch_buffer()[:nbytes]
-                    view = byte_view(buf)
-                    _readinto_exact(source, view, where)
-                    hasher.update(view)
-                    targets = _spread(buf, seg, into, where)
-                    pos += nbytes
-                else:  # a helper read it into a buffer of its own and spread it
-                    buf, targets = _helped(assisted, k, where)  # type: ignore[misc]
-                    hasher.update(byte_view(buf))
-                out.update(zip(map(_ENTRY_NAME, seg), targets, strict=True))
-                k += 1
-                continue
-            e = seg
-            found = large.get(e.name)
-            target = found if found is not None else _large_target(e, into)
-            view = byte_view(target.detach())
-            for start in range(0, len(view), chunk):
-                piece = view[start : start + chunk]
-                if assisted is None or assisted.own(k):
-                    if pos != data + e.begin + start:
-                        pos = data + e.begin + start
-                        source.seek(pos)  # type: ignore[attr-defined]
-                    _readinto_exact(source, piece, where)
-                    pos += len(piece)
-                else:  # a helper's: read into its place already, or soon
-                    _helped(assisted, k, where)
-                hasher.update(piece)
-                k += 1
-            out[e.name] = target
-    finally:
-        if assisted is not None:
-            assisted.close()  # no helper writes into these tensors once this read has ended, well or not
-    if expected_checksum is not None:
-        found = hasher.hexdigest()
-        if found != expected_checksum:
-            raise _corrupt(
-                where,
-                f"checksum mismatch: COMMIT.json records {expected_checksum}, the file hashes to "
-                f"{found} (the file changed after it was written: bit rot, a partial copy, or tampering)",
-            )
-    return out
+        self.assisted = assist(pieces, lambda k, buf: _spread(buf, runs[k], self.into, self.where))
+
+    def _mine(self) -> bool:
+        return self.assisted is None or self.assisted.own(self.k)
+
+    def _seek(self, offset: int) -> None:
+        if self.pos != offset:  # a helper read the pieces before it
+            self.pos = offset
+            self.source.seek(offset)  # type: ignore[attr-defined]
+
+    def run(self, seg: list[Entry]) -> None:
+        """A run of small tensors: read into one buffer, hashed, spread to the tensors."""
+        if self._mine():
+            nbytes = seg[-1].end - seg[0].begin
+            self._seek(self.data + seg[0].begin)
+            buf = _batch_buffer()[:nbytes]
+            view = byte_view(buf)
+            _readinto_exact(self.source, view, self.where)
+            self.hasher.update(view)
+            targets = _spread(buf, seg, self.into, self.where)
+            self.pos += nbytes
+        else:  # a helper read it into a buffer of its own and spread it
+            assert self.assisted is not None
+            buf, targets = _helped(self.assisted, self.k, self.where)  # type: ignore[misc]
+            self.hasher.update(byte_view(buf))
+        self.out.update(zip(map(_ENTRY_NAME, seg), targets, strict=True))
+        self.k += 1
+
+    def large(self, e: Entry) -> None:
+        """A large tensor: read in chunks straight into its target."""
+        found = self.large_targets.get(e.name)
+        target = found if found is not None else _large_target(e, self.into)
+        view = byte_view(target.detach())
+        for start in range(0, len(view), self.chunk):
+            piece = view[start : start + self.chunk]
+            if self._mine():
+                self._seek(self.data + e.begin + start)
+                _readinto_exact(self.source, piece, self.where)
+                self.pos += len(piece)
+            else:  # a helper's: read into its place already, or soon
+                assert self.assisted is not None
+                _helped(self.assisted, self.k, self.where)
+            self.hasher.update(piece)
+            self.k += 1
+        self.out[e.name] = target
 
 
 Into = Callable[[Sequence[Entry]], Sequence[torch.Tensor | None]]

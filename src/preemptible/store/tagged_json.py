@@ -75,35 +75,46 @@ def encode(obj: Any, sink: TensorSink, path: str = "", depth: int = 0) -> JSON:
     depth += 1
     if type(obj) in _TENSORS:  # first: the most common leaf of a large state
         return {"$tensor": sink(obj, path, False)}
-    if obj is None or isinstance(obj, (bool, str)):
-        return obj
-    if isinstance(obj, int):
-        return int(obj)  # IntEnum and friends become plain ints
-    if isinstance(obj, float):
-        if math.isfinite(obj):
-            return float(obj)
-        return {"$float": "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")}
+    if obj is None or isinstance(obj, (bool, str, int, float)):
+        return _encode_scalar(obj)
     if isinstance(obj, torch.Tensor):
         return {"$tensor": sink(obj, path, False)}
-    if isinstance(obj, (list, tuple)) and (type(obj) in (list, tuple, torch.Size)):
+    if type(obj) in (list, tuple, torch.Size):
         items = [encode(v, sink, f"{path}/{i}", depth) for i, v in enumerate(obj)]
         return items if type(obj) is list else {"$tuple": items}
     if isinstance(obj, dict):
         return _encode_dict(obj, sink, path, depth)
+    return _encode_other(obj, sink, path, depth)
+
+
+def _encode_scalar(obj: bool | str | int | float | None) -> JSON:
+    """None, a bool, a str, an int (an IntEnum becomes a plain int) or a float (non-finite ones tagged)."""
+    if obj is None or isinstance(obj, (bool, str)):
+        return obj
+    if isinstance(obj, int):
+        return int(obj)
+    if math.isfinite(obj):
+        return float(obj)
+    return {"$float": "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")}
+
+
+def _encode_other(obj: Any, sink: TensorSink, path: str, depth: int) -> JSON:
+    """Bytes, a torch dtype, a NumPy array (to the tensor files) or scalar; anything else cannot be stored."""
     if isinstance(obj, (bytes, bytearray)):
         return {"$bytes": base64.b64encode(bytes(obj)).decode("ascii")}
     if isinstance(obj, torch.dtype):
         return {"$dtype": str(obj).removeprefix("torch.")}
     np = _numpy()
-    if np is not None:
-        if isinstance(obj, np.ndarray):
-            if obj.dtype.hasobject:
-                raise _unsupported(obj, path, "a NumPy array of Python objects")
-            return {"$ndarray": sink(obj, path, True)}
-        if isinstance(obj, np.generic) and not isinstance(obj, np.object_):
-            if obj.dtype.kind not in _NPSCALAR_KINDS:
-                raise _unsupported(obj, path, f"a NumPy scalar of kind {obj.dtype.kind!r}")
-            return {"$npscalar": obj.dtype.str, "value": encode(obj.item(), sink, path, depth)}
+    if np is None:
+        raise _unsupported(obj, path)
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.hasobject:
+            raise _unsupported(obj, path, "a NumPy array of Python objects")
+        return {"$ndarray": sink(obj, path, True)}
+    if isinstance(obj, np.generic) and not isinstance(obj, np.object_):
+        if obj.dtype.kind not in _NPSCALAR_KINDS:
+            raise _unsupported(obj, path, f"a NumPy scalar of kind {obj.dtype.kind!r}")
+        return {"$npscalar": obj.dtype.str, "value": encode(obj.item(), sink, path, depth)}
     raise _unsupported(obj, path)
 
 
@@ -230,25 +241,30 @@ def _quick(doc: JSON, source: TensorSource, depth: int) -> Any:
         return {k: _quick(v, source, depth) for k, v in doc.items()}
     tag = next(iter(doc))
     if tag == "$dict" and type(doc["$dict"]) is list and len(doc) <= 2:
-        result: dict[Any, Any] = OrderedDict() if "$meta" in doc else {}
-        for pair in doc["$dict"]:
-            if type(pair) is not list or len(pair) != 2:
-                raise _Unsure
-            key = _quick(pair[0], source, depth)
-            try:
-                hash(key)  # a list or dict, or a tuple holding one
-            except TypeError:
-                raise _Unsure from None
-            result[key] = _quick(pair[1], source, depth)
-        if "$meta" in doc:
-            result._metadata = _quick(doc["$meta"], source, depth)  # type: ignore[attr-defined]
-        elif len(doc) != 1:
-            raise _Unsure
-        return result
+        return _quick_dict(doc, source, depth)
     try:
         return _decode_tag(tag, doc, source, "", depth)
     except (CheckpointCorruptError, KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError):
         raise _Unsure from None
+
+
+def _quick_dict(doc: dict[str, Any], source: TensorSource, depth: int) -> dict[Any, Any]:
+    """A ``$dict`` node (pairs, and a module's ``$meta``) without key paths."""
+    result: dict[Any, Any] = OrderedDict() if "$meta" in doc else {}
+    for pair in doc["$dict"]:
+        if type(pair) is not list or len(pair) != 2:
+            raise _Unsure
+        key = _quick(pair[0], source, depth)
+        try:
+            hash(key)  # a list or dict, or a tuple holding one
+        except TypeError:
+            raise _Unsure from None
+        result[key] = _quick(pair[1], source, depth)
+    if "$meta" in doc:
+        result._metadata = _quick(doc["$meta"], source, depth)  # type: ignore[attr-defined]
+    elif len(doc) != 1:
+        raise _Unsure
+    return result
 
 
 def _decode(doc: JSON, source: TensorSource, path: str, depth: int) -> Any:
@@ -275,40 +291,72 @@ def _decode(doc: JSON, source: TensorSource, path: str, depth: int) -> Any:
 
 
 def _decode_tag(tag: str, doc: dict[str, Any], source: TensorSource, path: str, depth: int) -> Any:
-    if tag == "$float":
-        return _NONFINITE[doc["$float"]]
-    if tag == "$tuple":
-        return tuple(_decode(v, source, f"{path}/{i}", depth) for i, v in enumerate(doc["$tuple"]))
-    if tag == "$dict":
-        result: dict[Any, Any] = OrderedDict() if "$meta" in doc else {}
-        for k, v in doc["$dict"]:
-            key = _decode(k, source, path, depth)
-            result[_hashable(key)] = _decode(v, source, f"{path}/{key_str(key)}" if path else key_str(key), depth)
-        if "$meta" in doc:
-            meta = _decode(doc["$meta"], source, f"{path}/_metadata", depth)
-            result._metadata = meta  # type: ignore[attr-defined]
-        return result
-    if tag == "$tensor":
-        return source(_str(doc["$tensor"]), False)
-    if tag == "$ndarray":
-        return source(_str(doc["$ndarray"]), True)
-    if tag == "$npscalar":
-        np = _numpy()
-        if np is None:
-            raise _corrupt(path, "a NumPy scalar, but NumPy is not installed (pip install numpy)")
-        dtype = np.dtype(_str(doc["$npscalar"]))
-        value = _decode(doc["value"], source, path, depth)
-        if dtype.kind not in _NPSCALAR_KINDS or not isinstance(value, (bool, int, float, str, bytes)):
-            raise _corrupt(path, f"a NumPy scalar must be a number, bool or string, found {str(doc)[:80]}")
-        return dtype.type(value)
-    if tag == "$bytes":
-        return base64.b64decode(_str(doc["$bytes"]), validate=True)
-    if tag == "$dtype":
-        dtype = getattr(torch, _str(doc["$dtype"]), None)
-        if not isinstance(dtype, torch.dtype):
-            raise _corrupt(path, f"unknown torch dtype {doc['$dtype']!r}")
-        return dtype
-    raise _corrupt(path, f"unknown tag {tag!r}; it may come from a newer preemptible (upgrade to read it)")
+    decoder = _TAGS.get(tag)
+    if decoder is None:
+        raise _corrupt(path, f"unknown tag {tag!r}; it may come from a newer preemptible (upgrade to read it)")
+    return decoder(doc, source, path, depth)
+
+
+def _decode_float(doc: dict[str, Any], source: TensorSource, path: str, depth: int) -> Any:
+    return _NONFINITE[doc["$float"]]
+
+
+def _decode_tuple(doc: dict[str, Any], source: TensorSource, path: str, depth: int) -> Any:
+    return tuple(_decode(v, source, f"{path}/{i}", depth) for i, v in enumerate(doc["$tuple"]))
+
+
+def _decode_dict(doc: dict[str, Any], source: TensorSource, path: str, depth: int) -> Any:
+    result: dict[Any, Any] = OrderedDict() if "$meta" in doc else {}
+    for k, v in doc["$dict"]:
+        key = _decode(k, source, path, depth)
+        result[_hashable(key)] = _decode(v, source, f"{path}/{key_str(key)}" if path else key_str(key), depth)
+    if "$meta" in doc:
+        meta = _decode(doc["$meta"], source, f"{path}/_metadata", depth)
+        result._metadata = meta  # type: ignore[attr-defined]
+    return result
+
+
+def _decode_tensor(doc: dict[str, Any], source: TensorSource, path: str, depth: int) -> Any:
+    return source(_str(doc["$tensor"]), False)
+
+
+def _decode_ndarray(doc: dict[str, Any], source: TensorSource, path: str, depth: int) -> Any:
+    return source(_str(doc["$ndarray"]), True)
+
+
+def _decode_npscalar(doc: dict[str, Any], source: TensorSource, path: str, depth: int) -> Any:
+    np = _numpy()
+    if np is None:
+        raise _corrupt(path, "a NumPy scalar, but NumPy is not installed (pip install numpy)")
+    dtype = np.dtype(_str(doc["$npscalar"]))
+    value = _decode(doc["value"], source, path, depth)
+    if dtype.kind not in _NPSCALAR_KINDS or not isinstance(value, (bool, int, float, str, bytes)):
+        raise _corrupt(path, f"a NumPy scalar must be a number, bool or string, found {str(doc)[:80]}")
+    return dtype.type(value)
+
+
+def _decode_bytes(doc: dict[str, Any], source: TensorSource, path: str, depth: int) -> Any:
+    return base64.b64decode(_str(doc["$bytes"]), validate=True)
+
+
+def _decode_dtype(doc: dict[str, Any], source: TensorSource, path: str, depth: int) -> Any:
+    dtype = getattr(torch, _str(doc["$dtype"]), None)
+    if not isinstance(dtype, torch.dtype):
+        raise _corrupt(path, f"unknown torch dtype {doc['$dtype']!r}")
+    return dtype
+
+
+_TAGS: dict[str, Callable[[dict[str, Any], TensorSource, str, int], Any]] = {
+    "$float": _decode_float,
+    "$tuple": _decode_tuple,
+    "$dict": _decode_dict,
+    "$tensor": _decode_tensor,
+    "$ndarray": _decode_ndarray,
+    "$npscalar": _decode_npscalar,
+    "$bytes": _decode_bytes,
+    "$dtype": _decode_dtype,
+}
+"""Each tag of the encoding and its decoder."""
 
 
 def _str(value: Any) -> str:
