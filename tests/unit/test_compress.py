@@ -536,7 +536,7 @@ def test_any_flipped_bit_is_refused_as_corruption_never_another_error(where: flo
 
 
 def test_a_drill_compares_a_compressed_and_a_plain_checkpoint_by_their_plain_bytes(tmp_path: Path) -> None:
-    from preemptible.drill import _plain_checksums
+    from preemptible.drill._compare import _plain_checksums
 
     src = state(0)
     sums = []

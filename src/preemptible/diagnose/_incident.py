@@ -19,12 +19,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from preemptible.logrules import PEER_LOST
-
-if TYPE_CHECKING:
-    from preemptible.diagnose import Evidence
+from preemptible.diagnose._evidence import Evidence
+from preemptible.diagnose._rules import PEER_LOST
 
 _PREFIXES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"^.{0,100}?\[rank(\d+)\]:"), "rank"),
