@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from preemptible.emergency import SAFETY_MARGIN
+from preemptible.events import Event
 from preemptible.sources.detect import WINDOWS
 from preemptible.store import layout
 from preemptible.store.io import Storage, storage_for
@@ -598,7 +599,7 @@ def advise(
         )
         return None
     verdict = evaluate(state_bytes=state_bytes, bandwidth=bandwidth, window=platform.window_s, step_time=step_time)
-    journal.event("plan", step, platform=platform.name, **verdict.to_json())
+    journal.event(Event.PLAN, step, platform=platform.name, **verdict.to_json())
     where = f"{platform.name} window {verdict.window_s:.0f} s"
     if verdict.fits:
         if rank == 0:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
+from preemptible import journal
 from preemptible.diagnose._evidence import Evidence
 from preemptible.diagnose._scan import TimeWindow
+from preemptible.events import Event
+from preemptible.journal import Record
 
 
 @dataclass
@@ -21,37 +24,28 @@ class JournalFacts:
     last_step: int | None = None
     committed_after_notice: int | None = None
     last_committed: int | None = None
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[Mapping[str, Any]] = field(default_factory=list)
     attempt: int | None = None
     attempts: int = 0
     chosen_by: str = ""
 
 
-def _attempts(records: list[dict[str, Any]]) -> list[tuple[int, str, list[dict[str, Any]]]]:
-    """Rank 0's journal files in start order, each one attempt: (number, file, events). The number is the one the
-    start event recorded; journals older than attempt numbers count by file order."""
-    files = sorted({str(r["file"]) for r in records})
+def _attempts(records: Iterable[Record]) -> list[tuple[int, str, list[Record]]]:
+    """Rank 0's journal files in start order, each one attempt (`journal.attempts`): (number, file, records)."""
     out = []
-    for i, name in enumerate(files, start=1):
-        events = [r for r in records if r["file"] == name]
-        start = next((e for e in events if e.get("event") == "start"), {})
-        number = start.get("attempt")
-        out.append((number if isinstance(number, int) and not isinstance(number, bool) else i, name, events))
+    for start in journal.attempts(records):
+        mine = list(start.records)
+        out.append((journal.attempt_number(start, mine), start.file, mine))
     return out
 
 
-def _span(events: list[dict[str, Any]]) -> tuple[float, float] | None:
-    times = []
-    for e in events:
-        try:
-            times.append(datetime.fromisoformat(str(e["t"]).replace("Z", "+00:00")).timestamp())
-        except (KeyError, ValueError):
-            continue
+def _span(records: list[Record]) -> tuple[float, float] | None:
+    times = [r.time for r in records if r.time is not None]
     return (min(times), max(times)) if times else None
 
 
 def _choose(
-    attempts: list[tuple[int, str, list[dict[str, Any]]]], attempt: int | str | None, window: TimeWindow | None
+    attempts: list[tuple[int, str, list[Record]]], attempt: int | str | None, window: TimeWindow | None
 ) -> tuple[int, str]:
     """Which attempt to judge (its index in ``attempts``) and why."""
     if isinstance(attempt, int):
@@ -89,39 +83,36 @@ def journal_facts(root: str, *, attempt: int | str | None = None, window: TimeWi
     Raises:
         ValueError: ``attempt`` names no attempt in the journal.
     """
-    from preemptible import journal as journal_mod
     from preemptible.checkpoint import Checkpointer
     from preemptible.store.io import storage_for
 
     storage = storage_for(root)
-    records = [r for r in journal_mod.read(storage) if r.get("rank", 0) == 0]
+    attempts = _attempts(journal.records(storage))
     facts = JournalFacts()
     ck = Checkpointer(root, storage=storage)
     committed = [c.step for c in ck.checkpoints()]
     facts.last_committed = max(committed) if committed else None
-    if not records:
+    if not attempts:
         if isinstance(attempt, int):
             raise ValueError(f"expected --attempt {attempt} in the journal under {root}; found no journal")
         return facts
-    attempts = _attempts(records)
     index, facts.chosen_by = _choose(attempts, attempt, window)
     facts.attempt, facts.file, events = attempts[index]
     facts.attempts = len(attempts)
-    facts.events = events
-    steps = [int(e["step"]) for e in events if isinstance(e.get("step"), int)]
+    facts.events = [r.fields for r in events]
+    steps = [r.step for r in events if r.step is not None]
     facts.last_step = max(steps) if steps else None
     mine: list[int] = []
-    for e in events:
-        kind = e.get("event")
-        if kind in ("resume", "save_committed") and isinstance(e.get("step"), int):
-            mine.append(int(e["step"]))
-        if kind == "notice" and facts.notice is None:
-            facts.notice = e
-        elif kind == "save_committed" and facts.notice is not None:
-            facts.committed_after_notice = int(e["step"])
-        elif kind == "exit":
-            facts.exit = e
-        elif kind == "done":
+    for r in events:
+        if r.event in (Event.RESUME, Event.SAVE_COMMITTED) and r.step is not None:
+            mine.append(r.step)
+        if r.event == Event.NOTICE and facts.notice is None:
+            facts.notice = dict(r.fields)
+        elif r.event == Event.SAVE_COMMITTED and facts.notice is not None:
+            facts.committed_after_notice = r.step
+        elif r.event == Event.EXIT:
+            facts.exit = dict(r.fields)
+        elif r.event == Event.DONE:
             facts.done = True
     if index != len(attempts) - 1:  # an earlier attempt: what it had saved by its end, not what later ones did
         facts.last_committed = max(mine) if mine else None

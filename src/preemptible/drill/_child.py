@@ -7,11 +7,11 @@ import json
 import os
 import signal
 import subprocess
-from collections.abc import Callable, Sequence
-from datetime import datetime
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from preemptible.events import Event
+from preemptible.journal import Record
 
 
 class Clocks(Protocol):
@@ -22,8 +22,11 @@ class Clocks(Protocol):
     sleep: Callable[[float], None]
 
 
-def event_time(event: dict[str, Any]) -> float:
-    return datetime.fromisoformat(str(event["t"]).replace("Z", "+00:00")).timestamp()
+def event_time(record: Record) -> float:
+    """When an event of the report file happened (epoch seconds)."""
+    if record.time is None:
+        raise ValueError(f"expected an event time (UTC ISO 8601) in the report file; found {record.get('t')!r}")
+    return record.time
 
 
 def clean_exit(code: int | None, child: Child) -> tuple[bool, str]:
@@ -71,12 +74,17 @@ class Child:
             return {"events": []}
         return doc if isinstance(doc, dict) else {"events": []}
 
-    def events(self, name: Event) -> list[dict[str, Any]]:
-        return [e for e in self.report().get("events", []) if e.get("event") == name]
+    def records(self) -> list[Record]:
+        """The events its Run has reported so far (the milestones of its journal)."""
+        events = self.report().get("events", [])
+        return [Record.of(e) for e in events if isinstance(e, Mapping)] if isinstance(events, list) else []
 
-    def entered(self) -> list[dict[str, Any]]:
+    def events(self, event: Event) -> list[Record]:
+        return [r for r in self.records() if r.event == event]
+
+    def entered(self) -> list[Record]:
         """Its Run's event of entering the loop (``fresh`` or ``resume``), once it has."""
-        return [e for e in self.report().get("events", []) if e.get("event") in (Event.FRESH, Event.RESUME)]
+        return [r for r in self.records() if r.event in (Event.FRESH, Event.RESUME)]
 
     def poll(self) -> int | None:
         if self.code is None:

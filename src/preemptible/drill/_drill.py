@@ -30,6 +30,7 @@ from preemptible.drill._compare import MTIME_SLACK_S, explain_difference, final_
 from preemptible.drill._report import DrillReport
 from preemptible.errors import PreemptibleError
 from preemptible.events import Event, SaveReason
+from preemptible.journal import Record
 from preemptible.sources import detect
 
 SOURCES = ("signal", "sigint", "slurm", "aws", "gcp", "azure")
@@ -287,7 +288,7 @@ class Drill:
         )
         return step
 
-    def _stop_checkpoint(self, report: DrillReport, first: Child, commits: list[dict[str, Any]]) -> int | None:
+    def _stop_checkpoint(self, report: DrillReport, first: Child, commits: list[Record]) -> int | None:
         """The checkpoint the stop left (committed, or skipped as nothing new), checked on storage."""
         skipped = [e for e in first.events(Event.SAVE_SKIPPED) if e.get("reason") == SaveReason.EMERGENCY]
         step = commits[-1]["step"] if commits else (skipped[-1]["step"] if skipped else None)
@@ -371,15 +372,15 @@ class Drill:
 
     def _hung(self, child: Child) -> str:
         """What a run that outlived its notice last did: its last journaled event and its last output."""
-        events = [e for e in child.report().get("events", []) if isinstance(e, dict)]
-        last = events[-1] if events else {}
-        if last.get("event") == Event.EXIT and last.get("reason") == "notice":
+        events = child.records()
+        last = events[-1] if events else None
+        if last is not None and last.event == Event.EXIT and last.get("reason") == "notice":
             done = (
                 f"its Run stopped at step {last.get('step')} (saved: {last.get('saved')}) and chose exit code "
                 f"{last.get('code')}, yet the process lives on: code after the loop (an evaluation, an upload, a "
                 "thread that is not a daemon) or, under a launcher, a rank or the launcher itself is holding it"
             )
-        elif last:
+        elif last is not None:
             done = f"it last journaled {last.get('event')} at step {last.get('step')}"
         else:
             done = "it journaled nothing"

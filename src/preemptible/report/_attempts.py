@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from preemptible.events import Event, SaveReason
-from preemptible.journal import RESERVED
+from preemptible.journal import RESERVED, Record, parse_step, parse_time
 
 _STEP_EVENTS = frozenset(
     {
@@ -36,26 +34,8 @@ MAX_SPANS = 1000
 """Saves and notices kept per attempt for the timeline and the list of preemptions (the totals count them all)."""
 _MAX_NAME = 200
 _MAX_TEXT = 300
-_MAX_STEP = 1 << 53  # a step beyond this is not a step count (and would not survive float arithmetic)
 _MAX_SECONDS = 1e9  # 30 years: a duration beyond this in a journal is not one
 _KEEP_COMMITS = 1024  # commit times kept per attempt: where its redone steps began (the newest checkpoints)
-
-
-def _t(value: Any) -> float | None:
-    """An event's time (UTC ISO 8601) in epoch seconds, None if it is not one."""
-    if not isinstance(value, str) or len(value) > 64:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except (ValueError, OverflowError, OSError):
-        return None
-
-
-def _step(value: Any) -> int | None:
-    """A step count, None for anything else (a string, a float, a bool, a number beyond any real run)."""
-    if isinstance(value, int) and not isinstance(value, bool) and -_MAX_STEP < value < _MAX_STEP:
-        return value
-    return None
 
 
 def _seconds(value: Any) -> float:
@@ -163,87 +143,82 @@ class Reader:
     def skip(self, why: str) -> None:
         self.skipped[why] = self.skipped.get(why, 0) + 1
 
-    def add(self, e: Mapping[str, Any]) -> None:
-        located = self._locate(e)
-        if located is None:
+    def add(self, r: Record) -> None:
+        """One of rank 0's records (`journal.attempts`)."""
+        a = self._locate(r)
+        if a is None:
             return
-        a, t, kind = located
-        step = _step(e.get("step"))
+        t, kind, step = r.time, r.event, r.step
+        assert t is not None
         _progress(a, kind, step, t)
         if kind == Event.LOG:
             if step is not None:
-                self._figures(e, step, a.index)
+                self._figures(r, step, a.index)
         elif kind == Event.SAVE_STARTED:
-            self._save_started(a, e, step, t)
+            self._save_started(a, r, t)
         elif kind == Event.SAVE_COMMITTED and (step is None or step not in a.background):  # a background save:
-            self._save_committed(a, e, t)  # counted when it started
+            self._save_committed(a, r, t)  # counted when it started
         elif kind == Event.NOTICE:
-            self._notice(a, e, step, t)
+            self._notice(a, r, t)
         if kind == Event.SAVE_COMMITTED and step is not None:
             _committed(a, step, t)
         if kind == Event.EXIT:
-            code = e.get("code")
-            a.exit = {"code": code if _step(code) is not None else _text(code), "reason": _text(e.get("reason"))}
+            code = r.get("code")
+            a.exit = {"code": code if parse_step(code) is not None else _text(code), "reason": _text(r.get("reason"))}
         elif kind == Event.DONE:
             a.done = True
 
-    def _locate(self, e: Mapping[str, Any]) -> tuple[Attempt, float, str] | None:
-        """The attempt of a rank-0 event, its time and its kind (its attempt's span grown to it); None for another
-        rank's event or one of unknown shape (counted)."""
-        rank = e.get("rank", 0)
-        if not (isinstance(rank, int) and not isinstance(rank, bool)):
-            self.skip("events")
-            return None
-        if rank != 0:
-            return None
-        t = _t(e.get("t"))
+    def _locate(self, r: Record) -> Attempt | None:
+        """The attempt of a record, its span grown to it; None for a record of unknown shape (counted)."""
+        t = r.time
         if t is None:
             self.skip("events")
             return None
-        name = str(e.get("file"))
-        a = self.by_file.get(name)
+        a = self.by_file.get(r.file)
         if a is None:
-            a = self.by_file[name] = Attempt(file=name, start=t, end=t, start_iso=str(e["t"]), index=len(self.by_file))
+            a = self.by_file[r.file] = Attempt(
+                file=r.file, start=t, end=t, start_iso=str(r["t"]), index=len(self.by_file)
+            )
         elif t < a.start:
-            a.start, a.start_iso = t, str(e["t"])
+            a.start, a.start_iso = t, str(r["t"])
         a.end = max(a.end, t)
-        kind = e.get("event")
-        if not isinstance(kind, str):
+        if r.name is None:
             self.skip("events")
             return None
-        return a, t, kind
+        return a
 
-    def _save_started(self, a: Attempt, e: Mapping[str, Any], step: int | None, t: float) -> None:
-        if e.get("asynchronous"):
-            stall = _seconds(e.get("stall_s"))
+    def _save_started(self, a: Attempt, r: Record, t: float) -> None:
+        step = r.step
+        if r.get("asynchronous"):
+            stall = _seconds(r.get("stall_s"))
             a.save_s += stall
             a.saves += 1
             if step is not None and len(a.background) < _KEEP_COMMITS:
                 a.background.add(step)
-            self._span(a, _span(e, t, stall, background=True))
-        elif a.pending is not None and e.get("reason") == SaveReason.EMERGENCY:
+            self._span(a, _span(r, t, stall, background=True))
+        elif a.pending is not None and r.get("reason") == SaveReason.EMERGENCY:
             wait = max(0.0, t - a.pending["received"])
             a.wait_s += wait - (a.pending["wait_s"] or 0.0)
             a.pending["wait_s"] = wait
 
-    def _save_committed(self, a: Attempt, e: Mapping[str, Any], t: float) -> None:
-        seconds = _seconds(e.get("seconds"))
+    def _save_committed(self, a: Attempt, r: Record, t: float) -> None:
+        seconds = _seconds(r.get("seconds"))
         a.save_s += seconds
         a.saves += 1
-        self._span(a, _span(e, t - seconds, seconds, background=False))
-        if a.pending is not None and e.get("reason") == SaveReason.EMERGENCY:
+        self._span(a, _span(r, t - seconds, seconds, background=False))
+        if a.pending is not None and r.get("reason") == SaveReason.EMERGENCY:
             a.pending["commit_s"] = t - a.pending["received"]
 
-    def _notice(self, a: Attempt, e: Mapping[str, Any], step: int | None, t: float) -> None:
-        received = _t(e.get("received_at"))
+    def _notice(self, a: Attempt, r: Record, t: float) -> None:
+        received = parse_time(r.get("received_at"))
         received = t if received is None else received
-        deadline = _t(e.get("deadline"))
+        deadline = parse_time(r.get("deadline"))
         a.pending = {
-            "at": str(e["t"]),
+            "at": str(r["t"]),
             "deadline": deadline,
-            "step": step,
-            "source": _text(e.get("source")),
-            "detail": _text(e.get("detail")),
+            "step": r.step,
+            "source": _text(r.get("source")),
+            "detail": _text(r.get("detail")),
             "received": received,
             "window_s": round(deadline - received, 3) if deadline is not None else None,
             "wait_s": None,
@@ -260,8 +235,8 @@ class Reader:
         else:
             self.not_drawn["saves"] += 1
 
-    def _figures(self, e: Mapping[str, Any], step: int, attempt: int) -> None:
-        for k, v in e.items():
+    def _figures(self, r: Record, step: int, attempt: int) -> None:
+        for k, v in r.fields.items():
             if k in RESERVED:
                 continue
             value = _figure_value(v)
@@ -276,17 +251,17 @@ class Reader:
             series.add(step, value, attempt)
 
 
-def _span(e: Mapping[str, Any], start: float, seconds: float, *, background: bool) -> dict[str, Any]:
+def _span(r: Record, start: float, seconds: float, *, background: bool) -> dict[str, Any]:
     return {
         "start": start,
         "seconds": seconds,
-        "step": _step(e.get("step")),
-        "reason": _text(e.get("reason")),
+        "step": r.step,
+        "reason": _text(r.get("reason")),
         "background": background,
     }
 
 
-def _progress(a: Attempt, kind: str, step: int | None, t: float) -> None:
+def _progress(a: Attempt, kind: Event | None, step: int | None, t: float) -> None:
     """Where an attempt started training (its fresh start or resume) and how far its events say it ran."""
     if kind in (Event.FRESH, Event.RESUME) and a.ready is None:
         a.ready = t

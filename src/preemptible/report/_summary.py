@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from preemptible import journal
@@ -21,11 +21,9 @@ def summarize(events: Iterable[Mapping[str, Any]], *, skipped: Mapping[str, int]
     """
     counts: dict[str, int] = {"unparsable_lines": 0, "long_lines": 0, "events": 0}
     reader = Reader(counts)
-    for e in events:
-        if isinstance(e, Mapping):
-            reader.add(e)
-        else:
-            reader.skip("events")
+    for start in journal.attempts(_records(events, reader), skipped=counts):
+        for r in start.records:
+            reader.add(r)
     for k, v in (skipped or {}).items():  # read after the loop: the reader counts as it goes
         counts[k] = counts.get(k, 0) + v
     attempts = sorted(reader.by_file.values(), key=lambda a: a.start)
@@ -119,6 +117,15 @@ def summarize(events: Iterable[Mapping[str, Any]], *, skipped: Mapping[str, int]
         "not_drawn": {k: v for k, v in reader.not_drawn.items() if v},
         "skipped": shown_skipped,
     }
+
+
+def _records(events: Iterable[Mapping[str, Any]], reader: Reader) -> Iterator[journal.Record]:
+    """The events as records; anything that is not an event's object is counted and left out."""
+    for e in events:
+        if isinstance(e, Mapping):
+            yield journal.Record.of(e)
+        else:
+            reader.skip("events")
 
 
 def _timeline(attempts: list[Attempt]) -> list[dict[str, Any]]:
