@@ -9,7 +9,7 @@ change, and how to verify it) and `_verdict` (the verdict and its rendering).
 
 from preemptible.diagnose._evidence import VERDICTS, Evidence
 from preemptible.diagnose._facts import JournalFacts, journal_facts
-from preemptible.diagnose._incident import Event, actor, initiating, when
+from preemptible.diagnose._incident import Incident, actor, initiating, when
 from preemptible.diagnose._input import (
     EDGE_LINES,
     MAX_LINE_CHARS,
@@ -39,7 +39,7 @@ __all__ = [
     "TAGS",
     "VERDICTS",
     "Diagnosis",
-    "Event",
+    "Incident",
     "Evidence",
     "ExitRule",
     "JournalFacts",

@@ -18,7 +18,7 @@ from typing import Any
 
 from preemptible.diagnose._evidence import VERDICTS, Evidence, exit_evidence
 from preemptible.diagnose._facts import journal_evidence, journal_facts
-from preemptible.diagnose._incident import Event, initiating
+from preemptible.diagnose._incident import Incident, initiating
 from preemptible.diagnose._input import LogInput
 from preemptible.diagnose._remedy import for_platforms, remedy
 from preemptible.diagnose._rules import PEER_LOST
@@ -83,9 +83,9 @@ class Diagnosis:
     confirm: list[str]
     notes: list[str] = field(default_factory=list)
     """What was left out of the inputs (a log over `MAX_LOG_BYTES`)."""
-    initiating: Event | None = None
+    initiating: Incident | None = None
     """With logs of several ranks or nodes: which failed first, and how (see `incident.initiating`)."""
-    collateral: list[Event] = field(default_factory=list)
+    collateral: list[Incident] = field(default_factory=list)
     """What the other ranks or nodes then logged because of it, in time order where timestamps allow."""
     fix: list[str] = field(default_factory=list)
     """What to change for this verdict (see `remedy`)."""
@@ -146,7 +146,7 @@ class Diagnosis:
         return "\n".join(lines)
 
 
-def _event_line(e: Event) -> str:
+def _event_line(e: Incident) -> str:
     at = f" at {e.time}" if e.time else ""
     where = f" ({e.log}:{e.line})" if e.line is not None else ""
     text = f"\n      {e.evidence[:200]}" if e.evidence else ""

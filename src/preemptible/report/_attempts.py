@@ -32,7 +32,7 @@ MAX_FIGURES = 64
 """Figure names kept (the first ones seen); more are counted in ``skipped``."""
 MAX_SPANS = 1000
 """Saves and notices kept per attempt for the timeline and the list of preemptions (the totals count them all)."""
-_MAX_NAME = 200
+MAX_FIGURE_NAME = 200
 _MAX_TEXT = 300
 _MAX_SECONDS = 1e9  # 30 years: a duration beyond this in a journal is not one
 _KEEP_COMMITS = 1024  # commit times kept per attempt: where its redone steps began (the newest checkpoints)
@@ -244,7 +244,7 @@ class Reader:
                 continue
             series = self.series.get(k)
             if series is None:
-                if len(self.series) >= MAX_FIGURES or len(k) > _MAX_NAME:
+                if len(self.series) >= MAX_FIGURES or len(k) > MAX_FIGURE_NAME:
                     self.skip("figure_names")
                     continue
                 series = self.series[k] = _Series()

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from preemptible import journal
-from preemptible.report._attempts import _MAX_NAME, MAX_FIGURES, MAX_POINTS, MAX_SPANS
+from preemptible.report._attempts import MAX_FIGURE_NAME, MAX_FIGURES, MAX_POINTS, MAX_SPANS
 
 BADPUT_LABELS = {
     "saves_s": "saves (training stood still)",
@@ -24,7 +24,7 @@ SKIPPED_LABELS = {
     "long_lines": f"line(s) too long (over {journal.MAX_LINE} bytes)",
     "events": "event(s) of unknown shape",
     "files_cut": f"file(s) cut at {journal.MAX_FILE} bytes",
-    "figure_names": f"figure name(s) beyond the first {MAX_FIGURES} or longer than {_MAX_NAME} characters",
+    "figure_names": f"figure name(s) beyond the first {MAX_FIGURES} or longer than {MAX_FIGURE_NAME} characters",
 }
 """``skipped``'s keys: what the report left out of a journal, and why."""
 
