@@ -11,6 +11,9 @@
 
 The drill follows the command's `Run` through ``$PREEMPTIBLE_REPORT_FILE`` (which `Run` honours); ``--root`` only
 adds a check of the checkpoint on storage. ``$PREEMPTIBLE_ROOT`` gives the reference run its own root.
+
+The parts, each a private module: `_drill` (the drill's steps), `_child` (one start of the command, followed
+through its report file), `_report` (the checks and timings) and `_compare` (final states, and why they differ).
 """
 
 from preemptible.drill._compare import LIKELY_CAUSES, explain_difference, files_written_aside, torch_equal

@@ -18,6 +18,10 @@ included. It is split into:
   new machine, Python and torch starting).
 
 Per-step times are an attempt's mean. The journal of rank 0 is used (every rank stops at the same step).
+
+The parts, each a private module: `_attempts` (the journal's records folded into attempts, every value bounded),
+`_summary` (the figures of ``report --json``), `_text` (the text, and the labels the page shares) and `_picture`
+(``--html`` and ``--png``).
 """
 
 from preemptible.report._attempts import MAX_FIGURES, MAX_POINTS, MAX_SPANS, Attempt
