@@ -5,7 +5,7 @@ beside a save to this disk and to a paced local directory (`preemptible.bench.tr
     python benchmarks/beside_s3.py                           # 1.2 GB at 100 MB/s, 5 rounds (about 8 minutes)
     python benchmarks/beside_s3.py --params 25e6 --rounds 3  # a quick look
 
-moto and the pacing proxy (`preemptible.store.paced.PacedProxy`) run in a process of their own: on a 2-core machine
+moto and the pacing proxy (`preemptible.bench.PacedProxy`) run in a process of their own: on a 2-core machine
 they share the cores with the loop, so their CPU seconds over the saves are reported beside the figure (what a real
 object store would not take from the machine). The machine-wide CPU breakdown includes them.
 """
@@ -26,7 +26,7 @@ SERVER = """
 import logging, sys
 logging.getLogger("werkzeug").setLevel(logging.ERROR)
 from moto.server import ThreadedMotoServer
-from preemptible.store.paced import PacedProxy
+from preemptible.bench import PacedProxy
 server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
 server.start()
 proxy = PacedProxy(server.get_host_and_port(), float(sys.argv[1]))

@@ -4,7 +4,7 @@ directory paced to ~200 MB/s, on moto S3 behind a paced loopback proxy, and on t
     python benchmarks/compression.py                      # the full run (about 6 minutes here)
     python benchmarks/compression.py --mb 120 --rounds 1  # a quick look
 
-The slow local destination is `preemptible.store.paced.PacedStorage`: a token bucket in the storage layer that every
+The slow local destination is `preemptible.bench.PacedStorage`: a token bucket in the storage layer that every
 writer thread shares (cgroup v1 here has no io.max, and loop-device blkio throttling needs privileges). torch.save
 writes through the same bucket. The S3 destination is moto in its own process behind `PacedProxy`, which paces the
 bytes sent to it: moto shares this machine's two cores, so unpaced the figure would measure its CPU, not a link.
@@ -38,10 +38,10 @@ os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
 from preemptible import Checkpointer
+from preemptible.bench import PacedProxy, PacedStorage, Pacer
 from preemptible.state import capture, flatten
 from preemptible.store import compress
 from preemptible.store.io import LocalStorage
-from preemptible.store.paced import PacedProxy, PacedStorage, Pacer
 
 
 def mlp(params: float, dtype: torch.dtype, *, layers: int = 4) -> torch.nn.Sequential:

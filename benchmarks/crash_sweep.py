@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from preemptible._crashkit import sweep
+from preemptible.testing import sweep
 
 
 def main() -> None:

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from preemptible.emergency import SAFETY_MARGIN
+from preemptible.events import Event
 from preemptible.sources.detect import WINDOWS
 from preemptible.store import layout
 from preemptible.store.io import Storage, storage_for
@@ -253,9 +254,7 @@ class Plan:
         )
 
     def __str__(self) -> str:
-        from preemptible.cli.plan import render
-
-        return render(self)
+        return render_plan(self)
 
     @property
     def summary(self) -> str:
@@ -264,6 +263,55 @@ class Plan:
             f"emergency save of {self.state_bytes / 1e9:.2f} GB predicted {self.predicted_save_s:.1f} s "
             f"in a {self.window_s:.0f} s window: {verdict} ({self.margin_s:+.1f} s)"
         )
+
+
+def _compression(p: Plan) -> list[str]:
+    z = p.compression
+    if not z:
+        return []
+    if z["on"] and z.get("plain_s") is not None and z.get("compressed_s") is not None:
+        why = f"ratio {z['ratio']:.2f}: write {z['compressed_s']:.1f} s instead of {z['plain_s']:.1f} s plain"
+    else:
+        why = z["why"]
+    return [f"compression       {'on' if z['on'] else 'off':>10}     ({why})"]
+
+
+def render_plan(p: Plan, *, color: bool = False) -> str:
+    """The plan as ``preemptible plan`` prints it (and ``print(plan)``); ``color``: ANSI colors for a terminal."""
+
+    def c(text: str, code: str) -> str:
+        return f"\033[{code}m{text}\033[0m" if color else text
+
+    ok = c("FITS", "1;32") if p.fits else c("DOES NOT FIT", "1;31")
+    b = p.breakdown
+    lines = [
+        f"state             {p.state_bytes / 1e9:10.2f} GB"
+        + (f"  ({p.size.world_size} ranks)" if p.size and p.size.world_size > 1 else ""),
+        f"bandwidth         {p.bandwidth_bytes_per_s / 1e9:10.2f} GB/s  (measured fsync'd write)",
+        f"window            {p.window_s:10.0f} s     ({p.window_source})",
+        "",
+        f"  wait for boundary {b['boundary_s']:8.1f} s",
+        f"  write             {b['write_s']:8.1f} s",
+        f"  commit            {b['commit_s']:8.1f} s",
+        f"  exit              {b['exit_s']:8.1f} s",
+        f"predicted save    {p.predicted_save_s:10.1f} s",
+        *_compression(p),
+        f"margin            {p.margin_s:+10.1f} s",
+        f"verdict           {ok}",
+    ]
+    if p.recommendations:
+        lines += ["", "what would change it:"]
+        for r in p.recommendations:
+            mark = c("fits", "32") if r.fits else c("short", "33")
+            lines.append(f"  {r.name:<22} {r.predicted_save_s:8.1f} s  {mark:<5}  {r.description}")
+    if p.periodic_interval_s is not None:
+        lines += ["", f"periodic saves     every {p.periodic_interval_s:.0f} s (Young/Daly)"]
+        lost = p.lost_work_s
+        lines.append(
+            f"expected lost work {lost['with_notice_s'] or 0:.0f} s with a notice, "
+            f"{lost['without_notice_s'] or 0:.0f} s without"
+        )
+    return "\n".join(lines)
 
 
 def predict(nbytes: int, bw: float, *, step_time: float = 0.0, fixed_s: float = 0.1) -> dict[str, float]:
@@ -305,20 +353,8 @@ def evaluate(
             predicted as a save would choose to write (``compress_setting``, default auto), on ``threads`` writer
             threads and ``cores`` cores.
     """
-    if isinstance(bandwidth, Bandwidth):
-        bw, fixed = bandwidth.bytes_per_s, bandwidth.fixed_s
-    else:
-        bw, fixed = float(bandwidth), 0.1
-    if bw <= 0:
-        raise ValueError(f"expected a bandwidth > 0 bytes/s, found {bw}")
-    if size is not None:
-        nbytes = size.bytes_per_rank
-        world = size.world_size
-    elif state_bytes is not None:
-        nbytes = math.ceil(state_bytes / world_size)
-        world = world_size
-    else:
-        raise ValueError("expected state_bytes or size")
+    bw, fixed = _bandwidth(bandwidth)
+    nbytes, world = _per_rank(size, state_bytes, world_size)
     win, source = window_for(platform, window)
     phases = predict(nbytes, bw, step_time=step_time, fixed_s=fixed)
     from preemptible.store import compress  # torch and NumPy: only when a plan is made
@@ -337,67 +373,7 @@ def evaluate(
         phases["write_s"] = choice.compressed_s
     total = sum(phases.values())
     fits = total <= HEADROOM * win
-    recs: list[Recommendation] = []
-
-    def rec(name: str, description: str, new_total: float) -> None:
-        recs.append(
-            Recommendation(
-                name=name,
-                description=description,
-                predicted_save_s=round(new_total, 2),
-                fits=new_total <= HEADROOM * win,
-            )
-        )
-
-    base_bytes = nbytes * world
-    budget_write = HEADROOM * win - step_time - fixed - EXIT_S
-    if size is not None and size.optimizer in ("adam", "adamw") and not size.bf16_moments:
-        smaller = StateSize(
-            params=size.params,
-            optimizer=size.optimizer,
-            dtype=size.dtype,
-            bf16_moments=True,
-            world_size=size.world_size,
-        )
-        t = sum(predict(smaller.bytes_per_rank, bw, step_time=step_time, fixed_s=fixed).values())
-        rec(
-            "bf16 moments",
-            f"Run(bf16_moments=True): optimizer moments in bfloat16, state "
-            f"{smaller.bytes / 1e9:.1f} GB instead of {size.bytes / 1e9:.1f} GB (lossy)",
-            t,
-        )
-    if budget_write > 0:
-        ranks = max(world * 2, math.ceil(base_bytes / bw / budget_write))
-        t = sum(predict(math.ceil(base_bytes / ranks), bw, step_time=step_time, fixed_s=fixed).values())
-        rec(
-            "stripe across ranks",
-            f"save from {ranks} data-parallel ranks, each writing 1/{ranks} of the state "
-            "(needs that much aggregate bandwidth: separate disks or a parallel file system)",
-            t,
-        )
-    if step_time > 0:
-        t = nbytes / bw + fixed + EXIT_S
-        rec(
-            "pre-staged buffer",
-            f"Run(prestage_every=K): flush a state at most K-1 steps old without waiting "
-            f"{step_time:.1f} s for the step in progress",
-            t,
-        )
-    if budget_write > 0:
-        need = nbytes / budget_write
-        if need > bw:
-            rec(
-                "faster storage",
-                f"storage writing at {need / 1e9:.2f} GB/s or more (this one: {bw / 1e9:.2f} GB/s), "
-                "e.g. a local NVMe or more throughput on the volume",
-                HEADROOM * win,
-            )
-    else:
-        rec(
-            "shorter steps or a longer window",
-            f"the step alone ({step_time:.1f} s) and fixed costs use the whole {win:.0f} s window",
-            total,
-        )
+    recs = _recommendations(size, nbytes, world, bw, fixed, step_time=step_time, win=win, total=total)
     if fits and total <= HEADROOM * win / 2:
         recs.clear()  # fits with a wide margin: nothing to change (striping, bf16 moments would be noise)
     periodic = young_daly(nbytes / bw + fixed, mtbf_hours * 3600) if mtbf_hours else None
@@ -405,7 +381,9 @@ def evaluate(
     if periodic is not None:
         lost = {"with_notice_s": 0.0 if fits else periodic / 2, "without_notice_s": periodic / 2}
         if not fits:
-            rec(
+            _recommend(
+                recs,
+                win,
                 "save more often",
                 f"periodic saves every {periodic:.0f} s (Young/Daly for an MTBF of "
                 f"{mtbf_hours:g} h) bound what a failed emergency save loses to {periodic / 2:.0f} s on average",
@@ -426,6 +404,112 @@ def evaluate(
         size=size,
         compression=choice.to_json(),
     )
+
+
+def _bandwidth(bandwidth: float | Bandwidth) -> tuple[float, float]:
+    """Bytes per second and the fixed seconds of a commit, from a number or a `Bandwidth`."""
+    if isinstance(bandwidth, Bandwidth):
+        bw, fixed = bandwidth.bytes_per_s, bandwidth.fixed_s
+    else:
+        bw, fixed = float(bandwidth), 0.1
+    if bw <= 0:
+        raise ValueError(f"expected a bandwidth > 0 bytes/s, found {bw}")
+    return bw, fixed
+
+
+def _per_rank(size: StateSize | None, state_bytes: int | None, world_size: int) -> tuple[int, int]:
+    """Bytes each rank writes, and the ranks."""
+    if size is not None:
+        return size.bytes_per_rank, size.world_size
+    if state_bytes is not None:
+        return math.ceil(state_bytes / world_size), world_size
+    raise ValueError("expected state_bytes or size")
+
+
+def _recommend(recs: list[Recommendation], win: float, name: str, description: str, new_total: float) -> None:
+    recs.append(
+        Recommendation(
+            name=name,
+            description=description,
+            predicted_save_s=round(new_total, 2),
+            fits=new_total <= HEADROOM * win,
+        )
+    )
+
+
+def _recommendations(
+    size: StateSize | None,
+    nbytes: int,
+    world: int,
+    bw: float,
+    fixed: float,
+    *,
+    step_time: float,
+    win: float,
+    total: float,
+) -> list[Recommendation]:
+    """What would change the verdict: smaller moments, more ranks, a pre-staged buffer, faster storage."""
+    recs: list[Recommendation] = []
+    base_bytes = nbytes * world
+    budget_write = HEADROOM * win - step_time - fixed - EXIT_S
+    if size is not None and size.optimizer in ("adam", "adamw") and not size.bf16_moments:
+        smaller = StateSize(
+            params=size.params,
+            optimizer=size.optimizer,
+            dtype=size.dtype,
+            bf16_moments=True,
+            world_size=size.world_size,
+        )
+        t = sum(predict(smaller.bytes_per_rank, bw, step_time=step_time, fixed_s=fixed).values())
+        _recommend(
+            recs,
+            win,
+            "bf16 moments",
+            f"Run(bf16_moments=True): optimizer moments in bfloat16, state "
+            f"{smaller.bytes / 1e9:.1f} GB instead of {size.bytes / 1e9:.1f} GB (lossy)",
+            t,
+        )
+    if budget_write > 0:
+        ranks = max(world * 2, math.ceil(base_bytes / bw / budget_write))
+        t = sum(predict(math.ceil(base_bytes / ranks), bw, step_time=step_time, fixed_s=fixed).values())
+        _recommend(
+            recs,
+            win,
+            "stripe across ranks",
+            f"save from {ranks} data-parallel ranks, each writing 1/{ranks} of the state "
+            "(needs that much aggregate bandwidth: separate disks or a parallel file system)",
+            t,
+        )
+    if step_time > 0:
+        t = nbytes / bw + fixed + EXIT_S
+        _recommend(
+            recs,
+            win,
+            "pre-staged buffer",
+            f"Run(prestage_every=K): flush a state at most K-1 steps old without waiting "
+            f"{step_time:.1f} s for the step in progress",
+            t,
+        )
+    if budget_write > 0:
+        need = nbytes / budget_write
+        if need > bw:
+            _recommend(
+                recs,
+                win,
+                "faster storage",
+                f"storage writing at {need / 1e9:.2f} GB/s or more (this one: {bw / 1e9:.2f} GB/s), "
+                "e.g. a local NVMe or more throughput on the volume",
+                HEADROOM * win,
+            )
+    else:
+        _recommend(
+            recs,
+            win,
+            "shorter steps or a longer window",
+            f"the step alone ({step_time:.1f} s) and fixed costs use the whole {win:.0f} s window",
+            total,
+        )
+    return recs
 
 
 def plan(
@@ -515,7 +599,7 @@ def advise(
         )
         return None
     verdict = evaluate(state_bytes=state_bytes, bandwidth=bandwidth, window=platform.window_s, step_time=step_time)
-    journal.event("plan", step, platform=platform.name, **verdict.to_json())
+    journal.event(Event.PLAN, step, platform=platform.name, **verdict.to_json())
     where = f"{platform.name} window {verdict.window_s:.0f} s"
     if verdict.fits:
         if rank == 0:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from preemptible._crashkit import sweep
+from preemptible.testing import sweep
 
 
 @pytest.mark.slow

@@ -184,7 +184,7 @@ time.sleep(600)
 def test_a_run_that_outlives_its_notice_is_reported_with_what_it_last_did(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import preemptible.drill as drill_module
+    import preemptible.drill._drill as drill_module
 
     monkeypatch.setattr(drill_module, "SLACK_S", 2.0)  # the drill's wait past the window, shortened for the test
     monkeypatch.setenv("PREEMPTIBLE_SOURCES", "signal")

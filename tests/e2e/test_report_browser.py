@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from preemptible import report_picture
+from preemptible import report as report_picture
 from preemptible.cli import main
 from reportkit import Page, attempt
 

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 
 from preemptible import bench
+from preemptible.bench._workloads import _dcp
+from preemptible.checkpoint import Checkpointer
 from preemptible.cli import main
 
 
@@ -71,13 +73,13 @@ def test_a_warm_emergency_sample_is_the_median_of_several_saves_after_one_period
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     saves: list[tuple[int, bool]] = []
-    real = bench.Checkpointer.save
+    real = Checkpointer.save
 
-    def save(self: bench.Checkpointer, state: Any, step: int, **kw: Any) -> Any:
+    def save(self: Checkpointer, state: Any, step: int, **kw: Any) -> Any:
         saves.append((step, kw.get("blocking", True)))
         return real(self, state, step, **kw)
 
-    monkeypatch.setattr(bench.Checkpointer, "save", save)
+    monkeypatch.setattr(Checkpointer, "save", save)
     state = bench.small_state(count=8, total_bytes=8e3)
     fns = bench.contenders(state, 8000, same_bytes=bench.small_state(count=4, total_bytes=8e3))
     sample = fns["preemptible emergency save (after a periodic save)"](str(tmp_path))
@@ -88,7 +90,7 @@ def test_a_warm_emergency_sample_is_the_median_of_several_saves_after_one_period
     assert saves == [(2, True)]  # a cold save is one save, of a new Checkpointer
     saves.clear()
     prepared: list[bool] = []
-    monkeypatch.setattr(bench.Checkpointer, "prepare", lambda self, state, arena: prepared.append(arena) or True)
+    monkeypatch.setattr(Checkpointer, "prepare", lambda self, state, arena: prepared.append(arena) or True)
     fns["preemptible emergency save (prepared, as a run's first)"](str(tmp_path))
     # each the first save of a Checkpointer that prepared the state and its arena, as a Run does
     assert saves == [(s, True) for s in range(2, 2 + bench.WARM_SAVES)] and prepared == [True] * bench.WARM_SAVES
@@ -131,13 +133,13 @@ def test_training_beside_measures_each_save_against_the_steps_around_it(tmp_path
     monkeypatch.setenv("PREEMPTIBLE_BENCH_DIR", str(tmp_path))
     state = bench.small_state(count=8, total_bytes=4e5)
     saved: list[int] = []
-    real_save = bench.Checkpointer.save
+    real_save = Checkpointer.save
 
     def save(self, state, step, **kw):  # type: ignore[no-untyped-def]
         saved.append(step)
         return real_save(self, state, step, **kw)
 
-    monkeypatch.setattr(bench.Checkpointer, "save", save)
+    monkeypatch.setattr(Checkpointer, "save", save)
     out = bench.training_beside(state, seconds=0.05, rounds=2, dcp=False, rate=50e6)
     assert saved == [1, 2, 3]  # the warm-up save, then one background save per round
     assert len(out["extra_each_s"]) == 2
@@ -152,7 +154,7 @@ def test_training_beside_measures_each_save_against_the_steps_around_it(tmp_path
 
 def test_training_beside_takes_its_median_over_more_rounds_than_it_measures_dcp_in(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("PREEMPTIBLE_BENCH_DIR", str(tmp_path))
-    dcp = bench._dcp()
+    dcp = _dcp()
     real_async = dcp.async_save
     calls: list[object] = []
 
@@ -205,13 +207,13 @@ def test_a_warm_restore_sample_is_the_median_of_several_restores_a_cold_one_is_o
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     restores: list[int | None] = []
-    real = bench.Checkpointer.restore
+    real = Checkpointer.restore
 
-    def restore(self: bench.Checkpointer, state: Any, step: int | None = None) -> int | None:
+    def restore(self: Checkpointer, state: Any, step: int | None = None) -> int | None:
         restores.append(real(self, state, step))
         return restores[-1]
 
-    monkeypatch.setattr(bench.Checkpointer, "restore", restore)
+    monkeypatch.setattr(Checkpointer, "restore", restore)
     state = bench.small_state(count=8, total_bytes=8e3)
     fns = bench.contenders(state, 8000)
     assert fns["preemptible restore (warm)"](str(tmp_path)).seconds > 0

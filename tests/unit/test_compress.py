@@ -15,13 +15,13 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from preemptible.bench import PacedStorage, Pacer
 from preemptible.checkpoint.checkpointer import Checkpointer
 from preemptible.errors import CheckpointCorruptError
 from preemptible.store import compress, layout
 from preemptible.store import format as tensor_format
 from preemptible.store.compress import Codec, Measured
 from preemptible.store.io import LocalStorage
-from preemptible.store.paced import PacedStorage, Pacer
 from preemptible.store.threads import Pool
 
 
@@ -536,7 +536,7 @@ def test_any_flipped_bit_is_refused_as_corruption_never_another_error(where: flo
 
 
 def test_a_drill_compares_a_compressed_and_a_plain_checkpoint_by_their_plain_bytes(tmp_path: Path) -> None:
-    from preemptible.drill import _plain_checksums
+    from preemptible.drill._compare import _plain_checksums
 
     src = state(0)
     sums = []
@@ -551,7 +551,7 @@ def test_the_paced_proxy_forwards_every_byte_both_ways() -> None:
     import socket
     import threading
 
-    from preemptible.store.paced import PacedProxy
+    from preemptible.bench import PacedProxy
 
     server = socket.create_server(("127.0.0.1", 0))
     got = bytearray()

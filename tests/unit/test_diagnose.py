@@ -152,7 +152,7 @@ def test_a_collective_timeout_is_its_own_verdict_unless_a_crash_came_first() -> 
 
 
 def test_every_verdict_says_what_to_fix_and_how_to_verify() -> None:
-    from preemptible.remedy import FIX, remedy
+    from preemptible.diagnose import FIX, remedy
 
     assert set(FIX) == set(VERDICTS)
     for verdict in VERDICTS:
@@ -182,7 +182,7 @@ def test_the_verify_command_is_a_real_drill_invocation() -> None:
     import argparse
 
     from preemptible.cli import drill as drill_cli
-    from preemptible.remedy import verify
+    from preemptible.diagnose import verify
 
     parser = argparse.ArgumentParser()
     drill_cli.add_parser(parser.add_subparsers(dest="subcommand"))
@@ -196,7 +196,7 @@ def test_the_verify_command_is_a_real_drill_invocation() -> None:
 
 
 def test_a_run_that_saved_after_the_notice_needs_no_fix_in_the_save_path() -> None:
-    from preemptible.remedy import remedy
+    from preemptible.diagnose import remedy
 
     fix = remedy("preempted", {"aws"}, "/ckpt", saved_at=288)["fix"]
     assert fix[0].startswith("nothing to fix in the save: the run committed step 288")

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import preemptible.diagnose as diag
-from preemptible.diagnose import LogInput, diagnose, read_log, scan_lines
-from preemptible.logrules import COLLATERAL_RULES, EXIT_RULES, RULES, needles
+import preemptible.diagnose._input as diag_input
+from preemptible.diagnose import COLLATERAL_RULES, EXIT_RULES, RULES, LogInput, diagnose, needles, read_log, scan_lines
 
 REAL = Path(__file__).resolve().parent.parent / "corpus" / "diagnose" / "real"
 CASES = [c for part in ("dev", "test", "holdout") for c in json.loads((REAL / f"{part}.json").read_text())["cases"]]
@@ -26,7 +26,7 @@ def _key(evidence: list[diag.Evidence]) -> list[tuple[object, ...]]:
 def test_streamed_scan_finds_what_reading_every_line_finds(chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every real case, read through `LogInput` in chunks of ``chunk`` bytes (lines split across chunks, a chunk
     inside one line), gives the evidence of scanning the full list of lines."""
-    monkeypatch.setattr(diag, "SCAN_CHUNK", chunk)
+    monkeypatch.setattr(diag_input, "SCAN_CHUNK", chunk)
     for case in CASES:
         whole = scan_lines(case["log"], "x")
         for end in ("", "\n"):  # the last line unfinished (read at the end of input) or ended like the others
@@ -89,7 +89,7 @@ def test_binary_and_non_utf8_input_is_read_not_refused() -> None:
 
 
 def test_a_line_longer_than_a_chunk_is_cut_and_the_next_line_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(diag, "SCAN_CHUNK", 1024)
+    monkeypatch.setattr(diag_input, "SCAN_CHUNK", 1024)
     blob = b"x" * 100_000 + b" Killed\n" + b"Segmentation fault (core dumped)\n"
     evidence = scan_lines(LogInput("x", io.BytesIO(blob)), "x")
     assert [(e.line, e.verdict) for e in evidence] == [(2, "crashed")]

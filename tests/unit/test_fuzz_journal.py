@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from preemptible import journal
 from preemptible.cli import main
-from preemptible.report_picture import _TEMPLATES
+from preemptible.report._picture import _TEMPLATES
 
 EXAMPLES = int(os.environ.get("PREEMPTIBLE_JOURNAL_FUZZ_EXAMPLES", os.environ.get("PREEMPTIBLE_FUZZ_EXAMPLES", "30")))
 FUZZ = settings(

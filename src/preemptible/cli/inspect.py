@@ -64,18 +64,18 @@ def _from_journal(storage: Any) -> tuple[dict[int, str], dict[int, dict[str, Any
     """From the root's journal: why each step was saved (``save_committed``), and the figures last logged with
     ``run.log`` during each step (a later attempt's, where a step was redone)."""
     from preemptible import journal
+    from preemptible.events import Event
 
     reasons: dict[int, str] = {}
     figures: dict[int, dict[str, Any]] = {}
     try:
-        for e in journal.read(storage):
-            step = e.get("step")
-            if not isinstance(step, int) or isinstance(step, bool):
+        for r in journal.records(storage):
+            if r.step is None:
                 continue
-            if e.get("event") == "save_committed" and isinstance(e.get("reason"), str):
-                reasons[step] = e["reason"]
-            elif e.get("event") == "log" and e.get("rank", 0) == 0:
-                figures[step] = {k: v for k, v in e.items() if k not in _EVENT_KEYS}
+            if r.event == Event.SAVE_COMMITTED and isinstance(r.get("reason"), str):
+                reasons[r.step] = r["reason"]
+            elif r.event == Event.LOG and r.rank == 0:
+                figures[r.step] = {k: v for k, v in r.fields.items() if k not in _EVENT_KEYS}
     except OSError:  # no journal (a bare Checkpointer's root), or unreadable: the manifests still speak
         pass
     return reasons, figures

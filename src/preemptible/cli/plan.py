@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_json(), indent=1))
     else:
-        print(render(result, color=_color()))
+        print(budget.render_plan(result, color=_color()))
     return 0 if result.fits else 1
 
 
@@ -101,50 +101,3 @@ def _color() -> bool:
 
 
 _SETTINGS: dict[str, bool | str] = {"auto": "auto", "on": True, "off": False}
-
-
-def _compression(p: budget.Plan) -> list[str]:
-    z = p.compression
-    if not z:
-        return []
-    if z["on"] and z.get("plain_s") is not None and z.get("compressed_s") is not None:
-        why = f"ratio {z['ratio']:.2f}: write {z['compressed_s']:.1f} s instead of {z['plain_s']:.1f} s plain"
-    else:
-        why = z["why"]
-    return [f"compression       {'on' if z['on'] else 'off':>10}     ({why})"]
-
-
-def render(p: budget.Plan, *, color: bool = False) -> str:
-    def c(text: str, code: str) -> str:
-        return f"\033[{code}m{text}\033[0m" if color else text
-
-    ok = c("FITS", "1;32") if p.fits else c("DOES NOT FIT", "1;31")
-    b = p.breakdown
-    lines = [
-        f"state             {p.state_bytes / 1e9:10.2f} GB"
-        + (f"  ({p.size.world_size} ranks)" if p.size and p.size.world_size > 1 else ""),
-        f"bandwidth         {p.bandwidth_bytes_per_s / 1e9:10.2f} GB/s  (measured fsync'd write)",
-        f"window            {p.window_s:10.0f} s     ({p.window_source})",
-        "",
-        f"  wait for boundary {b['boundary_s']:8.1f} s",
-        f"  write             {b['write_s']:8.1f} s",
-        f"  commit            {b['commit_s']:8.1f} s",
-        f"  exit              {b['exit_s']:8.1f} s",
-        f"predicted save    {p.predicted_save_s:10.1f} s",
-        *_compression(p),
-        f"margin            {p.margin_s:+10.1f} s",
-        f"verdict           {ok}",
-    ]
-    if p.recommendations:
-        lines += ["", "what would change it:"]
-        for r in p.recommendations:
-            mark = c("fits", "32") if r.fits else c("short", "33")
-            lines.append(f"  {r.name:<22} {r.predicted_save_s:8.1f} s  {mark:<5}  {r.description}")
-    if p.periodic_interval_s is not None:
-        lines += ["", f"periodic saves     every {p.periodic_interval_s:.0f} s (Young/Daly)"]
-        lost = p.lost_work_s
-        lines.append(
-            f"expected lost work {lost['with_notice_s'] or 0:.0f} s with a notice, "
-            f"{lost['without_notice_s'] or 0:.0f} s without"
-        )
-    return "\n".join(lines)

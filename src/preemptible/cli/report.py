@@ -109,18 +109,16 @@ def run(args: argparse.Namespace) -> int:
             "checkpoint root (check the path, the endpoint and the credentials)",
         )
     print(report.to_json(doc) if args.json else report.render(doc))
-    from preemptible import report_picture
-
     for path, kind in ((args.html, "html"), (args.png, "png")):
         if not path:
             continue
         try:
             if kind == "html":
-                page = report_picture.html(doc, args.root)
+                page = report.html(doc, args.root)
                 with open(path, "w", encoding="utf-8") as f:
                     f.write(page)
             else:
-                report_picture.png(doc, path, os.path.splitext(path)[1].lower().lstrip("."))
+                report.png(doc, path, os.path.splitext(path)[1].lower().lstrip("."))
         except OSError as e:
             return fail(PROG, f"could not write {path}: {e.strerror or e}; expected a writable file path")
         except Exception as e:  # matplotlib refusing what it was given: one line, never a traceback

@@ -136,13 +136,10 @@ def classify(root: Path) -> str:
 
 def sweep(root: Path, kills: int, *, seed: int = 0, max_delay: float = 0.35) -> Sweep:
     """Kill a saver ``kills`` times at random instants; after each, restore and check."""
-    from preemptible import Checkpointer
-    from preemptible.errors import PreemptibleError
-
     rng = random.Random(seed)
     result = Sweep()
     zygote = subprocess.Popen(
-        [sys.executable, "-c", "from preemptible._crashkit import zygote_main; zygote_main()"],
+        [sys.executable, "-c", "from preemptible.testing import zygote_main; zygote_main()"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -151,45 +148,60 @@ def sweep(root: Path, kills: int, *, seed: int = 0, max_delay: float = 0.35) -> 
     assert zygote.stdout is not None
     try:
         for i in range(kills):
-            zygote.stdin.write(f"run {root} {rng.randrange(1 << 30)}\n")
-            zygote.stdin.flush()
-            said = zygote.stdout.readline().split(maxsplit=1)
-            if not said or said[0] != "ready":
-                raise RuntimeError(f"expected a saver to say 'ready PID'; it said {' '.join(said)!r}")
-            pid = int(said[1])
-            time.sleep(rng.uniform(0.005, max_delay))
-            os.kill(pid, signal.SIGKILL)
-            zygote.stdin.write(f"wait {pid}\n")
-            zygote.stdin.flush()
-            assert zygote.stdout.readline().strip() == "dead"
+            _kill_a_saver(zygote, root, rng, max_delay)
             result.kills += 1
             phase = classify(root)
             result.phases[phase] = result.phases.get(phase, 0) + 1
-            ck = Checkpointer(str(root), keep=2)
-            state = template(0)
-            try:
-                step = ck.restore(state)
-            except PreemptibleError as e:
-                result.bad.append(f"kill {i} ({phase}): restore failed: {e}")
-                continue
-            if step is None:
-                if ck.checkpoints():
-                    result.bad.append(f"kill {i} ({phase}): committed checkpoints exist but restore found none")
-                continue
-            problem = check(state, step)
-            if problem is None:
-                try:
-                    ck.verify(step)
-                except PreemptibleError as e:
-                    problem = f"verify failed: {e}"
-            if problem:
-                result.bad.append(f"kill {i} ({phase}): step {step}: {problem}")
-            else:
-                result.restores_ok += 1
-                result.committed_steps.append(step)
+            _restore_and_check(root, f"kill {i} ({phase})", result)
     finally:
         if zygote.stdin:
             zygote.stdin.write("quit\n")
             zygote.stdin.close()
         zygote.wait(10)
     return result
+
+
+def _kill_a_saver(zygote: subprocess.Popen[str], root: Path, rng: random.Random, max_delay: float) -> None:
+    """Has the zygote fork a saver into ``root``, kills it at a random instant once it is ready, and reaps it."""
+    assert zygote.stdin is not None
+    assert zygote.stdout is not None
+    zygote.stdin.write(f"run {root} {rng.randrange(1 << 30)}\n")
+    zygote.stdin.flush()
+    said = zygote.stdout.readline().split(maxsplit=1)
+    if not said or said[0] != "ready":
+        raise RuntimeError(f"expected a saver to say 'ready PID'; it said {' '.join(said)!r}")
+    pid = int(said[1])
+    time.sleep(rng.uniform(0.005, max_delay))
+    os.kill(pid, signal.SIGKILL)
+    zygote.stdin.write(f"wait {pid}\n")
+    zygote.stdin.flush()
+    assert zygote.stdout.readline().strip() == "dead"
+
+
+def _restore_and_check(root: Path, kill: str, result: Sweep) -> None:
+    """Restores what the kill left and checks it holds exactly its step's values; counts the outcome."""
+    from preemptible import Checkpointer
+    from preemptible.errors import PreemptibleError
+
+    ck = Checkpointer(str(root), keep=2)
+    state = template(0)
+    try:
+        step = ck.restore(state)
+    except PreemptibleError as e:
+        result.bad.append(f"{kill}: restore failed: {e}")
+        return
+    if step is None:
+        if ck.checkpoints():
+            result.bad.append(f"{kill}: committed checkpoints exist but restore found none")
+        return
+    problem = check(state, step)
+    if problem is None:
+        try:
+            ck.verify(step)
+        except PreemptibleError as e:
+            problem = f"verify failed: {e}"
+    if problem:
+        result.bad.append(f"{kill}: step {step}: {problem}")
+    else:
+        result.restores_ok += 1
+        result.committed_steps.append(step)

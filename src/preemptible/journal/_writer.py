@@ -1,9 +1,4 @@
-"""The journal: what happened to a run, as JSON lines, one file per rank and process start.
-
-``<root>/journal/<start-utc>-r<rank>.jsonl``. Every event has ``t`` (UTC ISO 8601), ``event``, ``step`` and
-``rank``. On a local file system each event is appended and flushed at once, so the journal survives a
-``kill -9`` up to the last event; ``diagnose`` and ``drill`` read it after the fact.
-"""
+"""The journal's writing side: `Journal` appends a process's events, one JSON line each."""
 
 from __future__ import annotations
 
@@ -14,10 +9,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
-
-import orjson
 
 from preemptible.events import Event
 from preemptible.notice import Clock
@@ -31,13 +23,6 @@ RESERVED = ("t", "event", "step", "rank", "file")
 """The fields the journal writes itself (``file``: the reader adds it, the file an event came from). A field given
 to `Journal.event` (and so to ``run.log``) under one of these names is kept under ``user_<name>`` instead."""
 
-MAX_LINE = 1 << 20
-"""The longest journal line `read` parses (bytes); a longer one is skipped and counted. The journal writes lines of
-a few hundred bytes."""
-
-MAX_FILE = 1 << 30
-"""How much of one journal file `read` reads (bytes); the rest is skipped and counted."""
-
 _INT_LIMIT = 1 << 63
 
 
@@ -45,15 +30,8 @@ def clean(value: Any) -> Any:
     """A value as the journal keeps it, in a form every JSON reader accepts: non-finite floats become the strings
     ``"nan"``, ``"inf"`` and ``"-inf"``; an int outside the signed 64-bit range becomes the nearest float, or
     ``"inf"``/``"-inf"`` beyond the float range; dict keys become strings; any other object its ``str()``."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(float(value))
-    if isinstance(value, int) and not isinstance(value, bool):
-        if -_INT_LIMIT <= value < _INT_LIMIT:
-            return int(value)
-        try:
-            return float(value)
-        except OverflowError:
-            return "inf" if value > 0 else "-inf"
+    if isinstance(value, (float, int)) and not isinstance(value, bool):
+        return _clean_number(value)
     if isinstance(value, dict):
         return {str(k): clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -64,6 +42,17 @@ def clean(value: Any) -> Any:
         return str(value)
     except Exception:  # a user's object whose __str__ fails: the journal goes on without it
         return f"<unprintable {type(value).__name__}>"
+
+
+def _clean_number(value: float) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(float(value))
+    if -_INT_LIMIT <= value < _INT_LIMIT:
+        return int(value)
+    try:
+        return float(value)
+    except OverflowError:
+        return "inf" if value > 0 else "-inf"
 
 
 def user_fields(fields: dict[str, Any]) -> dict[str, Any]:
@@ -194,88 +183,3 @@ class Journal:
                 with contextlib.suppress(OSError):
                     self._file.close()
                 self._file = None
-
-
-def read(storage: Storage, *, skipped: dict[str, int] | None = None) -> Iterator[dict[str, Any]]:
-    """Every event under ``<root>/journal``, files in name (start-time) order, streamed: memory does not grow with
-    a journal's length. Each event gets ``file``, the name of the file it came from (whatever the line says).
-
-    Args:
-        storage: the checkpoint root's storage.
-        skipped: if given, counts what was left out by why: ``unparsable_lines`` (torn by kill -9, not JSON, not a
-            JSON object), ``long_lines`` (longer than `MAX_LINE`), ``files_cut`` (files beyond `MAX_FILE`).
-    """
-    counts: dict[str, int] = skipped if skipped is not None else {}
-    directory = storage.join(storage.root, layout.JOURNAL_DIR)
-    for name in sorted(storage.listdir(directory)):
-        if not name.endswith(".jsonl"):
-            continue
-        for line in _lines(storage, storage.join(directory, name), counts):
-            record = _parse(line)
-            if not isinstance(record, dict):
-                counts["unparsable_lines"] = counts.get("unparsable_lines", 0) + 1
-                continue
-            record["file"] = name
-            yield record
-
-
-def _parse(line: bytes) -> Any:
-    try:
-        return orjson.loads(line)
-    except orjson.JSONDecodeError:
-        pass  # NaN, Infinity, ints beyond 64 bits, bytes that are not UTF-8: the standard library's reading, or none
-    try:
-        return json.loads(line.decode("utf-8", errors="replace"))
-    except (ValueError, RecursionError):
-        return None  # a line torn by kill -9 (or one no journal writes: nested too deep to be an event)
-
-
-def _lines(storage: Storage, path: str, counts: dict[str, int]) -> Iterator[bytes]:
-    """The lines of one file, read in chunks; a line longer than `MAX_LINE` is skipped whole."""
-    chunk = bytearray(1 << 20)
-    view = memoryview(chunk)
-    pending = bytearray()
-    too_long = False
-    total = 0
-    stream = storage.open_read(path)
-    try:
-        while True:
-            n = stream.readinto(view)
-            if not n:
-                break
-            total += n
-            data = view[:n]
-            start = 0
-            while True:
-                end = chunk.find(b"\n", start, n)
-                if end < 0:
-                    if not too_long:
-                        pending += data[start:]
-                        if len(pending) > MAX_LINE:
-                            too_long, pending = True, bytearray()
-                    break
-                if too_long:
-                    counts["long_lines"] = counts.get("long_lines", 0) + 1
-                    too_long = False
-                elif pending:
-                    pending += data[start:end]
-                    if len(pending) > MAX_LINE:
-                        counts["long_lines"] = counts.get("long_lines", 0) + 1
-                    else:
-                        yield bytes(pending)
-                    pending = bytearray()
-                elif end - start > MAX_LINE:
-                    counts["long_lines"] = counts.get("long_lines", 0) + 1
-                elif end > start:
-                    yield bytes(data[start:end])
-                start = end + 1
-            if total >= MAX_FILE:
-                counts["files_cut"] = counts.get("files_cut", 0) + 1
-                return
-    finally:
-        with contextlib.suppress(Exception):
-            stream.close()
-    if too_long:
-        counts["long_lines"] = counts.get("long_lines", 0) + 1
-    elif pending:
-        yield bytes(pending)

@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from preemptible.report import BADPUT_LABELS, commit_and_window, notes
+from preemptible.report._text import BADPUT_LABELS, commit_and_window, notes
 
 COLORS = {
     "startup": "#9e9e9e",

@@ -19,12 +19,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from preemptible.logrules import PEER_LOST
-
-if TYPE_CHECKING:
-    from preemptible.diagnose import Evidence
+from preemptible.diagnose._evidence import Evidence
+from preemptible.diagnose._rules import PEER_LOST
 
 _PREFIXES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"^.{0,100}?\[rank(\d+)\]:"), "rank"),
@@ -92,7 +90,7 @@ def _stamp(month: int, day: int, hms: tuple[str, str, str], frac: str | None) ->
 
 
 @dataclass(frozen=True)
-class Event:
+class Incident:
     """An initiating or collateral event, as ``diagnose --json`` shows it."""
 
     rank: int | None
@@ -117,14 +115,14 @@ def _who(e: Evidence, several_logs: bool) -> str | None:
     return f"log {e.where}" if several_logs else None
 
 
-def _event(e: Evidence, who: str, *, why: str | None = None) -> Event:
+def _event(e: Evidence, who: str, *, why: str | None = None) -> Incident:
     rank = node = None
     kind, _, name = who.rpartition(" ")
     if kind == "rank":
         rank = int(name)
     elif kind == "node":
         node = name
-    return Event(rank, node, who, e.verdict, e.time, e.text, why or e.why, e.where, e.line)
+    return Incident(rank, node, who, e.verdict, e.time, e.text, why or e.why, e.where, e.line)
 
 
 def _order(e: Evidence, precedence: Sequence[str]) -> tuple[Any, ...]:
@@ -133,7 +131,7 @@ def _order(e: Evidence, precedence: Sequence[str]) -> tuple[Any, ...]:
 
 def initiating(
     evidence: Sequence[Evidence], precedence: Sequence[str], *, prefer: str | None = None
-) -> tuple[Event | None, list[Event]]:
+) -> tuple[Incident | None, list[Incident]]:
     """The initiating event and the collateral failures, when the evidence comes from two or more ranks, nodes or
     logs; else (None, []).
 
@@ -167,7 +165,7 @@ def initiating(
         causes = [e for e in causes if not e.reported]  # a process's own words before a launcher's summary of it
     if prefer is not None and any(e.verdict == prefer for e in causes):
         causes = [e for e in causes if e.verdict == prefer]
-    first: Event | None = None
+    first: Incident | None = None
     chosen: Evidence | None = None
     if causes:
         chosen = min(causes, key=lambda e: _order(e, precedence))
@@ -179,7 +177,7 @@ def initiating(
     if first is None:
         return None, []
     seen: set[tuple[str, str]] = {(first.who, first.verdict)}
-    collateral: list[Event] = []
+    collateral: list[Incident] = []
     for e in sorted(items, key=lambda e: _order(e, precedence)):
         who = _who(e, several_logs)
         assert who is not None
@@ -192,7 +190,7 @@ def initiating(
 
 def _straggler(
     timeouts: list[Evidence], several_logs: bool, precedence: Sequence[str]
-) -> tuple[Event, Evidence | None]:
+) -> tuple[Incident, Evidence | None]:
     """With only collective timeouts: who stopped answering."""
     earliest = min(timeouts, key=lambda e: _order(e, precedence))
     ranks: dict[int, list[Evidence]] = {}
@@ -206,7 +204,7 @@ def _straggler(
             f"rank {missing[0]} logged no timeout while ranks {_span(sorted(ranks))} did: it stopped answering "
             "first (read its log, or py-spy dump its process)"
         )
-        return Event(
+        return Incident(
             missing[0], None, f"rank {missing[0]}", "collective-timeout", earliest.time, "", why, "", None
         ), None
     done: dict[int, int] = {}
@@ -229,7 +227,7 @@ def _straggler(
         f"every rank in these logs timed out on the same collective{same}: the rank that stopped answering did not "
         "log here; pass its log too, or find the rank missing from the timeouts"
     )
-    return Event(None, None, "unknown", "collective-timeout", earliest.time, earliest.text, why, earliest.where,
+    return Incident(None, None, "unknown", "collective-timeout", earliest.time, earliest.text, why, earliest.where,
                  earliest.line), None  # fmt: skip
 
 

@@ -1,0 +1,189 @@
+"""Reading a log as a stream: bounded memory, bounded length, and only the lines a rule could act on."""
+
+from __future__ import annotations
+
+import functools
+import io
+import os
+import stat
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from preemptible.diagnose._match import COLLATERAL_TABLE, EXIT_TABLE, RULE_TABLE
+
+MAX_LOG_BYTES = 4 << 30
+"""What one input may contribute: of a longer file, its last 4 GiB (how a run ended is at its end); of a stream,
+its first 4 GiB."""
+MAX_LINE_CHARS = 4096
+"""A longer line is scanned by its first 4096 characters; the rest is skipped without being kept."""
+SCAN_CHUNK = 4 << 20
+"""Bytes read at a time. Memory stays a few chunks, whatever the log's length."""
+EDGE_LINES = 256
+"""Lines at each end of a log whose timestamps bound its time range (`TimeWindow`), whatever rules they match."""
+
+
+@functools.cache
+def scan_keywords() -> tuple[bytes, ...] | None:
+    """Lowercase strings one of which is in every line a rule or the scanner's own structure (tracebacks,
+    torchrun's summary, mpirun's report, container status) can act on; None if some rule has no needle."""
+    words = {"traceback", "error", "exception", "interrupt", "exit", "failure", "root cause", "==========",
+             "process name", "oomkilled", "local_rank"}  # fmt: skip
+    for _, found_in in RULE_TABLE + EXIT_TABLE + COLLATERAL_TABLE:
+        if found_in is None:
+            return None
+        words.update(found_in)
+    kept: list[str] = []
+    for word in sorted(words, key=len):
+        if not any(k in word for k in kept):  # finding the shorter one finds this one's lines too
+            kept.append(word)
+    return tuple(k.encode() for k in kept)
+
+
+class LogInput:
+    """The lines of one log, read as a stream with bounded memory (`SCAN_CHUNK` bytes at a time, each line cut at
+    `MAX_LINE_CHARS`) and bounded length (`MAX_LOG_BYTES`). ``note`` says what was left out, once it is read.
+
+    Iterating gives every line. `numbered` gives only the lines a rule could act on (one of `scan_keywords` in
+    them, found in each chunk at C speed) with the line before each, and keeps the first and last `EDGE_LINES`
+    lines in ``edges`` for their timestamps: how a long log is read in seconds per gigabyte."""
+
+    def __init__(self, name: str, stream: BinaryIO, *, limit: int = MAX_LOG_BYTES, owned: bool = True) -> None:
+        self.name = name
+        self._stream = stream
+        self._limit = limit
+        self._owned = owned
+        self.note: str | None = None
+        self.edges: list[str] = []
+
+    def __iter__(self) -> Iterator[str]:
+        for _, line in self._read(keywords=None):
+            yield line
+
+    def numbered(self) -> Iterator[tuple[int, str]]:
+        """(1-based line number, line) of the lines any rule could match, and of the line before each."""
+        return self._read(keywords=scan_keywords())
+
+    def _read(self, keywords: tuple[bytes, ...] | None) -> Iterator[tuple[int, str]]:
+        try:
+            yield from self._chunks(keywords)
+        finally:
+            if self._owned:
+                self._stream.close()
+
+    def _start(self) -> int:
+        """Seek to the last `limit` bytes of a longer regular file; the byte budget to read."""
+        stream, limit = self._stream, self._limit
+        try:
+            mode = os.fstat(stream.fileno()).st_mode
+            size = os.fstat(stream.fileno()).st_size if stat.S_ISREG(mode) else None
+        except (OSError, ValueError, io.UnsupportedOperation):
+            size = None
+        if size is None or size <= limit:
+            return limit
+        stream.seek(size - limit)
+        self.note = f"{self.name}: {size / 2**20:.0f} MiB; only its last {limit >> 20} MiB were read"
+        return limit - len(stream.readline(limit))  # the first line is cut: start at the next whole one
+
+    def _chunks(self, keywords: tuple[bytes, ...] | None) -> Iterator[tuple[int, str]]:
+        budget = self._start()
+        number = 0  # lines before ``buf``
+        carry = b""  # the unfinished last line of the previous chunk (at most MAX_LINE_CHARS of it)
+        skipping = False  # inside an over-long line: its rest is dropped up to the newline
+        tail: list[bytes] = []
+        while True:
+            data = self._stream.read(min(SCAN_CHUNK, budget)) if budget > 0 else b""
+            budget -= len(data)
+            if skipping:
+                nl = data.find(b"\n")
+                if nl < 0 and data:
+                    continue
+                data, skipping = data[nl:] if nl >= 0 else b"", False
+            buf = carry + data
+            end = len(buf) if not data else buf.rfind(b"\n")  # at the end of input, the rest is a line
+            if end < 0:  # no newline yet: the line goes on in the next chunk
+                carry = buf
+                if len(buf) > MAX_LINE_CHARS:
+                    carry, skipping = buf[:MAX_LINE_CHARS], True
+                continue
+            carry = buf[end + 1 :]
+            if len(carry) > MAX_LINE_CHARS:
+                carry, skipping = carry[:MAX_LINE_CHARS], True
+            if end > 0 or data:
+                if not self.edges and number == 0:
+                    self.edges = [_decode(b) for b in _first_lines(buf, end, EDGE_LINES)]
+                before = tail[-1] if tail else None  # the last line of the previous chunk
+                tail = (tail + _last_lines(buf, end, EDGE_LINES))[-EDGE_LINES:]
+                yield from _pick(buf, end, number, keywords, before)
+                number += buf.count(b"\n", 0, end) + 1
+            if not data:
+                break
+        self.edges += [_decode(b) for b in tail]
+        if budget <= 0 and self.note is None and self._stream.read(1):
+            self.note = f"{self.name}: stopped after its first {self._limit >> 20} MiB (the rest was not read)"
+
+
+def _decode(line: bytes) -> str:
+    return line[:MAX_LINE_CHARS].decode("utf-8", errors="replace").rstrip("\r\n")
+
+
+def _first_lines(buf: bytes, end: int, n: int) -> list[bytes]:
+    lines: list[bytes] = []
+    start = 0
+    while start <= end and len(lines) < n:
+        stop = buf.find(b"\n", start, end)
+        stop = end if stop < 0 else stop
+        lines.append(buf[start:stop])
+        start = stop + 1
+    return lines
+
+
+def _last_lines(buf: bytes, end: int, n: int) -> list[bytes]:
+    lines: list[bytes] = []
+    stop = end
+    while stop >= 0 and len(lines) < n:
+        start = buf.rfind(b"\n", 0, stop) + 1
+        lines.append(buf[start:stop])
+        stop = start - 1
+    return lines[::-1]
+
+
+def _pick(
+    buf: bytes, end: int, number: int, keywords: tuple[bytes, ...] | None, before: bytes | None
+) -> Iterator[tuple[int, str]]:
+    """The lines of ``buf[:end]`` (numbered from ``number`` + 1) that hold a keyword, with the line before each
+    (``before``: the line before ``buf``); every line when ``keywords`` is None."""
+    if keywords is None:
+        for i, line in enumerate(buf[:end].split(b"\n"), start=number + 1):
+            yield i, _decode(line)
+        return
+    low = buf[:end].lower()
+    starts: set[int] = set()
+    for word in keywords:
+        at = low.find(word)
+        while at >= 0:
+            start = low.rfind(b"\n", 0, at) + 1
+            starts.add(start)
+            if start > 0:
+                starts.add(low.rfind(b"\n", 0, start - 1) + 1)  # the line before: is it a traceback's frame?
+            stop = low.find(b"\n", at)
+            at = low.find(word, stop + 1) if stop >= 0 else -1
+    del low
+    if 0 in starts and before is not None:
+        yield number, _decode(before)
+    counted, lines = 0, number
+    for start in sorted(starts):
+        lines += buf.count(b"\n", counted, start)
+        counted = start
+        stop = buf.find(b"\n", start, end)
+        yield lines + 1, _decode(buf[start : stop if stop >= 0 else end])
+
+
+def read_log(path: str, *, limit: int = MAX_LOG_BYTES) -> LogInput:
+    """A log file (or ``-``, standard input) as a `LogInput`. Raises OSError if it cannot be opened."""
+    if path == "-":
+        return LogInput("stdin", sys.stdin.buffer, limit=limit, owned=False)
+    if os.path.isdir(path):
+        raise IsADirectoryError(21, "is a directory, expected a log file", path)
+    return LogInput(Path(path).name, open(path, "rb"), limit=limit)

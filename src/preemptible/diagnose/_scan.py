@@ -1,0 +1,299 @@
+"""Evidence from one log, line by line: tracebacks, torchrun's and mpirun's failure reports, container status
+blocks and the rules (`_rules`)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import replace
+from datetime import datetime, timezone
+
+from preemptible.diagnose._evidence import Evidence, exit_evidence
+from preemptible.diagnose._incident import actor, when
+from preemptible.diagnose._input import LogInput
+from preemptible.diagnose._match import (
+    collateral_for,
+    exit_rule,
+    is_collective_timeout,
+    is_oom,
+    is_peer_lost,
+    present,
+    rule_for,
+)
+from preemptible.diagnose._rules import PEER_LOST
+
+_TRACEBACK_START = re.compile(r"Traceback \(most recent call last\):")
+_BARE_EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*\.)?([A-Z]\w*)?(Error|Exception): \S")
+_CHAINED = re.compile(r"(During handling of the above exception|The above exception was the direct cause)")
+_EXCEPTION_LINE = re.compile(
+    r"^(\[[^\]]*\]:?\s*)?([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failure|Warning)\b|[A-Za-z_][\w.]*Error)(:.*)?$"
+)
+_NOT_A_CRASH = ("SignalException", "KeyboardInterrupt", "SystemExit", "ChildFailedError")
+_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\)")
+_FAILURES = re.compile(r"^\s*Failures:")
+_EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
+# kubectl describe pod ("Exit Code:    137"), docker ps / compose ("Exited (137) 2 minutes ago", "exited with code 137")
+# mpirun: "The first process to do so was:" / "Process name: [[50371,1],0]" / "Exit code:    1"
+_MPI_FIRST = re.compile(r"^\s*Process name:\s*\[\[\d+,\d+\],(\d+)\]")
+_MPI_EXIT = re.compile(r"^\s*Exit code:\s*(-?\d+)\s*$")
+_STATUS_LINE = re.compile(r"^\s*Exit Code:\s*(\d+)\s*$|\bExited \((\d+)\)|\bexited with code (\d+)\b")
+
+
+def _strip_prefix(line: str) -> str:
+    """``[rank0]: ...`` / ``[default0]:...`` (torchrun), ``[1,0]<stderr>:`` (mpirun) and ``0: ...`` (srun --label)
+    prefixes."""
+    return re.sub(r"^((\[[^\]]*\](<std(out|err)>)?:)+\s?|\d+: )", "", line).rstrip()
+
+
+_TIMESTAMP = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)")
+
+
+class TimeWindow:
+    """The earliest and latest timestamps (``2026-11-30T19:05:23``, ``2026-11-30 19:05:23``) in the logs read,
+    taken as UTC when they carry no zone: which attempt of a run the logs belong to."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+        self.last: float | None = None
+
+    def see(self, line: str) -> None:
+        match = _TIMESTAMP.search(line[:80])
+        if match is None:
+            return
+        try:
+            y, mo, d, h, mi, sec = (int(g) for g in match.groups())
+            t = datetime(y, mo, d, h, mi, sec, tzinfo=timezone.utc).timestamp()
+        except ValueError:
+            return
+        self.first = t if self.first is None else min(self.first, t)
+        self.last = t if self.last is None else max(self.last, t)
+
+
+_OOM_KILLED_REASON = re.compile(r"\bReason:\s*OOMKilled\b")
+
+
+def scan_lines(lines: Iterable[str], where: str, window: TimeWindow | None = None) -> list[Evidence]:
+    """Evidence from one log's lines (and their time range into ``window``)."""
+    scan = _Scan(where, window)
+    numbered = lines.numbered() if isinstance(lines, LogInput) else enumerate(lines, start=1)
+    for number, raw in numbered:
+        scan.read(number, raw)
+    found = scan.finish()
+    if window is not None and isinstance(lines, LogInput):
+        for edge in lines.edges:
+            window.see(edge)
+    first_stamp = next((e.time for e in found if e.time is not None), None)
+    if first_stamp is not None:  # lines before the log's first timestamp happened at or before it
+        found = [replace(e, time=first_stamp) if e.time is None else e for e in found]
+    return found
+
+
+class _Scan:
+    """The state of reading one log: where in a traceback or a launcher's failure report the reader is, and the
+    evidence so far. `read` takes each line; the evidence of a line is tagged with its writer and time when the
+    next line comes (or at `finish`)."""
+
+    def __init__(self, where: str, window: TimeWindow | None) -> None:
+        self.where = where
+        self.window = window
+        self.found: list[Evidence] = []
+        self.kept = _Kept()
+        self.in_traceback = False
+        self.prev_indented = False  # the previous line was a traceback frame or source line (an excerpt may start
+        # mid-traceback)
+        self.oom_reason_at: int | None = None  # index in ``found`` of a "Reason: OOMKilled" in a container status
+        self.block = ""  # "" | "root" | "failures": where we are in torchrun's error summary
+        self.traceback_at: tuple[int, str] | None = None  # where the traceback being read started
+        self.who: str | None = None
+        self.stamp: str | None = None
+        self.mpi_first: int | None = None  # mpirun named the first process to fail: its exit code follows
+        self.mark = 0  # found[mark:] came from the previous line: tag them with its writer and time
+        self.last = 0
+        self.number = 0  # the line being read: its number and text (trimmed)
+        self.text = ""
+
+    def read(self, number: int, raw: str) -> None:
+        """Read one line (``number``: 1-based; lines no rule could act on may have been skipped)."""
+        self.kept.tag(self.found, self.mark, self.who, self.stamp)
+        self.mark = len(self.found)
+        if self.oom_reason_at is not None and self.oom_reason_at >= self.mark:
+            self.oom_reason_at = None  # (its evidence was past the cap)
+        if number <= self.last:
+            return  # a chunk's first line given again as the line before a keyword's
+        if number != self.last + 1:
+            self.prev_indented = False  # lines were skipped (no rule could act on them): none of them is known
+        self.last = number
+        self.who, self.stamp = actor(raw), when(raw) or self.stamp
+        if self.window is not None:
+            self.window.see(raw)
+        line = _strip_prefix(raw)
+        self.number, self.text = number, raw.strip()[:400]
+        was_indented, self.prev_indented = self.prev_indented, line[:1] in (" ", "\t") and bool(line.strip())
+        if self._traceback(line, was_indented):
+            return
+        if self._launcher_report(line):
+            return
+        if _OOM_KILLED_REASON.search(line):
+            self.oom_reason_at = len(self.found)  # the rule below records it; an "Exit Code: 0" after it downgrades it
+        if self._torchrun_summary(line):
+            return
+        self._rules(line)
+
+    def finish(self) -> list[Evidence]:
+        """The evidence of the whole log, each kind capped (`MAX_EVIDENCE_PER_KIND`)."""
+        if self.in_traceback:
+            self.found.append(_cut_traceback(self.traceback_at, self.where))
+        self.kept.tag(self.found, self.mark, self.who, self.stamp)
+        self.found += self.kept.beyond.values()
+        return self.found
+
+    def _add(self, verdict: str, strength: str, why: str, platform: str | None = None) -> None:
+        self.found.append(Evidence(verdict, strength, why, self.where, self.number, self.text, platform))
+
+    def _traceback(self, line: str, was_indented: bool) -> bool:
+        """Follow a Python traceback; True when the line is part of one (and its exception, if any, recorded)."""
+        if _TRACEBACK_START.search(line) and line.rstrip().endswith("last):"):
+            # (a traceback flattened into one line, "...last):\n  File ...", is read as text)
+            self.in_traceback, self.traceback_at = True, (self.number, self.text)
+            return True
+        if not self.in_traceback and was_indented and _EXCEPTION_LINE.match(line):
+            self.in_traceback = True  # the exception line of a traceback whose start was cut off
+        if not self.in_traceback:
+            return False
+        if line[:1] in (" ", "\t") or not line.strip() or _CHAINED.match(line):
+            return True  # frames, source lines, carets, "During handling of ..." between chained tracebacks
+        self.in_traceback = False
+        match = _EXCEPTION_LINE.match(line)  # else: neither a frame nor the exception; read it as any other line
+        if match is None:
+            self.found.append(_cut_traceback(self.traceback_at, self.where))
+            return False
+        return self._exception(line, match)
+
+    def _exception(self, line: str, match: re.Match[str]) -> bool:
+        """The exception line that ends a traceback; True when it is recorded as the crash (or as nothing)."""
+        found_in = present(line)
+        ended = exit_rule(line, self.where, self.number, self.text, found_in)
+        if ended is not None:
+            self.found.append(ended)  # a worker's death reported as an exception: the signal or code is the cause
+            return True
+        name = match.group(2).rsplit(".", 1)[-1]
+        if name == "KeyboardInterrupt":
+            self._add("terminated", "weak", "interrupted (SIGINT / Ctrl-C)")
+            return True
+        if name in _NOT_A_CRASH and name != "SignalException":
+            return True  # torchrun's wrapper error: its summary below names the cause
+        if is_collective_timeout(line, found_in):
+            self._add("collective-timeout", "strong", f"unhandled {name}: a collective timed out (a rank stopped "
+                      "answering)", "torchrun")  # fmt: skip
+            return True
+        if name == "SignalException" or is_oom(line, found_in):
+            return False  # read as any other line: the rules name the signal or the OOM
+        if is_peer_lost(line, found_in):
+            self._add("crashed", "weak", f"unhandled {name}: {PEER_LOST}", "torchrun")  # another rank's end caused it
+        else:
+            self._add("crashed", "strong", f"unhandled {name}")
+        return True  # nothing in a crash's message counts as other evidence ("... preemption ...")
+
+    def _launcher_report(self, line: str) -> bool:
+        """torchrun's error summary, mpirun's first failed process and a container's status block; True when the
+        line belongs to their structure."""
+        if _ROOT_CAUSE.search(line):
+            self.block = "root"
+            return True
+        if _FAILURES.search(line):
+            self.block = "failures"
+            return True
+        mpi = _MPI_FIRST.search(line)
+        if mpi:
+            self.mpi_first = int(mpi.group(1))
+            return True
+        mpi_exit = _MPI_EXIT.match(line) if self.mpi_first is not None else None
+        if mpi_exit:
+            ended = exit_evidence(int(mpi_exit.group(1)), "mpirun: the first process to fail, exit code", self.where,
+                                  self.number, self.text, strong=True)  # fmt: skip
+            self.found.append(replace(ended, actor=f"rank {self.mpi_first}"))
+            self.mpi_first = None
+            return True
+        status = _STATUS_LINE.search(line)
+        if status:
+            self._container_exit(int(next(g for g in status.groups() if g is not None)))
+            return True
+        return False
+
+    def _container_exit(self, code: int) -> None:
+        if code == 0 and self.oom_reason_at is not None:
+            # a container that exited 0 with reason OOMKilled: a process inside its cgroup was OOM-killed, but the
+            # main process finished; the exit code is what happened to the run
+            self.found[self.oom_reason_at] = replace(
+                self.found[self.oom_reason_at], strength="weak", why="OOMKilled reason, but the main process exited 0"
+            )
+            self.found.append(Evidence("completed", "strong", "container exit code 0: the main process finished",
+                                       self.where, self.number, self.text, "k8s", reported=True))  # fmt: skip
+        else:
+            self.found.append(exit_evidence(code, "container exit code", self.where, self.number, self.text))
+        self.oom_reason_at = None
+
+    def _torchrun_summary(self, line: str) -> bool:
+        """Inside torchrun's summary: only its root cause's exit code counts; True when the line is read."""
+        if re.fullmatch(r"\s*={10,}\s*", line):
+            self.block = ""  # the summary's frame
+            return True
+        if self.block == "failures":
+            return True  # the other ranks' codes and signals: torchrun's own teardown after the first failure
+        code_match = _EXITCODE.search(line)
+        if code_match and self.block == "root":
+            code = int(code_match.group(1))
+            self.found.append(exit_evidence(code, "torchrun root cause: exitcode", self.where, self.number, self.text,
+                                            strong=True))  # fmt: skip
+            return True
+        return False
+
+    def _rules(self, line: str) -> None:
+        """Any other line: an exit it reports, else the first rule it matches, else a collateral rule, else a bare
+        exception."""
+        found_in = present(line)
+        ended = exit_rule(line, self.where, self.number, self.text, found_in) if found_in else None
+        if ended is not None:
+            self.found.append(ended)
+            return
+        rule = rule_for(line, found_in) if found_in else None
+        if rule is not None:
+            self._add(rule.verdict, rule.strength, rule.why, rule.platform)
+            return
+        collateral = collateral_for(line, found_in)
+        if collateral is not None:
+            self._add(collateral.verdict, "collateral", collateral.why, collateral.platform)
+        elif _BARE_EXCEPTION.match(line):
+            self._add("crashed", "weak", "an exception reported at the top level (its traceback is not in the log)")
+
+
+MAX_EVIDENCE_PER_KIND = 50
+"""Evidence kept per (verdict, strength, meaning) from one log: the first 50 and the last; a log that repeats a
+line a million times is still read in bounded memory."""
+
+
+class _Kept:
+    """The evidence of one log, each kind capped at `MAX_EVIDENCE_PER_KIND` (and its last)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, str, str], int] = {}
+        self.beyond: dict[tuple[str, str, str], Evidence] = {}  # the last of each kind past the cap
+
+    def tag(self, found: list[Evidence], start: int, who: str | None, stamp: str | None) -> None:
+        """Tag ``found[start:]`` (the evidence of one line) with its writer and time, and cap each kind."""
+        new = found[start:]
+        del found[start:]
+        for item in new:
+            e = replace(item, actor=who, time=stamp) if item.actor is None and item.time is None else item
+            kind = (e.verdict, e.strength, e.why)
+            self.counts[kind] = self.counts.get(kind, 0) + 1
+            if self.counts[kind] <= MAX_EVIDENCE_PER_KIND:
+                found.append(e)
+            else:
+                self.beyond[kind] = e
+
+
+def _cut_traceback(at: tuple[int, str] | None, where: str) -> Evidence:
+    number, text = at if at is not None else (None, "")
+    why = "a traceback the log cuts off before its exception (the process may have crashed)"
+    return Evidence("crashed", "hint", why, where, number, text)

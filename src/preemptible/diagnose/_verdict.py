@@ -1,0 +1,263 @@
+"""Was this run preempted, and what did it lose? A verdict from logs, an exit code and the run's journal.
+
+Every recognised line becomes `Evidence`: the verdict it points to, how strongly (``strong``: it names the
+cause, e.g. SLURM's "DUE TO PREEMPTION"; ``weak``: a symptom, e.g. exit code 143, which says SIGTERM but not who
+sent it), and where it was found. The verdict is the highest-ranked verdict among the strong evidence, else
+among the weak, in the order of `VERDICTS` (a preemption explains a SIGTERM, an OOM explains a SIGKILL, ...).
+
+Lines inside a Python traceback count only as the crash they report: a traceback that mentions "preemption"
+is a crash, not a preemption. torchrun's summary counts only its "Root Cause" entry as the cause: the other
+ranks' ``exitcode: -15`` there is torchrun tearing them down after the first failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from preemptible.diagnose._evidence import VERDICTS, Evidence, exit_evidence
+from preemptible.diagnose._facts import journal_evidence, journal_facts
+from preemptible.diagnose._incident import Incident, initiating
+from preemptible.diagnose._input import LogInput
+from preemptible.diagnose._remedy import for_platforms, remedy
+from preemptible.diagnose._rules import PEER_LOST
+from preemptible.diagnose._scan import TimeWindow, scan_lines
+
+CONFIRM: dict[str, list[str]] = {
+    "preempted": [
+        "SLURM: sacct -j $JOBID -o JobID,State,ExitCode,Reason (State PREEMPTED)",
+        "AWS: EventBridge/CloudTrail for the instance id: 'EC2 Spot Instance Interruption Warning', BidEvictedEvent",
+        "GCP: gcloud compute operations list --filter='operationType=compute.instances.preempted'",
+        "Azure: the VM's Activity Log (Spot eviction) or Scheduled Events history",
+        "Kubernetes: kubectl get events --field-selector involvedObject.name=$POD; kubectl describe node",
+    ],
+    "time-limit": [
+        "SLURM: sacct -j $JOBID -o JobID,State,Elapsed,Timelimit (State TIMEOUT); save ahead with --signal=USR1@120",
+        "Kubernetes: kubectl describe job (DeadlineExceeded, activeDeadlineSeconds)",
+    ],
+    "oom": [
+        "dmesg -T | grep -i -E 'out of memory|oom-kill' on the node",
+        "SLURM: sacct -j $JOBID -o JobID,State,MaxRSS,ReqMem (State OUT_OF_MEMORY)",
+        "Kubernetes: kubectl describe pod $POD (Last State: Terminated, Reason: OOMKilled) vs resources.limits.memory",
+        "GPU: the traceback's 'Tried to allocate' figure against torch.cuda.max_memory_allocated()",
+    ],
+    "collective-timeout": [
+        "which rank stopped answering: the watchdog lines name the collective's SeqNum on every rank; the rank whose "
+        "last completed SeqNum is lowest (or that logged nothing) is the one to look at",
+        "that rank's own log, before the timeout: a hang (py-spy dump --pid), a crash, or a node that went away",
+        "rerun with TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 (flight recorder), NCCL_DEBUG=INFO",
+    ],
+    "crashed": [
+        "read the first traceback (the root cause; later ones are usually consequences)",
+        "torchrun: the 'Root Cause (first observed failure)' block names the rank and its error file",
+        "NCCL: rerun with NCCL_DEBUG=INFO TORCH_NCCL_ASYNC_ERROR_HANDLING=1 to see the failing collective",
+    ],
+    "terminated": [
+        "who sent the signal: the scheduler's accounting (sacct Reason; kubectl get events; docker events)",
+        "SLURM: sacct -j $JOBID -o JobID,State,ExitCode (CANCELLED by <uid> means scancel)",
+        "Kubernetes: kubectl get events for Killing/Evicted/Preempted, and the node's events (a drain or a shutdown)",
+        "on spot machines, the cloud's interruption record for the instance (a SIGTERM there is often a reclaim)",
+    ],
+    "killed": [
+        "OOM first: dmesg -T | grep -i oom (a SIGKILL without an OOM record is a grace period that ran out or kill -9)",
+        "the grace period: terminationGracePeriodSeconds, SLURM KillWait, docker stop -t, torchrun's shutdown timeout",
+        "whether a SIGTERM came before it in the logs (then the process did not exit in time)",
+    ],
+    "completed": ["the journal's done event / DONE.json in the checkpoint root; the final step in the logs"],
+    "unknown": [
+        "pass the scheduler's log (slurm-$JOBID.out, kubectl logs --previous), the exit code (--exit-code) and --root",
+    ],
+}
+
+
+@dataclass
+class Diagnosis:
+    verdict: str
+    summary: str
+    evidence: list[Evidence]
+    exit_code: int | None
+    checkpoint: dict[str, Any]
+    steps_lost: int | None
+    steps_lost_exact: bool
+    confirm: list[str]
+    notes: list[str] = field(default_factory=list)
+    """What was left out of the inputs (a log over `MAX_LOG_BYTES`)."""
+    initiating: Incident | None = None
+    """With logs of several ranks or nodes: which failed first, and how (see `incident.initiating`)."""
+    collateral: list[Incident] = field(default_factory=list)
+    """What the other ranks or nodes then logged because of it, in time order where timestamps allow."""
+    fix: list[str] = field(default_factory=list)
+    """What to change for this verdict (see `remedy`)."""
+    verify: list[str] = field(default_factory=list)
+    """The commands that show the fix worked."""
+
+    def to_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["evidence"] = [asdict(e) for e in self.evidence]
+        return doc
+
+    def render(self) -> str:
+        lines = [f"verdict: {self.verdict}  ({self.summary})", "", "evidence:"]
+        if not self.evidence:
+            lines.append("  none recognised")
+        for e in self.evidence:
+            at = f"{e.where}:{e.line}" if e.line is not None else e.where
+            lines.append(f"  [{e.strength:6s} {e.verdict}] {at}: {e.text}")
+            lines.append(f"      {e.why}")
+        lines += ["", "checkpoint:"]
+        ck = self.checkpoint
+        if not ck:
+            lines.append("  no journal given (--root): cannot tell what was saved or lost")
+        elif ck.get("journal") is None and ck.get("last_committed") is None:
+            lines.append(
+                f"  nothing under {ck.get('root')}: expected journal/*.jsonl and step-*/ written by preemptible.Run; "
+                "is this the run's checkpoint root?"
+            )
+        else:
+            if ck.get("attempts"):
+                lines.append(f"  attempt {ck['attempt']} of {ck['attempts']} (chosen by {ck['attempt_chosen_by']})")
+            lines.append(f"  newest committed step: {ck.get('last_committed')}")
+            if ck.get("notice_step") is not None:
+                after = ck.get("committed_after_notice")
+                lines.append(
+                    f"  notice at step {ck['notice_step']}: "
+                    + (
+                        f"checkpoint committed at step {after}"
+                        if after is not None
+                        else "no checkpoint committed after it"
+                    )
+                )
+            if self.steps_lost is not None:
+                qual = "" if self.steps_lost_exact else "at least "
+                lines.append(f"  steps lost: {qual}{self.steps_lost} (last step reached {ck.get('last_step')})")
+        if self.initiating is not None:
+            lines += ["", "initiating:", "  " + _event_line(self.initiating)]
+            if self.collateral:
+                lines += ["", f"collateral ({len(self.collateral)}):"] + [
+                    "  " + _event_line(c) for c in self.collateral
+                ]
+        lines += ["", "how to confirm:"] + [f"  - {c}" for c in self.confirm]
+        lines += ["", "fix:"] + [f"  - {c}" for c in self.fix]
+        if self.verify:
+            lines += ["", "verify with:"] + [f"  $ {c}" for c in self.verify]
+        if self.notes:
+            lines += ["", "not read:"] + [f"  - {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _event_line(e: Incident) -> str:
+    at = f" at {e.time}" if e.time else ""
+    where = f" ({e.log}:{e.line})" if e.line is not None else ""
+    text = f"\n      {e.evidence[:200]}" if e.evidence else ""
+    return f"{e.who}{at}: {e.verdict}: {e.why}{where}{text}"
+
+
+def diagnose(
+    logs: Iterable[tuple[str, Iterable[str]] | LogInput] = (),
+    *,
+    exit_code: int | None = None,
+    root: str | None = None,
+    attempt: int | str | None = None,
+) -> Diagnosis:
+    """The verdict for ``logs`` (pairs of a name and its lines), an exit code and a checkpoint root. ``attempt``:
+    which process start of the run to judge (a number, or "last"); default: the one the logs' timestamps fall in,
+    else the last.
+
+    Raises:
+        ValueError: ``attempt`` names no attempt in the journal.
+    """
+    evidence: list[Evidence] = []
+    notes: list[str] = []
+    window = TimeWindow()
+    for log_input in logs:
+        if isinstance(log_input, LogInput):
+            evidence += scan_lines(log_input, log_input.name, window)
+            if log_input.note is not None:
+                notes.append(log_input.note)
+        else:
+            name, lines = log_input
+            evidence += scan_lines(lines, name, window)
+    facts = journal_facts(root, attempt=attempt, window=window) if root is not None else None
+    if facts is not None:
+        evidence += journal_evidence(facts)
+    if exit_code is not None:
+        evidence.append(exit_evidence(exit_code, "exit code", "exit code", None, str(exit_code)))
+    verdict = _decide(evidence)
+    first, collateral = initiating(evidence, VERDICTS, prefer=verdict if verdict in _EXPLAINS else None)
+    if first is not None and first.verdict != "collective-timeout" and verdict not in _EXPLAINS:
+        verdict = first.verdict  # several ranks or nodes: what happened first, not what ranks highest
+    deciding = [e for e in evidence if e.verdict == verdict and e.strength != "collateral"]
+    strongest = next((e for e in deciding if e.strength == "strong"), deciding[0] if deciding else None)
+    summary = strongest.why if strongest is not None else "no recognised evidence"
+    if first is not None and first.who == "unknown":
+        summary += "; every rank in these logs was waiting: the one that stopped answering is not among them"
+    elif first is not None:
+        summary += f"; first: {first.who}" + (f", then {len(collateral)} collateral" if collateral else "")
+    if verdict == "terminated" and any(e.verdict == "killed" for e in evidence):
+        summary += "; then killed after the grace period"
+    checkpoint: dict[str, Any] = {}
+    lost: int | None = None
+    exact = False
+    if facts is not None:
+        checkpoint = {
+            "root": root,
+            "journal": facts.file,
+            "last_committed": facts.last_committed,
+            "notice_step": facts.notice.get("step") if facts.notice else None,
+            "committed_after_notice": facts.committed_after_notice,
+            "last_step": facts.last_step,
+            "exit": facts.exit,
+            "attempt": facts.attempt,
+            "attempts": facts.attempts,
+            "attempt_chosen_by": facts.chosen_by,
+        }
+        if facts.last_step is not None:
+            base = facts.last_committed or 0
+            lost = max(0, facts.last_step - base)
+            exact = facts.exit is not None or facts.done  # a hard kill may have gone further than the journal saw
+    platforms = {e.platform for e in evidence if e.platform}
+    confirm = for_platforms(CONFIRM[verdict], platforms)
+    todo = remedy(verdict, platforms, root, saved_at=facts.committed_after_notice if facts is not None else None)
+    return Diagnosis(
+        verdict, summary, evidence, exit_code, checkpoint, lost, exact, confirm, notes,
+        initiating=first, collateral=collateral, fix=todo["fix"], verify=todo["verify"],
+    )  # fmt: skip
+
+
+_EXPLAINS = ("preempted", "time-limit", "oom")
+"""Verdicts that explain what other ranks then logged (a SIGTERM, a SIGKILL, a timeout): with several logs, one of
+these anywhere is the verdict, and the initiating event is chosen among its evidence."""
+
+
+def _decide(evidence: Sequence[Evidence]) -> str:
+    """The verdict: the first of `VERDICTS` among the strong evidence, else the weak, else the hints. A crash that
+    only says a peer went away (`_rules.PEER_LOST`) counts only when nothing else does: the peer's end is the
+    cause, and another line may name it."""
+    causal = [e for e in evidence if not e.why.endswith(PEER_LOST)]
+    verdict = _decide_among(causal) if causal else "unknown"
+    return verdict if verdict != "unknown" else _decide_among(evidence)
+
+
+def _decide_among(evidence: Sequence[Evidence]) -> str:
+    for strength in ("strong", "weak", "hint"):
+        present = {e.verdict for e in evidence if e.strength == strength}
+        for verdict in VERDICTS:
+            if verdict in present:
+                if verdict == "collective-timeout" and _crash_came_first(evidence):
+                    return "crashed"  # a rank crashed and its peers then waited for it: the crash is the cause
+                return verdict
+    return "unknown"
+
+
+def _crash_came_first(evidence: Sequence[Evidence]) -> bool:
+    """In one log, a crash's line before the first collective timeout's (not a signal's exit code: an aborting
+    watchdog ends the process with SIGABRT after the timeout)."""
+    for e in evidence:
+        if e.strength != "strong" or e.line is None:
+            continue
+        if e.verdict == "collective-timeout":
+            return False
+        if e.verdict == "crashed" and not e.reported:
+            return True
+    return False

@@ -1,0 +1,126 @@
+"""One start of the drilled command, followed through the report file its `Run` writes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from preemptible.events import Event
+from preemptible.journal import Record
+
+
+class Clocks(Protocol):
+    """The drill's clocks (injected by tests)."""
+
+    clock: Callable[[], float]
+    monotonic: Callable[[], float]
+    sleep: Callable[[float], None]
+
+
+def event_time(record: Record) -> float:
+    """When an event of the report file happened (epoch seconds)."""
+    if record.time is None:
+        raise ValueError(f"expected an event time (UTC ISO 8601) in the report file; found {record.get('t')!r}")
+    return record.time
+
+
+def clean_exit(code: int | None, child: Child) -> tuple[bool, str]:
+    """Did the process end with the code its `Run` chose after the notice? torchrun's agent is the exception it
+    cannot help: it exits 1 after a SIGTERM (its SignalException) even when every worker exited as chosen."""
+    if code is None:
+        return False, "still running"
+    exits = child.events(Event.EXIT)
+    expected = exits[-1].get("code") if exits else None
+    if expected is None:
+        return False, f"exit code {code}, and the run journaled no exit: it did not stop on purpose"
+    if code == expected:
+        return True, f"exit code {code}"
+    starts = child.events(Event.START)
+    ranks = starts[-1].get("world_size", 1) if starts else 1
+    if code == 1 and isinstance(ranks, int) and ranks > 1:
+        return True, (
+            f"exit code 1 from torchrun's agent after the signal; rank 0 chose {expected} (torchrun exits 1 after "
+            "a SIGTERM: see the README's torchrun section for how to make the orchestrator restart the job)"
+        )
+    return False, f"exit code {code}; the run chose {expected}"
+
+
+class Child:
+    """One start of the command, followed through its report file."""
+
+    def __init__(
+        self, command: Sequence[str], env: dict[str, str], report_path: str, log_path: str, drill: Clocks
+    ) -> None:
+        self.report_path = report_path
+        self._clock, self._monotonic, self._sleep = drill.clock, drill.monotonic, drill.sleep
+        self.log = open(log_path, "wb")  # noqa: SIM115 - closed in wait()
+        self.started = self._clock()
+        self.proc = subprocess.Popen(
+            list(command), env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.exited_at: float | None = None
+        self.code: int | None = None
+
+    def report(self) -> dict[str, Any]:
+        try:
+            with open(self.report_path, encoding="utf-8") as f:
+                doc = json.load(f)
+        except (OSError, ValueError):
+            return {"events": []}
+        return doc if isinstance(doc, dict) else {"events": []}
+
+    def records(self) -> list[Record]:
+        """The events its Run has reported so far (the milestones of its journal)."""
+        events = self.report().get("events", [])
+        return [Record.of(e) for e in events if isinstance(e, Mapping)] if isinstance(events, list) else []
+
+    def events(self, event: Event) -> list[Record]:
+        return [r for r in self.records() if r.event == event]
+
+    def entered(self) -> list[Record]:
+        """Its Run's event of entering the loop (``fresh`` or ``resume``), once it has."""
+        return [r for r in self.records() if r.event in (Event.FRESH, Event.RESUME)]
+
+    def poll(self) -> int | None:
+        if self.code is None:
+            code = self.proc.poll()
+            if code is not None:
+                self.code, self.exited_at = code, self._clock()
+        return self.code
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        end = self._monotonic() + timeout
+        while self._monotonic() < end:
+            if predicate():
+                return True
+            if self.poll() is not None:
+                return predicate()
+            self._sleep(0.02)
+        return predicate()
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        return self.poll()
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.log.close()
+
+    def tail(self, n: int = 15) -> str:
+        self.log.flush()
+        try:
+            with open(self.log.name, "rb") as f:
+                return "\n".join(f.read().decode("utf-8", "replace").splitlines()[-n:])
+        except OSError:
+            return ""

@@ -1,0 +1,74 @@
+"""What a drill found: its checks, its timings, as text and as JSON."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class Check:
+    name: str
+    passed: bool
+    detail: str = ""
+
+
+@dataclass
+class DrillReport:
+    source: str
+    window_s: float
+    command: list[str]
+    checks: list[Check] = field(default_factory=list)
+    timings: dict[str, float | None] = field(default_factory=dict)
+    checkpoint_step: int | None = None
+    resumed_step: int | None = None
+    root: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.checks) and all(c.passed for c in self.checks)
+
+    @property
+    def notice_to_exit_s(self) -> float | None:
+        return self.timings.get("notice_to_exit_s")
+
+    def check(self, name: str, passed: bool, detail: str = "") -> bool:
+        self.checks.append(Check(name, passed, detail))
+        return passed
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "source": self.source,
+            "window_s": self.window_s,
+            "notice_to_exit_s": self.notice_to_exit_s,
+            "checkpoint_step": self.checkpoint_step,
+            "resumed_step": self.resumed_step,
+            "root": self.root,
+            "timings": self.timings,
+            "checks": [asdict(c) for c in self.checks],
+            "command": self.command,
+        }
+
+    def render(self) -> str:
+        width = max((len(c.name) for c in self.checks), default=10)
+        lines = [f"preemptible drill: {self.source} notice, {self.window_s:g} s window", ""]
+        for c in self.checks:
+            lines.append(f"  {'PASS' if c.passed else 'FAIL'}  {c.name.ljust(width)}  {c.detail}")
+        lines.append("")
+        names = {
+            "notice_to_boundary_s": "notice -> step boundary",
+            "notice_to_commit_s": "notice -> checkpoint committed",
+            "notice_to_exit_s": "notice -> process exited",
+            "restart_to_resumed_s": "restart -> training again",
+        }
+        for key, label in names.items():
+            value = self.timings.get(key)
+            if value is not None:
+                share = f"  ({100 * value / self.window_s:.0f}% of the window)" if key != "restart_to_resumed_s" else ""
+                lines.append(f"  {label:32s} {value:8.2f} s{share}")
+        lines += [
+            "",
+            f"{'PASSED' if self.passed else 'FAILED'}: {sum(c.passed for c in self.checks)}/{len(self.checks)} checks",
+        ]
+        return "\n".join(lines)
