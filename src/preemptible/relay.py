@@ -19,6 +19,7 @@ import os
 import threading
 from typing import Any
 
+from preemptible.events import Event
 from preemptible.notice import Notice
 
 log = logging.getLogger("preemptible")
@@ -71,9 +72,23 @@ class ReportFile:
     """Rank 0's milestones, for ``preemptible drill``: ``{"pid", "root", "journal", "events": [...]}``."""
 
     MILESTONES = frozenset(
-        {"start", "fresh", "resume", "fresh_after_corruption", "notice", "advisory", "save_committed", "save_failed"}
-        | {"save_skipped", "exit", "done", "requeue"}
+        e.value
+        for e in (
+            Event.START,
+            Event.FRESH,
+            Event.RESUME,
+            Event.FRESH_AFTER_CORRUPTION,
+            Event.NOTICE,
+            Event.ADVISORY,
+            Event.SAVE_COMMITTED,
+            Event.SAVE_FAILED,
+            Event.SAVE_SKIPPED,
+            Event.EXIT,
+            Event.DONE,
+            Event.REQUEUE,
+        )
     )
+    """The events the drill reads (by their journal names)."""
 
     def __init__(self, path: str, *, root: str, journal: str) -> None:
         self.path = path
