@@ -16,15 +16,17 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from preemptible.checkpoint import Checkpointer, SaveHandle, SaveResult
 from preemptible.errors import PreemptibleError
 from preemptible.events import Event, SaveReason, tag
-from preemptible.guard import Guard
-from preemptible.journal import Journal
 from preemptible.sources import slurm
-from preemptible.writer import Progress
+
+if TYPE_CHECKING:  # annotations only: `budget` and the CLI import this module without torch
+    from preemptible.checkpoint import Checkpointer, SaveHandle, SaveResult
+    from preemptible.guard import Guard
+    from preemptible.journal import Journal
+    from preemptible.writer import Progress
 
 log = logging.getLogger("preemptible")
 
