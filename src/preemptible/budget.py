@@ -161,7 +161,8 @@ def probe(
     the fixed costs of a commit (directory fsyncs and an atomic marker). The directory is removed afterwards,
     even on failure.
     """
-    from preemptible.writer import DEFAULT_THREADS, parallel_map  # torch: only when a probe runs
+    from preemptible.store.threads import parallel_map
+    from preemptible.writer import DEFAULT_THREADS  # torch: only when a probe runs
 
     threads = DEFAULT_THREADS if threads is None else threads
     storage = storage or storage_for(root)

@@ -574,6 +574,6 @@ class _FileSink:
 
 
 def _safe_stem(entry: str) -> str:
-    from preemptible.writer import file_stem
+    from preemptible.store.naming import file_stem
 
     return file_stem(entry)

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from preemptible.store import format as tensor_format
-from preemptible.writer import ArenaFill, PlanChanged, SavePlan, Staged, Staging
+from preemptible.store.threads import PlanChanged
+from preemptible.writer import ArenaFill, SavePlan, Staged, Staging
 
 
 class Arena:

@@ -33,8 +33,8 @@ from preemptible.store import assist, checksum, compress, layout, tagged_json
 from preemptible.store import format as tensor_format
 from preemptible.store.io import Storage
 from preemptible.store.layout import FileRecord, Manifest
-from preemptible.store.threads import Pool
-from preemptible.writer import file_stem, parallel_map, stem_of_file
+from preemptible.store.naming import file_stem, stem_of_file
+from preemptible.store.threads import Pool, parallel_map
 
 OBJECT_READ_CHUNK = 32 << 20
 PARSED_MANIFESTS = 8  # a root keeps a few checkpoints; more are re-parsed

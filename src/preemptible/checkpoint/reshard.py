@@ -42,7 +42,8 @@ from preemptible.errors import CheckpointCorruptError, StateMismatchError
 from preemptible.state import group_of, is_dtensor, parse_placement, shard_rows
 from preemptible.store import checksum, compress, layout
 from preemptible.store import format as tensor_format
-from preemptible.writer import file_stem, parallel_map, stem_of_file
+from preemptible.store.naming import file_stem, stem_of_file
+from preemptible.store.threads import parallel_map
 
 READ_PIECE = 16 << 20  # a ranged read is split into requests of this size (a multiple of every chunk size)
 

@@ -33,8 +33,9 @@ from preemptible.store import compress as compress_mod
 from preemptible.store import deletion, direct
 from preemptible.store.io import Storage
 from preemptible.store.markers import Markers, State, Transition, Verdict
+from preemptible.store.threads import PlanChanged
 from preemptible.validate import Probe, run_probe
-from preemptible.writer import ArenaFill, FileSpec, PlanChanged, Progress, SavePlan, Staged
+from preemptible.writer import ArenaFill, FileSpec, Progress, SavePlan, Staged
 
 log = logging.getLogger("preemptible")
 
