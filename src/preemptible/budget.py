@@ -19,6 +19,7 @@ from preemptible.emergency import SAFETY_MARGIN
 from preemptible.sources.detect import WINDOWS
 from preemptible.store import layout
 from preemptible.store.io import Storage, storage_for
+from preemptible.store.roots import is_url
 
 if TYPE_CHECKING:
     from preemptible.store import compress
@@ -470,7 +471,7 @@ def plan(
         bw: float | Bandwidth = probe(root, nbytes=probe_bytes)
     else:
         bw = bandwidth
-    object_store = root is not None and "://" in os.fspath(root) and not os.fspath(root).startswith("file://")
+    object_store = root is not None and is_url(root)
     if state is not None:
         if bf16_moments:
             raise ValueError("with a live state, bf16_moments is read from the state; pass params= to describe one")

@@ -145,8 +145,6 @@ class Checkpointer:
             raise ValueError(
                 f"expected keep >= 2 (the previous checkpoint must stay until the newest has validated), found {keep}"
             )
-        if compress not in (True, False, "auto"):
-            raise ValueError(f"expected compress=True, False or 'auto', found {compress!r}")
         self._storage: Storage = storage if storage is not None else storage_for(root, storage_options)
         if threads is None:  # object stores gain from many uploads at once; a disk from a few
             threads = OBJECT_STORE_THREADS if self._storage.kind == "object" else DEFAULT_THREADS
@@ -169,7 +167,7 @@ class Checkpointer:
         self.probe = probe
         self.probe_rtol = probe_rtol
         self.verify_after_save = verify_after_save
-        self.compress = compress
+        self.compress = compress_mod.check_setting(compress)
         self._clock = clock
         self._monotonic = monotonic
         self._coordinator: Any = _UNSET

@@ -669,6 +669,17 @@ def weighed_bandwidth(bandwidth: float | None, *, object_store: bool) -> float |
     return ASSUMED_OBJECT_BANDWIDTH if bandwidth is None and object_store else bandwidth
 
 
+def check_setting(setting: object) -> bool | str:
+    """A ``compress=`` setting, checked: True, False or ``"auto"`` (the one place that checks it).
+
+    Raises:
+        ValueError: anything else.
+    """
+    if setting not in (True, False, "auto"):
+        raise ValueError(f"expected compress=True, False or 'auto', found {setting!r}")
+    return setting
+
+
 def choose(
     nbytes: int,
     *,
@@ -690,8 +701,7 @@ def choose(
     `BACKGROUND_CPU_S` of CPU, and encodes on one thread: it must not slow training down. Before a save has
     measured the destination, a local one is taken as fast (off) and an object store as `ASSUMED_OBJECT_BANDWIDTH`.
     """
-    if setting not in (True, False, "auto"):
-        raise ValueError(f"expected compress=True, False or 'auto', found {setting!r}")
+    check_setting(setting)
     workers = 1 if background else max(1, min(threads, cores))
     bandwidth = weighed_bandwidth(bandwidth, object_store=object_store)
     plain = packed = None
