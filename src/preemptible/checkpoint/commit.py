@@ -129,7 +129,7 @@ class Committer:
         self._monotonic = monotonic
         self.verify_after_save = verify_after_save
 
-    def _prepare(self, job: Job, store: Any) -> None:
+    def _prepare(self, job: Job, store: dist.StoreClient | None) -> None:
         """Rank 0 names this attempt and makes its directory; the others learn the name once it exists."""
         coord = self.coord
         if coord is None or coord.rank == 0:
@@ -139,6 +139,7 @@ class Committer:
             if store is not None:
                 store.set(f"{job.key}/ready", job.token)
         else:
+            assert store is not None  # several ranks: `write` borrowed one
             job.token = coord.collect_one(store, f"{job.key}/ready")
             job.write_dir = self.protocol.attempt_dir(job)
 
@@ -161,7 +162,7 @@ class Committer:
         *,
         blobs: dict[str, memoryview] | None,
         threads: int,
-        store: Any,
+        store: dist.StoreClient | None,
     ) -> SaveResult:
         t0 = self._monotonic()
         coord = self.coord
@@ -231,7 +232,9 @@ class Committer:
             world = coord.world
         return self._publish(job, records, world, store, t_write)
 
-    def _publish(self, job: Job, records: dict[str, FileRecord], world: int, store: Any, t_write: float) -> SaveResult:
+    def _publish(
+        self, job: Job, records: dict[str, FileRecord], world: int, store: dist.StoreClient | None, t_write: float
+    ) -> SaveResult:
         timings = dict(job.timings)
         timings["total"] = t_write - job.start
         compressed = any(layout.COMPRESSED_SUFFIX in n for n in records)

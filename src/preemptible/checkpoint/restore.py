@@ -175,7 +175,7 @@ class Restorer:
                 differences=[why],
             ) from e
 
-    def _agree(self, store: Any, outcome: _Outcome) -> _Outcome:
+    def _agree(self, store: dist.StoreClient | None, outcome: _Outcome) -> _Outcome:
         """Every rank must restore the same step: a checkpoint counts only if it verified on all of them."""
         coord = self.coord
         if coord is None or store is None:
@@ -192,7 +192,9 @@ class Restorer:
         with dist.session(self.coord) as store:
             return self._restore(state, candidates, explicit, store)
 
-    def _restore(self, state: Mapping[str, Any], candidates: Sequence[Candidate], explicit: bool, store: Any) -> int:
+    def _restore(
+        self, state: Mapping[str, Any], candidates: Sequence[Candidate], explicit: bool, store: dist.StoreClient | None
+    ) -> int:
         # IMPORTANT: what the live objects were before any attempt. A candidate that fails half-way through
         # load_state_dict() leaves them altered; the next one is checked against this, then loaded over it whole.
         captured = capture(state)
