@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, Protocol, overload
 
-from preemptible.errors import CoordinationError
+from preemptible.errors import CoordinationError, RankFailures
 
 log = logging.getLogger("preemptible")
 
@@ -238,11 +238,22 @@ class Coordinator:
             store.wait([f"{key}/{leaf}"], timedelta(seconds=wait_s))
         except Exception as e:
             missing = [r for r in range(self.world) if not _has(store, f"{key}/{r}")]  # O(N), on failure only
-            raise CoordinationError(
-                f"waited {wait_s:.0f} s for ranks {missing} to report '{key}' through the store: they died, hang "
-                f"or cannot reach it ({type(e).__name__}); nothing was committed"
-            ) from e
+            raise _silent(missing, missing, key, wait_s, e) from e
         return read(store, f"{key}/{leaf}")
+
+    def failures(self, store: StoreClient, key: str, report: str) -> list[tuple[int, dict[str, Any]]]:
+        """The round that carries each rank's failure to every rank: every rank contributes its ``report`` (a JSON
+        object with ``ok``, and why not); every rank gets the reports of the ranks that were not ok, with their
+        ranks, in rank order (empty: every rank was). One `reduce`: O(1) requests and keys read per rank.
+
+        Raises:
+            RankFailures: not every rank reported within the timeout (naming the missing ones).
+        """
+
+        def failing(values: list[str]) -> str:
+            return json.dumps([[r, d] for r, d in enumerate(json.loads(v) for v in values) if not d.get("ok")])
+
+        return [(int(r), d) for r, d in json.loads(self.reduce(store, key, report, failing))]
 
     def collect_one(self, store: StoreClient, key: str, *, timeout_s: float | None = None) -> str:
         """Wait for one key (set by one rank) and return its value."""
@@ -264,11 +275,8 @@ class Coordinator:
         try:
             store.wait(keys, timedelta(seconds=wait_s))
         except Exception as e:  # DistStoreError, RuntimeError: a timeout or a lost connection
-            missing = [k.rsplit("/", 1)[1] for k in keys if not _has(store, k)]
-            raise CoordinationError(
-                f"waited {wait_s:.0f} s for ranks {missing} to report '{key}' through the store: they died, hang "
-                f"or cannot reach it ({type(e).__name__}); nothing was committed"
-            ) from e
+            missing = [r for r, k in enumerate(keys) if not _has(store, k)]
+            raise _silent(missing, [str(r) for r in missing], key, wait_s, e) from e
         return [read(store, k) for k in keys]
 
 
@@ -322,12 +330,18 @@ def commit_barrier(
 
 def agree(coord: Coordinator, store: StoreClient, key: str, doc: str) -> list[tuple[int, dict[str, Any]]]:
     """The restore agreement: each rank's outcome (JSON with ``ok``); returns the ranks whose outcome was not ok,
-    with their reports (empty: every rank verified). One `Coordinator.reduce`."""
+    with their reports (empty: every rank verified). One `Coordinator.failures` round."""
+    return coord.failures(store, key, doc)
 
-    def failures(values: list[str]) -> str:
-        return json.dumps([[r, d] for r, d in enumerate(json.loads(v) for v in values) if not d.get("ok")])
 
-    return [(int(r), d) for r, d in json.loads(coord.reduce(store, key, doc, failures))]
+def _silent(missing: list[int], shown: list[Any], key: str, wait_s: float, e: BaseException) -> RankFailures:
+    """The error of a round some ranks never reported in (``shown``: how the message names them)."""
+    why = f"no report of '{key}' within {wait_s:.0f} s"
+    return RankFailures(
+        f"waited {wait_s:.0f} s for ranks {shown} to report '{key}' through the store: they died, hang "
+        f"or cannot reach it ({type(e).__name__}); nothing was committed",
+        failures=[(r, why) for r in missing],
+    )
 
 
 def _has(store: StoreClient, key: str) -> bool:
@@ -383,19 +397,15 @@ def _check_shared_root(storage: Any, coord: Coordinator, store: StoreClient) -> 
         seen = storage.read_bytes(name, 64).decode() == token
     except OSError:
         seen = False
-    blind = json.loads(
-        coord.reduce(
-            store,
-            "shared/seen",
-            "yes" if seen else "no",
-            lambda answers: json.dumps([r for r, a in enumerate(answers) if a != "yes"]),
-        )
-    )
-    if blind:
-        raise CoordinationError(
+    why = f"cannot see what rank 0 wrote to {storage.root}"
+    failed = coord.failures(store, "shared/seen", json.dumps({"ok": seen, "why": "" if seen else why}))
+    if failed:
+        blind = [r for r, _ in failed]
+        raise RankFailures(
             f"checkpoint root {storage.root} is not shared by all {coord.world} ranks: rank(s) {blind} cannot see "
             "what rank 0 wrote there (a node-local path in a multi-node job?). Every rank writes part of each "
-            "checkpoint, so the root must be one shared file system or bucket that all nodes mount"
+            "checkpoint, so the root must be one shared file system or bucket that all nodes mount",
+            failures=[(r, str(report.get("why", ""))) for r, report in failed],
         )
 
 
