@@ -370,24 +370,22 @@ class Saver:
         handle.asynchronous = True
         staging = self.arena.staging
 
-        def body() -> None:
+        def write() -> SaveResult:
             if go is not None:
                 go.wait()
             _lower_priority(self.background_nice)
             try:
-                handle._result = self.write_and_commit(
+                return self.write_and_commit(
                     job, staged.specs, staged.docs, blobs=staged.blobs, threads=self.background_threads
                 )
-            except BaseException as e:
-                handle._error = e
             finally:
                 staging.busy.release()
-            if handle._error is None:  # committed: now, unhurried, the buffers an emergency save's threads need
-                with contextlib.suppress(OSError):  # no memory to map them: an emergency save makes its own
-                    direct.PooledBuffer.reserve(direct.BUFFERS_PER_WRITER * self.threads)
 
-        handle._thread = threading.Thread(target=body, name="preemptible-writer")
-        handle._thread.start()
+        def committed() -> None:  # now, unhurried, the buffers an emergency save's threads need
+            with contextlib.suppress(OSError):  # no memory to map them: an emergency save makes its own
+                direct.PooledBuffer.reserve(direct.BUFFERS_PER_WRITER * self.threads)
+
+        handle.start(write, name="preemptible-writer", committed=committed)
         self._inflight = handle
         return handle
 
