@@ -665,7 +665,7 @@ def _round(x: float | None, digits: int) -> float | None:
 def weighed_bandwidth(bandwidth: float | None, *, object_store: bool) -> float | None:
     """The bandwidth auto weighs a save against: the destination's measured one; before any, an object store's
     `ASSUMED_OBJECT_BANDWIDTH`; None for a local destination not measured yet (auto leaves compression off there,
-    and the state is not even sampled: `Checkpointer._codec`)."""
+    and the state is not even sampled: `Measurements.codec`)."""
     return ASSUMED_OBJECT_BANDWIDTH if bandwidth is None and object_store else bandwidth
 
 
