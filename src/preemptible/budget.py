@@ -20,6 +20,7 @@ from preemptible.events import Event
 from preemptible.sources.detect import WINDOWS
 from preemptible.store import layout
 from preemptible.store.io import Storage, storage_for
+from preemptible.store.roots import is_url
 
 if TYPE_CHECKING:
     from preemptible.store import compress
@@ -162,7 +163,8 @@ def probe(
     the fixed costs of a commit (directory fsyncs and an atomic marker). The directory is removed afterwards,
     even on failure.
     """
-    from preemptible.writer import DEFAULT_THREADS, parallel_map  # torch: only when a probe runs
+    from preemptible.store.threads import parallel_map
+    from preemptible.writer import DEFAULT_THREADS  # torch: only when a probe runs
 
     threads = DEFAULT_THREADS if threads is None else threads
     storage = storage or storage_for(root)
@@ -553,7 +555,7 @@ def plan(
         bw: float | Bandwidth = probe(root, nbytes=probe_bytes)
     else:
         bw = bandwidth
-    object_store = root is not None and "://" in os.fspath(root) and not os.fspath(root).startswith("file://")
+    object_store = root is not None and is_url(root)
     if state is not None:
         if bf16_moments:
             raise ValueError("with a live state, bf16_moments is read from the state; pass params= to describe one")

@@ -15,9 +15,9 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
-from preemptible.errors import CoordinationError
+from preemptible.errors import CoordinationError, RankFailures
 
 log = logging.getLogger("preemptible")
 
@@ -94,6 +94,26 @@ def store_address() -> tuple[str, int] | None:
     return host, int(port)
 
 
+class StoreClient(Protocol):
+    """What the protocols use of a client of the job's c10d store (``torch.distributed.TCPStore`` behind a
+    ``PrefixStore``; the coordination simulator's counting wrapper in tests and benchmarks). Values are sent as
+    ``str`` and come back as ``bytes``."""
+
+    def set(self, key: str, value: str) -> None: ...
+
+    def add(self, key: str, amount: int) -> int: ...
+
+    def wait(self, keys: list[str], timeout: timedelta) -> None: ...
+
+    def check(self, keys: list[str]) -> bool: ...
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes: ...
+
+    def multi_get(self, keys: list[str]) -> list[bytes]: ...
+
+    def multi_set(self, keys: list[str], values: list[str]) -> None: ...
+
+
 class Coordinator:
     """Namespaced access to the job's c10d store, one client connection per user (thread).
 
@@ -117,8 +137,8 @@ class Coordinator:
         self.prefix = f"preemptible/{run_id}/{restart}"
         self._rounds: dict[str, int] = {}
         self._lock = threading.Lock()
-        self._idle: list[Any] = []
-        self.wrap: Any = None
+        self._idle: list[StoreClient] = []
+        self.wrap: Callable[[StoreClient], StoreClient] | None = None
         """Optional: called with each new store client, returns what to use instead (the coordination simulator
         counts and delays requests this way: benchmarks/coord_sim.py)."""
 
@@ -140,12 +160,12 @@ class Coordinator:
             timeout_s = float(os.environ.get("PREEMPTIBLE_COORD_TIMEOUT", "60"))
         return cls(rank_=rank(), world=world, address=address, timeout_s=timeout_s)
 
-    def client(self) -> Any:
+    def client(self) -> StoreClient:
         """A new store client of the caller's own (the protocols borrow pooled ones: `borrow`)."""
         return self._connect()
 
     @contextlib.contextmanager
-    def borrow(self) -> Iterator[Any]:
+    def borrow(self) -> Iterator[StoreClient]:
         """A store client for the length of a ``with`` block, from this process's pool: made on first need, never
         used by two threads at once, kept for the next round. A connection per round would cost a TCP handshake
         per rank per save, and at thousands of ranks a connection storm on the one store server (it answers a
@@ -165,7 +185,7 @@ class Coordinator:
         with self._lock:
             self._idle.clear()
 
-    def _connect(self) -> Any:
+    def _connect(self) -> StoreClient:
         import importlib
 
         c10d: Any = importlib.import_module("torch.distributed")  # its store classes are not re-exported for mypy
@@ -173,10 +193,10 @@ class Coordinator:
         store = c10d.TCPStore(
             host, port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=self.timeout_s)
         )
-        client = c10d.PrefixStore(self.prefix, store)
+        client: StoreClient = c10d.PrefixStore(self.prefix, store)
         return self.wrap(client) if self.wrap is not None else client
 
-    def exchange(self, store: Any, key: str, value: str, *, timeout_s: float | None = None) -> list[str]:
+    def exchange(self, store: StoreClient, key: str, value: str, *, timeout_s: float | None = None) -> list[str]:
         """The barrier: publish ``value`` under ``key/<rank>`` and return every rank's, in rank order.
 
         Raises:
@@ -188,7 +208,13 @@ class Coordinator:
     gather = exchange
 
     def reduce(
-        self, store: Any, key: str, value: str, combine: Callable[[list[str]], str], *, timeout_s: float | None = None
+        self,
+        store: StoreClient,
+        key: str,
+        value: str,
+        combine: Callable[[list[str]], str],
+        *,
+        timeout_s: float | None = None,
     ) -> str:
         """Every rank contributes ``value``; every rank gets ``combine(values in rank order)``.
 
@@ -206,19 +232,30 @@ class Coordinator:
             store.set(f"{key}/result", combine([bytes(v).decode() for v in store.multi_get(keys)]))
         return self._wait_for(store, key, "result", timeout_s)
 
-    def _wait_for(self, store: Any, key: str, leaf: str, timeout_s: float | None) -> str:
+    def _wait_for(self, store: StoreClient, key: str, leaf: str, timeout_s: float | None) -> str:
         wait_s = self.timeout_s if timeout_s is None else timeout_s
         try:
             store.wait([f"{key}/{leaf}"], timedelta(seconds=wait_s))
         except Exception as e:
             missing = [r for r in range(self.world) if not _has(store, f"{key}/{r}")]  # O(N), on failure only
-            raise CoordinationError(
-                f"waited {wait_s:.0f} s for ranks {missing} to report '{key}' through the store: they died, hang "
-                f"or cannot reach it ({type(e).__name__}); nothing was committed"
-            ) from e
+            raise _silent(missing, missing, key, wait_s, e) from e
         return read(store, f"{key}/{leaf}")
 
-    def collect_one(self, store: Any, key: str, *, timeout_s: float | None = None) -> str:
+    def failures(self, store: StoreClient, key: str, report: str) -> list[tuple[int, dict[str, Any]]]:
+        """The round that carries each rank's failure to every rank: every rank contributes its ``report`` (a JSON
+        object with ``ok``, and why not); every rank gets the reports of the ranks that were not ok, with their
+        ranks, in rank order (empty: every rank was). One `reduce`: O(1) requests and keys read per rank.
+
+        Raises:
+            RankFailures: not every rank reported within the timeout (naming the missing ones).
+        """
+
+        def failing(values: list[str]) -> str:
+            return json.dumps([[r, d] for r, d in enumerate(json.loads(v) for v in values) if not d.get("ok")])
+
+        return [(int(r), d) for r, d in json.loads(self.reduce(store, key, report, failing))]
+
+    def collect_one(self, store: StoreClient, key: str, *, timeout_s: float | None = None) -> str:
         """Wait for one key (set by one rank) and return its value."""
         wait_s = self.timeout_s if timeout_s is None else timeout_s
         try:
@@ -230,7 +267,7 @@ class Coordinator:
             ) from e
         return read(store, key)
 
-    def collect(self, store: Any, key: str, *, timeout_s: float | None = None) -> list[str]:
+    def collect(self, store: StoreClient, key: str, *, timeout_s: float | None = None) -> list[str]:
         """Every rank's value of ``key``, in rank order (O(N) reads: for small worlds and tests; the protocols
         use `reduce`)."""
         keys = [f"{key}/{r}" for r in range(self.world)]
@@ -238,18 +275,15 @@ class Coordinator:
         try:
             store.wait(keys, timedelta(seconds=wait_s))
         except Exception as e:  # DistStoreError, RuntimeError: a timeout or a lost connection
-            missing = [k.rsplit("/", 1)[1] for k in keys if not _has(store, k)]
-            raise CoordinationError(
-                f"waited {wait_s:.0f} s for ranks {missing} to report '{key}' through the store: they died, hang "
-                f"or cannot reach it ({type(e).__name__}); nothing was committed"
-            ) from e
+            missing = [r for r, k in enumerate(keys) if not _has(store, k)]
+            raise _silent(missing, [str(r) for r in missing], key, wait_s, e) from e
         return [read(store, k) for k in keys]
 
 
 _ABSENT = "\x00preemptible: no such key"
 
 
-def read(store: Any, key: str) -> str:
+def read(store: StoreClient, key: str) -> str:
     """The value of ``key``, which a ``wait`` has just seen, in one round trip.
 
     IMPORTANT (scale): TCPStore's ``get`` is two round trips (a wait, then the get); after our own ``wait`` the
@@ -262,12 +296,22 @@ def read(store: Any, key: str) -> str:
     return value
 
 
-def session(coord: Coordinator | None) -> contextlib.AbstractContextManager[Any]:
+@overload
+def session(coord: Coordinator) -> contextlib.AbstractContextManager[StoreClient]: ...
+
+
+@overload
+def session(coord: Coordinator | None) -> contextlib.AbstractContextManager[StoreClient | None]: ...
+
+
+def session(coord: Coordinator | None) -> contextlib.AbstractContextManager[StoreClient | None]:
     """A pooled store client for a ``with`` block (`Coordinator.borrow`), or None in a single-process run."""
     return coord.borrow() if coord is not None else contextlib.nullcontext(None)
 
 
-def commit_barrier(coord: Coordinator, store: Any, key: str, report: str, *, wait: bool = True) -> list[str] | None:
+def commit_barrier(
+    coord: Coordinator, store: StoreClient, key: str, report: str, *, wait: bool = True
+) -> list[str] | None:
     """The commit barrier's gathering half: every rank reports (its files, or its error); rank 0 gets every
     report, in rank order, once all are in; the others get None (they then wait for rank 0's outcome). O(1)
     requests per rank but rank 0's one ``multi_get``. ``wait=False``: report and return (a rank that failed).
@@ -284,17 +328,23 @@ def commit_barrier(coord: Coordinator, store: Any, key: str, report: str, *, wai
     return [bytes(v).decode() for v in store.multi_get([f"{key}/{r}" for r in range(coord.world)])]
 
 
-def agree(coord: Coordinator, store: Any, key: str, doc: str) -> list[tuple[int, dict[str, Any]]]:
+def agree(coord: Coordinator, store: StoreClient, key: str, doc: str) -> list[tuple[int, dict[str, Any]]]:
     """The restore agreement: each rank's outcome (JSON with ``ok``); returns the ranks whose outcome was not ok,
-    with their reports (empty: every rank verified). One `Coordinator.reduce`."""
-
-    def failures(values: list[str]) -> str:
-        return json.dumps([[r, d] for r, d in enumerate(json.loads(v) for v in values) if not d.get("ok")])
-
-    return [(int(r), d) for r, d in json.loads(coord.reduce(store, key, doc, failures))]
+    with their reports (empty: every rank verified). One `Coordinator.failures` round."""
+    return coord.failures(store, key, doc)
 
 
-def _has(store: Any, key: str) -> bool:
+def _silent(missing: list[int], shown: list[Any], key: str, wait_s: float, e: BaseException) -> RankFailures:
+    """The error of a round some ranks never reported in (``shown``: how the message names them)."""
+    why = f"no report of '{key}' within {wait_s:.0f} s"
+    return RankFailures(
+        f"waited {wait_s:.0f} s for ranks {shown} to report '{key}' through the store: they died, hang "
+        f"or cannot reach it ({type(e).__name__}); nothing was committed",
+        failures=[(r, why) for r in missing],
+    )
+
+
+def _has(store: StoreClient, key: str) -> bool:
     try:
         return bool(store.check([key]))
     except Exception:
@@ -333,7 +383,7 @@ def check_shared_root(storage: Any, coord: Coordinator) -> None:
         _check_shared_root(storage, coord, store)
 
 
-def _check_shared_root(storage: Any, coord: Coordinator, store: Any) -> None:
+def _check_shared_root(storage: Any, coord: Coordinator, store: StoreClient) -> None:
     import secrets
 
     storage.makedirs(storage.root)
@@ -347,19 +397,15 @@ def _check_shared_root(storage: Any, coord: Coordinator, store: Any) -> None:
         seen = storage.read_bytes(name, 64).decode() == token
     except OSError:
         seen = False
-    blind = json.loads(
-        coord.reduce(
-            store,
-            "shared/seen",
-            "yes" if seen else "no",
-            lambda answers: json.dumps([r for r, a in enumerate(answers) if a != "yes"]),
-        )
-    )
-    if blind:
-        raise CoordinationError(
+    why = f"cannot see what rank 0 wrote to {storage.root}"
+    failed = coord.failures(store, "shared/seen", json.dumps({"ok": seen, "why": "" if seen else why}))
+    if failed:
+        blind = [r for r, _ in failed]
+        raise RankFailures(
             f"checkpoint root {storage.root} is not shared by all {coord.world} ranks: rank(s) {blind} cannot see "
             "what rank 0 wrote there (a node-local path in a multi-node job?). Every rank writes part of each "
-            "checkpoint, so the root must be one shared file system or bucket that all nodes mount"
+            "checkpoint, so the root must be one shared file system or bucket that all nodes mount",
+            failures=[(r, str(report.get("why", ""))) for r, report in failed],
         )
 
 
@@ -429,7 +475,7 @@ class StoreAgreement:
     def stop_step(self) -> int | None:
         return self._stop_step
 
-    def _announce(self, store: Any) -> None:
+    def _announce(self, store: StoreClient) -> None:
         notice = self._local_notice()
         if notice is None:
             return
@@ -461,7 +507,7 @@ class StoreAgreement:
         finally:
             self._known.set()
 
-    def _watch_with(self, store: Any) -> None:
+    def _watch_with(self, store: StoreClient) -> None:
         while not self._closed.is_set():
             try:
                 store.wait([self._mine], timedelta(seconds=WATCH_S))  # blocks: no requests while it waits

@@ -158,6 +158,19 @@ class CoordinationError(PreemptibleError, RuntimeError):
     """Ranks could not coordinate through the store in time (a rank died, hung, or cannot reach the store)."""
 
 
+class RankFailures(CoordinationError):
+    """Ranks failed a round of the store (`preemptible.dist.Coordinator.failures`), or never reported in it: every
+    rank raises this same error, naming each failing rank and why.
+
+    Attributes:
+        failures: ``(rank, reason)`` of each failing rank, in rank order.
+    """
+
+    def __init__(self, message: str, *, failures: Sequence[tuple[int, str]]) -> None:
+        super().__init__(message)
+        self.failures = list(failures)
+
+
 class StateDivergenceError(PreemptibleError, ValueError):
     """State treated as replicated differs between ranks: saving it from rank 0 alone would lose the others'.
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from preemptible.checkpoint.fallback import fall_back
 from preemptible.checkpoint.reader import decoding_pool, open_tensor
 from preemptible.errors import CheckpointCorruptError, CheckpointNotFoundError
 from preemptible.store import checksum, layout, tagged_json
@@ -62,8 +63,8 @@ def _check_empty(out: str) -> None:
 
 def _verified(ck: Any, step: int | None, attempt: Callable[[int], T]) -> T:
     """``attempt(step)``; without a step, on the newest committed checkpoint not marked invalid, falling back to the
-    next newest (with a `CheckpointFallbackWarning` naming why) while one fails verification. The one fallback loop
-    of load and every export; restore has its own, which also marks what fails."""
+    next newest (with a `CheckpointFallbackWarning` naming why) while one fails verification. Load and every export
+    fall back through it; restore, which also marks what fails, through the same loop (`fall_back`)."""
     import warnings
 
     from preemptible.errors import CheckpointFallbackWarning
@@ -73,18 +74,25 @@ def _verified(ck: Any, step: int | None, attempt: Callable[[int], T]) -> T:
     infos = [i for i in ck.checkpoints() if not i.invalid]
     if not infos:
         raise CheckpointNotFoundError(f"no committed checkpoint under {ck.root}: nothing to read", path=ck.root)
-    for i, info in enumerate(reversed(infos)):
+
+    def tried(s: int) -> tuple[T | None, CheckpointCorruptError | None]:
         try:
-            return attempt(info.step)
+            return attempt(s), None
         except CheckpointCorruptError as e:
-            if i == len(infos) - 1:
-                raise
-            warnings.warn(
-                f"{e}; using the previous checkpoint (step {infos[-2 - i].step})",
-                CheckpointFallbackWarning,
-                stacklevel=3,
-            )
-    raise AssertionError("unreachable")  # pragma: no cover
+            return None, e
+
+    def failed(s: int, result: tuple[T | None, CheckpointCorruptError | None], following: int | None) -> None:
+        error = result[1]
+        assert error is not None
+        if following is None:
+            raise error
+        warnings.warn(
+            f"{error}; using the previous checkpoint (step {following})", CheckpointFallbackWarning, stacklevel=5
+        )
+
+    found = fall_back([info.step for info in reversed(infos)], tried, ok=lambda r: r[1] is None, failed=failed)
+    assert found is not None  # the last failure raised
+    return found[1][0]  # type: ignore[return-value]
 
 
 def plain_name(name: str) -> str:
@@ -574,6 +582,6 @@ class _FileSink:
 
 
 def _safe_stem(entry: str) -> str:
-    from preemptible.writer import file_stem
+    from preemptible.store.naming import file_stem
 
     return file_stem(entry)

@@ -495,24 +495,16 @@ def plain_fit(
     out: dict[str, torch.Tensor] = {}
     loaded: dict[str, Any] = dict.fromkeys(tree)
     fit = PlainFit(out, loaded)
-    slots, subtrees, tuples = fit.slots, fit.subtrees, fit.tuples
-    todo: list[tuple[Any, Any, Any, Any]] = []
-    for name, doc in tree.items():
-        obj = live.get(name, _ABSENT)
-        if obj is _ABSENT:
-            subtrees.append((loaded, name, doc))  # not restored, but decoded as a restore always did
-        elif not _mapping_doc(doc):  # not the mapping every state_dict() is (even an empty one)
-            return None
-        else:
-            todo.append((obj, doc, loaded, name))
-    if any(name not in tree for name in live):
+    slots, subtrees = fit.slots, fit.subtrees
+    todo = _fit_roots(live, tree, loaded, subtrees)
+    if todo is None:
         return None
     strided = torch.strided
     get_entry = entries.get
     plain, scalars = _PLAIN_TENSORS, _SCALARS
-    only_scalars = scalars.issuperset
     # IMPORTANT: a restore walks every tensor of the state here (10,000s): one loop over a stack, not a call per
-    # node, the tensor case first, and lists of scalars (an optimizer's parameter ids) judged and copied in C.
+    # tensor (the tensor case first, inline); a call per container, where lists of scalars (an optimizer's
+    # parameter ids) are judged and copied in C.
     while todo:
         obj, doc, box, key = todo.pop()
         kind = type(obj)
@@ -521,9 +513,12 @@ def plain_fit(
                 return None
             ref = doc.get("$tensor")
             e = get_entry(ref) if type(ref) is str else None
-            if e is None or obj.layout is not strided or obj.shape != e.shape:
-                return None
-            if obj.dtype is not (casts.get(e.name, e.dtype) if casts else e.dtype):
+            if (
+                e is None
+                or obj.layout is not strided
+                or obj.shape != e.shape
+                or obj.dtype is not (casts.get(e.name, e.dtype) if casts else e.dtype)
+            ):
                 return None
             if obj.is_cpu and obj.is_contiguous():
                 box[key] = out.setdefault(e.name, obj)  # tied weights: both places hold the one read into
@@ -536,44 +531,82 @@ def plain_fit(
                 subtrees.append((box, key, doc))
             else:
                 box[key] = doc
-        elif kind is dict or isinstance(obj, Mapping):
-            if not obj:
-                subtrees.append((box, key, doc))
-                continue
-            stored = _stored_mapping(doc)
-            if stored is None or len(stored) != len(obj):
-                return None
-            if stored is doc or len(doc) == 1:  # a plain object, or {"$dict": pairs}
-                new: dict[Any, Any] = dict.fromkeys(stored)
-            elif len(doc) == 2 and "$meta" in doc:  # a module's state dict, as `tagged_json.decode` builds it
-                new = OrderedDict.fromkeys(stored)
-                subtrees.append((new, _META, doc["$meta"]))
-            else:
-                return None
-            box[key] = new
-            for k, v in obj.items():
-                sub = stored.get(k, _ABSENT)
-                if sub is _ABSENT:
-                    return None
-                todo.append((v, sub, new, k))
-        else:
-            if kind is list:
-                items = doc
-            elif kind is tuple or kind is torch.Size:
-                items = doc.get("$tuple") if type(doc) is dict and len(doc) == 1 else None
-            else:
-                return None
-            if type(items) is not list or len(items) != len(obj):
-                return None
-            if only_scalars(map(type, items)) and only_scalars(map(type, obj)):
-                box[key] = items.copy() if kind is list else tuple(items)  # plain JSON scalars are their values
-                continue
-            new_items: list[Any] = [None] * len(items)
-            box[key] = new_items
-            if kind is not list:
-                tuples.append((box, key, new_items))
-            todo.extend(zip(obj, items, repeat(new_items), range(len(items))))
+        elif not _fit_container(obj, doc, box, key, fit=fit, todo=todo):
+            return None
     return fit
+
+
+_Todo = list[tuple[Any, Any, Any, Any]]
+"""`plain_fit`'s stack: (live object, its tagged JSON, the container its entry goes into, its key there)."""
+
+
+def _fit_roots(
+    live: Mapping[str, Any], tree: Mapping[str, Any], loaded: dict[str, Any], subtrees: list[tuple[Any, Any, Any]]
+) -> _Todo | None:
+    """`plain_fit`'s first stack: each live entry beside its stored tree (None: a live entry the checkpoint lacks,
+    or a stored one that is not a mapping). A stored entry the live state lacks is decoded after the read."""
+    todo: _Todo = []
+    for name, doc in tree.items():
+        obj = live.get(name, _ABSENT)
+        if obj is _ABSENT:
+            subtrees.append((loaded, name, doc))  # not restored, but decoded as a restore always did
+        elif not _mapping_doc(doc):  # not the mapping every state_dict() is (even an empty one)
+            return None
+        else:
+            todo.append((obj, doc, loaded, name))
+    if any(name not in tree for name in live):
+        return None
+    return todo
+
+
+def _fit_container(obj: Any, doc: Any, box: Any, key: Any, *, fit: PlainFit, todo: _Todo) -> bool:
+    """`plain_fit` at a live container: its entries made in ``box[key]`` and pushed on ``todo``; False when it
+    cannot tell."""
+    kind = type(obj)
+    if kind is dict or isinstance(obj, Mapping):
+        return _fit_mapping(obj, doc, box, key, fit=fit, todo=todo)
+    if kind is list:
+        items = doc
+    elif kind is tuple or kind is torch.Size:
+        items = doc.get("$tuple") if type(doc) is dict and len(doc) == 1 else None
+    else:
+        return False
+    if type(items) is not list or len(items) != len(obj):
+        return False
+    only_scalars = _SCALARS.issuperset
+    if only_scalars(map(type, items)) and only_scalars(map(type, obj)):
+        box[key] = items.copy() if kind is list else tuple(items)  # plain JSON scalars are their values
+        return True
+    new_items: list[Any] = [None] * len(items)
+    box[key] = new_items
+    if kind is not list:
+        fit.tuples.append((box, key, new_items))
+    todo.extend(zip(obj, items, repeat(new_items), range(len(items))))
+    return True
+
+
+def _fit_mapping(obj: Mapping[Any, Any], doc: Any, box: Any, key: Any, *, fit: PlainFit, todo: _Todo) -> bool:
+    """`plain_fit` at a live mapping (a live one still empty is filled lazily: decoded after the read)."""
+    if not obj:
+        fit.subtrees.append((box, key, doc))
+        return True
+    stored = _stored_mapping(doc)
+    if stored is None or len(stored) != len(obj):
+        return False
+    if stored is doc or len(doc) == 1:  # a plain object, or {"$dict": pairs}
+        new: dict[Any, Any] = dict.fromkeys(stored)
+    elif len(doc) == 2 and "$meta" in doc:  # a module's state dict, as `tagged_json.decode` builds it
+        new = OrderedDict.fromkeys(stored)
+        fit.subtrees.append((new, _META, doc["$meta"]))
+    else:
+        return False
+    box[key] = new
+    for k, v in obj.items():
+        sub = stored.get(k, _ABSENT)
+        if sub is _ABSENT:
+            return False
+        todo.append((v, sub, new, k))
+    return True
 
 
 def _mapping_doc(doc: Any) -> bool:
@@ -617,39 +650,46 @@ def _has_tensor(x: Any) -> bool:
 
 
 def _diff(live: Any, stored: Any, path: str, out: list[str]) -> None:
-    where = path or "<root>"
     if is_dtensor(live):
         live = live.to_local()  # sharded: the file holds this rank's shard
     if isinstance(live, torch.Tensor) or isinstance(stored, torch.Tensor):
-        if isinstance(live, torch.Tensor) and isinstance(stored, torch.Tensor):
-            if live.shape != stored.shape or live.dtype != stored.dtype:
-                what = "shape" if live.shape != stored.shape else "dtype"
-                out.append(f"{where}: {what} differs: {_describe(stored)} in checkpoint, {_describe(live)} live")
-        elif isinstance(live, torch.Tensor):
-            out.append(f"{where}: a tensor {_describe(live)} live, a {type(stored).__name__} in checkpoint")
-        else:
-            out.append(f"{where}: a tensor {_describe(stored)} in checkpoint, a {type(live).__name__} live")
-        return
-    if isinstance(live, Mapping) and isinstance(stored, Mapping):
-        if not live:
-            return
-        for k, v in live.items():
-            sub = f"{path}/{tagged_json.key_str(k)}" if path else tagged_json.key_str(k)
-            if k in stored:
-                _diff(v, stored[k], sub, out)
-            elif _has_tensor(v):
-                out.append(f"{sub}: missing from checkpoint")
-        for k, v in stored.items():
-            if k not in live and _has_tensor(v):
-                sub = f"{path}/{tagged_json.key_str(k)}" if path else tagged_json.key_str(k)
-                out.append(f"{sub}: in checkpoint but not in the live state")
-        return
-    if isinstance(live, (list, tuple)) and isinstance(stored, (list, tuple)):
+        _diff_tensor(live, stored, path or "<root>", out)
+    elif isinstance(live, Mapping) and isinstance(stored, Mapping):
+        _diff_mapping(live, stored, path, out)
+    elif isinstance(live, (list, tuple)) and isinstance(stored, (list, tuple)):
         if len(live) != len(stored) and (_has_tensor(live) or _has_tensor(stored)):
-            out.append(f"{where}: {len(stored)} entries in checkpoint, {len(live)} live")
+            out.append(f"{path or '<root>'}: {len(stored)} entries in checkpoint, {len(live)} live")
             return
         for i, (a, b) in enumerate(zip(live, stored, strict=False)):
             _diff(a, b, f"{path}/{i}", out)
+
+
+def _diff_tensor(live: Any, stored: Any, where: str, out: list[str]) -> None:
+    """`_diff` where either side is a tensor."""
+    if isinstance(live, torch.Tensor) and isinstance(stored, torch.Tensor):
+        if live.shape != stored.shape or live.dtype != stored.dtype:
+            what = "shape" if live.shape != stored.shape else "dtype"
+            out.append(f"{where}: {what} differs: {_describe(stored)} in checkpoint, {_describe(live)} live")
+    elif isinstance(live, torch.Tensor):
+        out.append(f"{where}: a tensor {_describe(live)} live, a {type(stored).__name__} in checkpoint")
+    else:
+        out.append(f"{where}: a tensor {_describe(stored)} in checkpoint, a {type(live).__name__} live")
+
+
+def _diff_mapping(live: Mapping[Any, Any], stored: Mapping[Any, Any], path: str, out: list[str]) -> None:
+    """`_diff` of two mappings (a live one still empty is filled lazily: no difference)."""
+    if not live:
+        return
+    for k, v in live.items():
+        sub = f"{path}/{tagged_json.key_str(k)}" if path else tagged_json.key_str(k)
+        if k in stored:
+            _diff(v, stored[k], sub, out)
+        elif _has_tensor(v):
+            out.append(f"{sub}: missing from checkpoint")
+    for k, v in stored.items():
+        if k not in live and _has_tensor(v):
+            sub = f"{path}/{tagged_json.key_str(k)}" if path else tagged_json.key_str(k)
+            out.append(f"{sub}: in checkpoint but not in the live state")
 
 
 def apply(state: Mapping[str, Any], loaded: Mapping[str, Any], *, live: Mapping[str, Any] | None = None) -> None:

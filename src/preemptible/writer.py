@@ -20,14 +20,11 @@ import itertools
 import json
 import mmap
 import operator
-import queue
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
@@ -38,7 +35,8 @@ from preemptible.store import format as tensor_format
 from preemptible.store.compress import Codec
 from preemptible.store.io import Storage, WriteStream
 from preemptible.store.layout import FileRecord
-from preemptible.store.threads import stamp, storage_seconds
+from preemptible.store.naming import file_stem
+from preemptible.store.threads import PlanChanged, parallel_map, stamp, storage_seconds
 
 DEFAULT_MAX_FILE_BYTES = 1 << 30
 MIN_PART_BYTES = 64 << 20
@@ -49,22 +47,6 @@ HUGE_PAGE = 2 << 20  # a transparent huge page (x86-64, and arm64 with 4 KiB pag
 HUGE_ARENA_BYTES = 32 << 20  # arenas this large get a mapping of their own, on huge pages (`huge_page_arena`)
 METADATA = {"format": "pt", "writer": "preemptible"}
 _IS_CPU = operator.attrgetter("is_cpu")
-_FILE_SAFE = re.compile(r"[^A-Za-z0-9_.\-]")
-_PART = re.compile(r"-[0-9]{5}-of-[0-9]{5}$")
-
-
-def file_stem(group: str) -> str:
-    """The stem of the tensor files of a top-level state entry (``model`` -> ``model``, ``a/b`` -> ``a_b``)."""
-    return _FILE_SAFE.sub("_", group).lstrip(".") or "tensors"
-
-
-def stem_of_file(name: str) -> str:
-    """The inverse, from a file name: ``model-00002-of-00003-r00001.safetensors`` -> ``model``."""
-    stem = name.removesuffix(".zst").removesuffix(layout.TENSOR_SUFFIX)
-    rank = layout.file_rank(name)
-    if rank is not None:
-        stem = stem.removesuffix(layout.rank_suffix(rank))
-    return _PART.sub("", stem)
 
 
 @dataclass
@@ -337,97 +319,6 @@ def write_files(
 
     records = parallel_map(write_one, ordered, threads=threads, name="preemptible-write", meanwhile=meanwhile)
     return {stored_name(s, codec): r for s, r in zip(ordered, records, strict=True)}
-
-
-T = TypeVar("T")
-R = TypeVar("R")
-
-
-class PlanChanged(Exception):
-    """A save's plan, written while it was checked (`parallel_map`'s ``meanwhile``), did not fit the state: what was
-    written must be thrown away and the state planned again. Never leaves the checkpointer."""
-
-
-def parallel_map(
-    fn: Callable[[T], R],
-    items: Sequence[T],
-    *,
-    threads: int,
-    name: str,
-    meanwhile: Callable[[], bool] | None = None,
-    idle: Callable[[], bool] | None = None,
-) -> list[R]:
-    """``[fn(x) for x in items]`` on up to ``threads`` named threads pulling from one work queue, in order.
-
-    The first failure stops the others before their next item and is re-raised with its own type. ``meanwhile``:
-    run by the calling thread while the others work (first, when there are no others); False stops them before
-    their next item and raises `PlanChanged` once they are done. ``idle``: what a thread does once no item is left
-    to start (help one still running), called until it returns False; with it, ``threads`` threads work on even
-    one item.
-    """
-    if threads <= 1 or (len(items) <= 1 and idle is None) or not items:
-        if meanwhile is not None and not meanwhile():
-            raise PlanChanged
-        return [fn(x) for x in items]
-    work: queue.Queue[int] = queue.Queue()
-    for i in range(len(items)):
-        work.put(i)
-    results: list[Future[R]] = [Future() for _ in items]
-    stop = threading.Event()
-    go = threading.Event()
-    idle_errors: list[BaseException] = []
-
-    def worker() -> None:
-        go.wait()
-        while not stop.is_set():
-            try:
-                i = work.get_nowait()
-            except queue.Empty:
-                break
-            try:
-                results[i].set_result(fn(items[i]))
-            except BaseException as e:
-                stop.set()
-                results[i].set_exception(e)
-        try:
-            while idle is not None and not stop.is_set() and idle():
-                pass
-        except BaseException as e:  # a helper's read errors go to the item it helps; this is anything else
-            stop.set()
-            idle_errors.append(e)
-
-    count = threads if idle is not None else min(threads, len(items))
-    pool = [threading.Thread(target=worker, name=f"{name}-{k}") for k in range(count)]
-    # IMPORTANT: every thread is started before any works, so a thread that cannot start (a process out of threads)
-    # fails the map before a single item is done (no live tensor half read into, no file half written), and the
-    # threads that did start are joined, not left working after the error.
-    fits = True
-    try:
-        for t in pool:
-            t.start()
-        go.set()
-        if meanwhile is not None and not meanwhile():
-            fits = False
-            stop.set()
-    except BaseException:  # out of threads: those started stop before their first item, and the error is raised
-        stop.set()
-        raise
-    finally:
-        go.set()
-        for t in pool:
-            if t.ident is not None:  # started
-                t.join()
-    if not fits:
-        raise PlanChanged
-    for f in results:
-        error = f.exception() if f.done() else None
-        if error is not None:
-            raise error
-    if idle_errors:
-        raise idle_errors[0]
-    if not all(f.done() for f in results):  # pragma: no cover - only after a failure, which raised above
-        raise RuntimeError(f"{name} threads stopped early")
-    return [f.result() for f in results]
 
 
 # staging --------------------------------------------------------------------------------------------------

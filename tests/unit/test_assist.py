@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from preemptible.errors import CheckpointCorruptError
 from preemptible.store import assist
 from preemptible.store import format as tensor_format
-from preemptible.writer import parallel_map
+from preemptible.store.threads import parallel_map
 
 SMALL = tensor_format.SMALL_TENSOR_BYTES
 

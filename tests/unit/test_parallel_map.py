@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from preemptible.writer import parallel_map
+from preemptible.store.threads import parallel_map
 
 
 def test_results_come_in_order_and_the_first_failure_is_raised_with_its_type() -> None:
@@ -59,7 +59,7 @@ def test_a_thread_that_cannot_start_fails_the_map_and_leaves_no_work_running(mon
 def test_the_callers_check_runs_while_the_threads_work_and_a_failed_one_stops_them() -> None:
     """``meanwhile`` runs in the calling thread once the workers go; False stops them before their next item and
     raises PlanChanged after every one has finished what it had started."""
-    from preemptible.writer import PlanChanged
+    from preemptible.store.threads import PlanChanged
 
     started = threading.Event()
     release = threading.Event()

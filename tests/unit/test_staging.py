@@ -394,5 +394,5 @@ def test_prepare_lays_out_an_arena_only_where_a_blocking_save_would_use_it(tmp_p
     state = {"m": {"a": torch.zeros(100), "b": torch.zeros(1 << 20 if not small else 100)}}
     ck = Checkpointer(tmp_path / "ck")
     assert ck.prepare(state, arena=True)
-    staging = ck._staging
+    staging = ck.arena.laid_out
     assert (staging is not None and staging.allocations == 1) is small

@@ -444,11 +444,11 @@ def test_a_run_prepares_the_plan_after_its_first_step_so_the_emergency_save_only
             assert not list(tmp_path.glob("step-*"))
             boxes = steady_plans._template.prepared if steady_plans._template else []
             assert boxes and all(len(box) == 3 for box in boxes)  # headers made too
-            staging = run.checkpointer._staging
+            staging = run.checkpointer.arena.laid_out
             assert (staging.allocations if staging is not None else 0) == (save_every is not None)
             run.guard.trigger(source="signal")
     assert (run.checkpointer.steady.misses, run.checkpointer.steady.hits) == (1, 1)  # the emergency save refilled it
-    staged = run.checkpointer._staging.current if run.checkpointer._staging is not None else None
+    staged = run.checkpointer.arena.laid_out.current if run.checkpointer.arena.laid_out is not None else None
     assert (staged.step if staged is not None else None) == (2 if save_every is not None else None)
     lines = [
         json.loads(line) for f in sorted((tmp_path / "journal").glob("*.jsonl")) for line in f.read_text().splitlines()

@@ -1,20 +1,18 @@
 """The Checkpointer façade: save, list, verify, rotate and restore committed checkpoints under one root.
 
-Each concern lives in its own module: `partition` (which rank writes what), `commit` (the commit protocol and
-its barrier), `reader` (reading untrusted checkpoints), `restore` (fallback), `handle` (`SaveHandle`); the
-lifecycle's marker files in `preemptible.store.markers`, retention in `preemptible.store.retention`, deletion in
-`preemptible.store.deletion`. This class holds the configuration and ties them together.
+A `Checkpointer` holds the configuration and owns one small object per concern, each constructed with what it
+needs: `Listing` (what the root holds), `Lifecycle` (verify, rotate, clean up, quarantine), `Planner` (which files
+this rank writes), `Measurements` (bandwidths, compression choice), `Arena` (the staging buffers), `Saver` (a save's
+phases, blocking or in the background) and `Prestager` (a copy staged ahead of a notice). Below them: `partition`
+(which rank writes what), `commit` (the commit protocol and its barrier), `reader` (reading untrusted checkpoints),
+`restore` (fallback), `handle` (`SaveHandle`); the lifecycle's marker files in `preemptible.store.markers`,
+retention in `preemptible.store.retention`, deletion in `preemptible.store.deletion`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import json
-import logging
-import math
 import os
-import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
@@ -22,48 +20,31 @@ from typing import Any
 import torch
 
 from preemptible import dist
-from preemptible.checkpoint.commit import Committer, Job, save_error
-from preemptible.checkpoint.handle import SaveHandle, SaveResult
+from preemptible.checkpoint.arena import Arena
+from preemptible.checkpoint.commit import Job
+from preemptible.checkpoint.handle import SaveHandle
 from preemptible.checkpoint.lifecycle import Lifecycle
-from preemptible.checkpoint.partition import check_replicated, plan_share
-from preemptible.checkpoint.partition import split as split_state
-from preemptible.checkpoint.prestage import Prestaging
+from preemptible.checkpoint.listing import Listing
+from preemptible.checkpoint.measure import Measurements
+from preemptible.checkpoint.planner import Planner
+from preemptible.checkpoint.prestage import Prestager
 from preemptible.checkpoint.reader import Reader
 from preemptible.checkpoint.restore import Candidate, Restorer
+from preemptible.checkpoint.saver import JournalRelay, Saver
 from preemptible.checkpoint.steady import SteadyPlans
-from preemptible.errors import (
-    CheckpointCorruptError,
-    CheckpointNotFoundError,
-    NotRegularFileError,
-    SaveCancelled,
-    SaveError,
-)
-from preemptible.events import Event, EventSink, NullSink, SaveReason
+from preemptible.errors import CheckpointNotFoundError
+from preemptible.events import EventSink, NullSink, SaveReason
 from preemptible.journal import Journal
 from preemptible.notice import Clock
-from preemptible.progress import Meter
-from preemptible.state import capture, check_state, flatten, gc_paused
+from preemptible.state import check_state, gc_paused
 from preemptible.store import compress as compress_mod
-from preemptible.store import deletion, direct, layout
 from preemptible.store import format as tensor_format
+from preemptible.store import layout
 from preemptible.store.io import Storage, storage_for
 from preemptible.store.layout import CheckpointInfo
-from preemptible.store.markers import Markers, State, Transition
-from preemptible.validate import DEFAULT_RTOL, Probe, run_probe
-from preemptible.writer import (
-    DEFAULT_MAX_FILE_BYTES,
-    DEFAULT_THREADS,
-    METADATA,
-    ArenaFill,
-    FileSpec,
-    PlanChanged,
-    Progress,
-    SavePlan,
-    Staged,
-    Staging,
-)
-
-log = logging.getLogger("preemptible")
+from preemptible.store.markers import Markers, State
+from preemptible.validate import DEFAULT_RTOL, Probe
+from preemptible.writer import DEFAULT_MAX_FILE_BYTES, DEFAULT_THREADS, METADATA, Staging
 
 OBJECT_STORE_THREADS = 8
 STALE_AFTER_S = 15 * 60
@@ -90,28 +71,12 @@ def check_best(best: object) -> tuple[str, str] | None:
     return (best[0], best[1])
 
 
-def _cores() -> int:
-    """CPU cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
-def _lower_priority(nice: int) -> None:
-    """Lower this thread's CPU priority (Linux: nice is per thread, inherited by threads it starts), so a
-    background save takes the cycles training leaves idle instead of stalling its parallel kernels."""
-    if nice <= 0 or not hasattr(os, "setpriority"):
-        return
-    with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
-
-
-class Checkpointer(Lifecycle, Prestaging):
+class Checkpointer:
     """Saves and restores training state under ``root``.
 
     Args:
-        root: a local directory (created on first save).
+        root: where checkpoints go: a local directory (created on first save) or an object-store URL
+            (``s3://bucket/prefix``, ``gs://...``, ``az://...``; see `preemptible.store.io.storage_for`).
         keep: committed checkpoints to keep (>= 2), besides the newest validated one.
         keep_best: ``(figure, "min" | "max")``: also keep the checkpoint whose ``COMMIT.json`` records the best
             value of that figure (``extra={"figures": {...}}`` at save; `Run` records what ``run.log`` logged).
@@ -180,11 +145,11 @@ class Checkpointer(Lifecycle, Prestaging):
             raise ValueError(
                 f"expected keep >= 2 (the previous checkpoint must stay until the newest has validated), found {keep}"
             )
-        self.storage: Storage = storage if storage is not None else storage_for(root, storage_options)
+        self._storage: Storage = storage if storage is not None else storage_for(root, storage_options)
         if threads is None:  # object stores gain from many uploads at once; a disk from a few
-            threads = OBJECT_STORE_THREADS if self.storage.kind == "object" else DEFAULT_THREADS
-        self.root = self.storage.root
-        if self.storage.kind == "local" and os.path.exists(self.root) and not os.path.isdir(self.root):
+            threads = OBJECT_STORE_THREADS if self._storage.kind == "object" else DEFAULT_THREADS
+        self.root = self._storage.root
+        if self._storage.kind == "local" and os.path.exists(self.root) and not os.path.isdir(self.root):
             raise NotADirectoryError(
                 errno.ENOTDIR,
                 f"checkpoint root {root} is a file or device, expected a directory (or a path where one can be made)",
@@ -192,51 +157,107 @@ class Checkpointer(Lifecycle, Prestaging):
             )
         self.keep = keep
         self.keep_best = check_best(keep_best)
-        self.journal = journal
         self.threads = threads
         self.max_file_bytes = max_file_bytes
         self.stale_after_s = stale_after_s
-        self._clock = clock
-        self._monotonic = monotonic
-        self._writing: set[int] = set()
         self.moments_dtype = moments_dtype
-        self.bandwidth: float | None = None
-        self.storage_bandwidth: float | None = None
-        self.fixed_s = 0.05  # directory creation, fsyncs and the commit marker: refined by every save
-        self._inflight: SaveHandle | None = None
-        self._go: threading.Event | None = None
-        self._staging: Staging | None = None
-        self._small_layout: tuple[object, bool] | None = None  # `_mostly_small`, for the last steady layout
-        self.steady = SteadyPlans()
-        """The steady state's plans (see `preemptible.checkpoint.steady`): ``steady.hits`` saves reused one."""
-        self._coordinator: Any = _UNSET
-        self.markers = Markers(self.storage)
-        self.reader = Reader(self.storage, self.root, threads=threads)
         self.per_rank = frozenset(per_rank)
         self.background_nice = background_nice
         self.background_threads = background_threads
         self.probe = probe
         self.probe_rtol = probe_rtol
         self.verify_after_save = verify_after_save
-        if compress not in (True, False, "auto"):
-            raise ValueError(f"expected compress=True, False or 'auto', found {compress!r}")
-        self.compress = compress
-        self.compression: compress_mod.Measured | None = None
-        """This state's compression ratio and speed, sampled at the first save that asks, refined by each
-        compressed save."""
-        self.last_choice: compress_mod.Choice | None = None
+        self.compress = compress_mod.check_setting(compress)
+        self._clock = clock
+        self._monotonic = monotonic
+        self._coordinator: Any = _UNSET
+        self._relay = JournalRelay()
+        self.journal = journal
+        self._assemble()
+
+    def _assemble(self) -> None:
+        """Make the parts, each given what it needs (see the module docs)."""
+        storage, root, relay = self._storage, self.root, self._relay
+        clocks = {"clock": self._clock, "monotonic": self._monotonic}
+        writing: set[int] = set()  # the steps this process is saving now: never cleaned up as stale
+        self.markers = Markers(storage)
+        self.reader = Reader(storage, root, threads=self.threads)
+        self.listing = Listing(storage, root, markers=self.markers, reader=self.reader)
+        self.lifecycle = Lifecycle(
+            storage,
+            root,
+            listing=self.listing,
+            markers=self.markers,
+            reader=self.reader,
+            events=relay,
+            keep=self.keep,
+            keep_best=self.keep_best,
+            stale_after_s=self.stale_after_s,
+            writing=writing,
+            clock=self._clock,
+        )
+        self.measurements = Measurements(compress=self.compress)
+        self.arena = Arena(**clocks)
+        self.planner = Planner(
+            per_rank=self.per_rank,
+            threads=self.threads,
+            max_file_bytes=self.max_file_bytes,
+            moments_dtype=self.moments_dtype,
+            coordinator=self._find_coordinator,
+            events=relay,
+        )
+        self.saver = Saver(
+            storage,
+            root,
+            arena=self.arena,
+            planner=self.planner,
+            measurements=self.measurements,
+            listing=self.listing,
+            lifecycle=self.lifecycle,
+            markers=self.markers,
+            events=relay,
+            coordinator=self._find_coordinator,
+            writing=writing,
+            threads=self.threads,
+            background_threads=self.background_threads,
+            background_nice=self.background_nice,
+            probe=self.probe,
+            verify_after_save=self.verify_after_save,
+            **clocks,
+        )
+        self.prestager = Prestager(
+            arena=self.arena,
+            planner=self.planner,
+            listing=self.listing,
+            saver=self.saver,
+            coordinator=self._find_coordinator,
+            events=relay,
+            **clocks,
+        )
 
     def __repr__(self) -> str:
         return f"Checkpointer({self.root!r}, keep={self.keep})"
 
     @property
+    def storage(self) -> Storage:
+        """Where the checkpoints are written and read."""
+        return self._storage
+
+    @storage.setter
+    def storage(self, storage: Storage) -> None:
+        # the parts that write and list use it from now on; the markers and the reader keep the one they were made
+        # with (as a root's marker files and reads must stay on one storage)
+        self._storage = storage
+        self.listing.storage = self.lifecycle.storage = self.saver.storage = storage
+
+    @property
     def journal(self) -> Journal | None:
         """Where saves, fallbacks and rotations are recorded (`Run` sets it)."""
-        return self._journal
+        return self._relay.journal
 
     @journal.setter
     def journal(self, journal: Journal | None) -> None:
-        self._journal = journal
+        self._relay.journal = journal
         self.events: EventSink = journal if journal is not None else NullSink()
 
     @property
@@ -247,115 +268,131 @@ class Checkpointer(Lifecycle, Prestaging):
         coordinator: dist.Coordinator | None = self._coordinator
         return coordinator
 
+    def _find_coordinator(self) -> dist.Coordinator | None:
+        return self.coordinator
+
+    # what saves measured (see the class docs) --------------------------------------------------------------
     @property
-    def _leader(self) -> bool:
-        coord = self.coordinator
-        return coord is None or coord.rank == 0
+    def bandwidth(self) -> float | None:
+        return self.measurements.bandwidth
 
-    def _now(self) -> str:
-        return layout.now_iso(self._clock())
+    @bandwidth.setter
+    def bandwidth(self, value: float | None) -> None:
+        self.measurements.bandwidth = value
 
-    def _progress(self, total: int, deadline: float | None = None, *, what: str = "save") -> Progress:
-        """A save's byte counter; a save that runs longer than a few seconds logs how it goes (bytes, throughput,
-        time left against its deadline)."""
-        progress = Progress(
-            total=total, deadline=deadline, started=self._monotonic(), clock=self._clock, monotonic=self._monotonic
-        )
-        progress.meter = Meter(what, total, bar=False, deadline=deadline, clock=self._clock, monotonic=self._monotonic)
-        return progress
+    @property
+    def storage_bandwidth(self) -> float | None:
+        return self.measurements.storage_bandwidth
+
+    @storage_bandwidth.setter
+    def storage_bandwidth(self, value: float | None) -> None:
+        self.measurements.storage_bandwidth = value
+
+    @property
+    def fixed_s(self) -> float:
+        """Seconds a save takes besides its bytes (directory creation, fsyncs, the commit marker)."""
+        return self.measurements.fixed_s
+
+    @property
+    def compression(self) -> compress_mod.Measured | None:
+        """This state's compression ratio and speed, sampled at the first save that asks, refined by each
+        compressed save."""
+        return self.measurements.compression
+
+    @property
+    def last_choice(self) -> compress_mod.Choice | None:
+        """The last save's compression choice."""
+        return self.measurements.last_choice
+
+    @property
+    def steady(self) -> SteadyPlans:
+        """The steady state's plans (see `preemptible.checkpoint.steady`): ``steady.hits`` saves reused one."""
+        return self.planner.steady
+
+    def predict(self, nbytes: int) -> float | None:
+        """Seconds a save of ``nbytes`` should take from here, by the bandwidth recent saves measured."""
+        return self.measurements.predict(nbytes)
 
     # paths and listing ---------------------------------------------------------------------------------------
     def path_of(self, step: int) -> str:
-        return self.storage.join(self.root, layout.step_dir(step))
+        return self.listing.path_of(step)
 
     def files_dir(self, step: int) -> str:
         """Where the files of committed checkpoint ``step`` are: its directory, or on an object store the attempt
         prefix inside it that its COMMIT.json names (``step-N/a-<token>/``)."""
-        return self.reader.manifest(step).file_dir(self.storage.join, self.path_of(step))
+        return self.listing.files_dir(step)
 
     def is_committed(self, step: int) -> bool:
-        return self.storage.exists(self.storage.join(self.path_of(step), layout.COMMIT))
+        return self.listing.is_committed(step)
 
     def checkpoints(self, *, include_uncommitted: bool = False) -> list[CheckpointInfo]:
         """Every committed checkpoint under the root, oldest first (and leftovers, if asked)."""
-        out = []
-        for name in self.storage.listdir(self.root):
-            step = layout.parse_step_dir(name)
-            attempt = layout.parse_attempt_dir(name)
-            if step is None and attempt is None:
-                continue
-            path = self.storage.join(self.root, name)
-            target = self.storage.escapes(path)
-            if target is not None:
-                if include_uncommitted:
-                    where = "inside the root" if target.startswith(self.root.rstrip("/") + "/") else "outside the root"
-                    why = f"{name} is a link to {target}, {where}: never read, restored or deleted through"
-                    out.append(CheckpointInfo(step=step or attempt or 0, path=path, committed=False, refused=why))
-                continue
-            if not self.storage.isdir(path):
-                continue
-            if attempt is not None:  # a local save attempt that never got renamed into place
-                if include_uncommitted:
-                    out.append(CheckpointInfo(step=attempt, path=path, committed=False, bytes=self._bytes_in(path)))
-                continue
-            assert step is not None
-            info = self._info(step, path)
-            if info.committed or include_uncommitted:
-                out.append(info)
-            if include_uncommitted and info.manifest is not None and info.manifest.prefix:
-                out += self._losing_attempts(info)
-        return sorted(out, key=lambda c: (c.step, c.committed))
-
-    def _bytes_in(self, path: str) -> int:
-        size = 0
-        for name in self.storage.listdir(path):
-            with contextlib.suppress(OSError):
-                size += self.storage.size(self.storage.join(path, name))
-        return size
-
-    def _losing_attempts(self, info: CheckpointInfo) -> list[CheckpointInfo]:
-        """Object stores: attempt prefixes under a committed step that its COMMIT.json does not name."""
-        assert info.manifest is not None
-        return [
-            CheckpointInfo(step=info.step, path=p, committed=False, bytes=self._bytes_in(p))
-            for name in self.storage.listdir(info.path)
-            if layout.PREFIX_RE.fullmatch(name) and name != info.manifest.prefix
-            for p in [self.storage.join(info.path, name)]
-        ]
-
-    def _info(self, step: int, path: str) -> CheckpointInfo:
-        try:
-            verdict = self.markers.read(path)
-        except NotRegularFileError as e:  # COMMIT.json itself a link out of the root, or not a file
-            return CheckpointInfo(step=step, path=path, committed=True, error=str(e))
-        if verdict.state is State.UNCOMMITTED:
-            return CheckpointInfo(step=step, path=path, committed=False, bytes=self._bytes_in(path))
-        validated = verdict.state is State.VALIDATED
-        try:
-            manifest = self.reader.manifest(step)
-        except CheckpointCorruptError as e:
-            return CheckpointInfo(
-                step=step, path=path, committed=True, validated=validated, error=str(e), invalid=verdict.invalid_reason
-            )
-        except CheckpointNotFoundError:  # deleted a moment ago (rotation): no longer a checkpoint
-            return CheckpointInfo(step=step, path=path, committed=False)
-        return CheckpointInfo(
-            step=step,
-            path=path,
-            committed=True,
-            validated=validated,
-            bytes=manifest.total_bytes,
-            created=manifest.created,
-            save_s=manifest.timings.get("total"),
-            predicted_save_s=manifest.predicted_save_s,
-            manifest=manifest,
-            invalid=verdict.invalid_reason,
-        )
+        return self.listing.checkpoints(include_uncommitted=include_uncommitted)
 
     def latest(self) -> int | None:
         """The newest committed step, or None."""
-        infos = self.checkpoints()
-        return infos[-1].step if infos else None
+        return self.listing.latest()
+
+    # lifecycle: verification, rotation, cleanup (see `Lifecycle`) -----------------------------------------------
+    def rotate(self, *, just_saved: Job | None = None) -> list[int]:
+        """Apply retention (`preemptible.store.retention`): delete committed checkpoints it allows to go, and stale
+        leftovers. A checkpoint goes only once a newer one has validated; when older ones wait for that, the one
+        ``just_saved`` is verified first (its files read back). Returns the deleted steps."""
+        return self.lifecycle.rotate(just_saved=just_saved)
+
+    def cleanup(self, infos: list[CheckpointInfo] | None = None) -> list[int]:
+        """Delete uncommitted leftovers older than ``stale_after_s``; younger ones may still be being written."""
+        return self.lifecycle.cleanup(infos)
+
+    def verify(self, step: int, *, mark: bool = True) -> CheckpointInfo:
+        """Fully verify checkpoint ``step``: manifest, sizes, headers, every checksum; record the verdict.
+
+        A pass marks it validated, unless it carries a probe value (that needs the model: the next restore checks
+        it, and until then it stays ``committed``). A content failure marks it invalid (removing any earlier
+        ``VALID.json``). An I/O error marks nothing. ``mark=False`` leaves every file untouched.
+
+        Raises:
+            CheckpointNotFoundError, CheckpointCorruptError, OSError (could not verify).
+        """
+        return self.lifecycle.verify(step, mark=mark)
+
+    def verify_report(self, step: int, *, mark: bool = True) -> tuple[CheckpointInfo, list[str]]:
+        """`verify`, plus notes that do not fail it (files the manifest does not list, a probe left to check)."""
+        return self.lifecycle.verify_report(step, mark=mark)
+
+    def mark_finished(self, step: int) -> None:
+        """Leave ``DONE.json`` in the root: the run finished all its steps (a wrapper tells "done" from "preempted")."""
+        self.lifecycle.mark_finished(step)
+
+    def clear_finished(self) -> None:
+        """Remove ``DONE.json``: the run is training again."""
+        self.lifecycle.clear_finished()
+
+    def quarantine(self) -> str | None:
+        """Move every checkpoint directory aside to ``<root>/quarantine/<utc>/`` (for a deliberate fresh start
+        when none verifies: kept for inspection, out of the way of new saves). Returns where, or None."""
+        return self.lifecycle.quarantine()
+
+    # staging and pre-staging (see `Prestager`) ---------------------------------------------------------------
+    @property
+    def staging(self) -> Staging:
+        """The reused staging buffers of background saves (laid out at first use)."""
+        return self.arena.staging
+
+    def prestage(self, state: Mapping[str, Any], step: int) -> bool:
+        """Copy ``state`` into the staging buffer without writing it (for a later `flush_staged`).
+
+        Returns False (and does nothing) while a background save is still writing from the buffer: the buffer
+        then holds that save's step, which is as recent.
+        """
+        return self.prestager.prestage(state, step)
+
+    def flush_staged(self, *, reason: str = SaveReason.PRESTAGED, deadline: float | None = None) -> SaveHandle | None:
+        """Write what the staging buffer holds as the checkpoint of its step, in the background.
+
+        Returns None when the buffer is empty, or its step is already committed or being written.
+        """
+        return self.prestager.flush_staged(reason=reason, deadline=deadline)
 
     # saving ------------------------------------------------------------------------------------------------
     def save(
@@ -400,275 +437,11 @@ class Checkpointer(Lifecycle, Prestaging):
             )
         with gc_paused():
             try:
-                return self._save(state, step, blocking=blocking, reason=str(reason), deadline=deadline, extra=extra)
+                return self.saver.save(
+                    state, step, blocking=blocking, reason=str(reason), deadline=deadline, extra=extra
+                )
             finally:
-                go, self._go = self._go, None
-                if go is not None:
-                    go.set()  # the writer starts once the caller has its thread back
-                if self._staging is not None:
-                    self._staging.drop_early()  # a background save that failed before staging: nothing left running
-
-    def _save(
-        self,
-        state: Mapping[str, Any],
-        step: int,
-        *,
-        blocking: bool,
-        reason: str,
-        deadline: float | None,
-        extra: Mapping[str, Any] | None,
-    ) -> SaveHandle:
-        start = self._monotonic()
-        path = self.path_of(step)
-        self._wait_inflight(reason)
-        verdict = self.markers.read(path)
-        if verdict.state in (State.COMMITTED, State.VALIDATED):
-            self.events.event(Event.SAVE_SKIPPED, step, reason=reason, why="already committed")
-            return SaveHandle(step, result=SaveResult(step=step, path=path, bytes=0, seconds=0.0, skipped=True))
-        key = self.coordinator.round("save") if self.coordinator is not None else "save/0"
-        # A background save's copy into the staging arena starts while its plan is checked (`Staging.begin`):
-        # not with a probe, which runs the model on the live state before it is copied.
-        early = self.staging.begin if not blocking and self.probe is None else None
-        # Checks the whole state before any write; but a blocking refill of CPU tensors checks its tensors while
-        # its files are written, and commits only if they fit (`SavePlan.check`).
-        plan = self._plan(state, key=key, reason=reason, early=early, defer=blocking and self.probe is None)
-        if verdict.state is State.INVALID and self._leader:
-            log.info("replacing the checkpoint of step %d, marked invalid (%s)", step, verdict.invalid_reason)
-            deletion.delete_checkpoint(self.storage, self.root, step, verdict.state, transition=Transition.REPLACE)
-        probe_value = self._probe_at_save(state, step)
-        t_probe = self._monotonic() - start
-        budget = deadline - self._clock() if deadline is not None else None
-        predicted = self.predict(plan.nbytes)
-        choice, codec = self._codec(plan, background=not blocking)
-        if choice.on and choice.compressed_s is not None and predicted is not None:
-            predicted = round(choice.compressed_s + self.fixed_s, 3)  # as it will be written: compressed
-        job = Job(
-            step=step,
-            path=path,
-            reason=reason,
-            start=start,
-            extra={**(extra or {}), **_transformers_configs(state), "predicted_save_s": predicted},
-            budget=budget,
-            deadline=deadline,
-            progress=self._progress(plan.nbytes, deadline, what=f"{reason} save of step {step}"),
-            probe=probe_value,
-            key=key,
-            codec=codec,
-            choice=choice,
-        )
-        if self.probe is not None:
-            job.timings["probe"] = t_probe
-        if not blocking:
-            return self._save_async(plan, job)
-        self.events.event(
-            Event.SAVE_STARTED,
-            step,
-            reason=reason,
-            budget_s=budget,
-            bytes=plan.nbytes,
-            predicted_s=predicted,
-            compress=choice.to_json(),
-            plan=self.steady.last,
-        )
-        job.timings["capture"] = self._monotonic() - start
-        try:
-            staging = self._stage_blocking(plan, step, lazily=job.codec is None)
-            if staging is not None:
-                staged, fills = staging
-                try:
-                    job.timings["stage"] = staged.seconds
-                    job.check, job.fills = plan.check, fills
-                    result = self._write_and_commit(job, staged.specs, staged.docs, blobs=staged.blobs)
-                    if fills is not None:  # every file written: the arena holds the whole state
-                        self.staging.current = staged
-                except PlanChanged:
-                    self.staging.current = None  # the arena holds tensors that did not fit: never flushed
-                    raise
-                finally:
-                    self.staging.busy.release()
-            else:
-                job.check = plan.check
-                result = self._write_and_commit(job, plan.specs, plan.docs, blobs=None)
-        except PlanChanged:  # thrown away: planned again, checked first this time
-            log.info("step %d: the state changed its tensors since the last save; planning it again", step)
-            plan = self._plan(state, key=key, reason=reason)
-            job.check = None
-            job.progress = self._progress(plan.nbytes, deadline, what=f"{reason} save of step {step}")
-            job.choice, job.codec = self._codec(plan, background=False)
-            result = self._write_and_commit(job, plan.specs, plan.docs, blobs=None)
-        return SaveHandle(step, result=result, progress=job.progress)
-
-    def _stage_blocking(
-        self, plan: SavePlan, step: int, *, lazily: bool
-    ) -> tuple[Staged, dict[str, ArenaFill] | None] | None:
-        """For a blocking save, when the staging arena is laid out for its tensors already (background saves of
-        this state came before) and is free: copy them into it and write its page-aligned regions, where that
-        beats writing each tensor from its own memory:
-
-        - GPU tensors: device-to-host at the bus's speed, on side streams, instead of one pageable ``.cpu()`` copy
-          per tensor (about 40x slower on an H200); all of them before the writes;
-        - CPU tensors, most of whose bytes are in small ones (`_mostly_small`): the writers would copy those
-          anyway, gathering them one memmove at a time under the GIL (threads that write take turns at it); the
-          arena copy is one ``_foreach_copy_`` per piece, which lets it go. With ``lazily`` (an uncompressed
-          save), each writer copies a piece just before writing it (`Staging.stage_lazily`, returned ``fills``).
-
-        The plan's deferred check (`SavePlan.check`) is left to the writes of the staged bytes, as on the unstaged
-        path: made during a copy before them, it took a core from it (10,000 tensors: 7 ms of checking, the copy
-        16 ms alone and 23 ms beside it). A copy that fails (a tensor that changed shape) is checked at once:
-        `PlanChanged`. Never allocates an arena here: an emergency is no time to take the state's size in host
-        memory (pinned, for GPU tensors). Returns the staged state and its fills (``staging.busy`` held), or
-        None."""
-        staging = self._staging
-        if staging is None or not staging.fits(plan.specs, plan.layout_token):
-            return None
-        on_cpu = plan.all_cpu()
-        if on_cpu and not self._mostly_small(plan):
-            return None
-        if not staging.busy.acquire(blocking=False):  # a background save is writing from it
-            return None
-        try:
-            if on_cpu and lazily:
-                return staging.stage_lazily(plan, step=step)
-            try:
-                return staging.stage(plan, step=step), None
-            except RuntimeError:
-                if plan.check is not None and not plan.check():
-                    raise PlanChanged from None
-                raise
-        except BaseException:
-            staging.busy.release()
-            raise
-
-    def _mostly_small(self, plan: SavePlan) -> bool:
-        """Whether at least half the plan's bytes are in tensors under `tensor_format.SMALL_TENSOR_BYTES` (asked once
-        per steady-state layout: 10,000s of tensors)."""
-        token = plan.layout_token
-        known = self._small_layout
-        if token is not None and known is not None and known[0] is token:
-            return known[1]
-        sizes = [t.nbytes for spec in plan.specs for _, t in spec.items]
-        small = sum(n for n in sizes if n < tensor_format.SMALL_TENSOR_BYTES)
-        verdict = 2 * small >= sum(sizes) > 0
-        self._small_layout = (token, verdict) if token is not None else None
-        return verdict
-
-    def _plan(
-        self,
-        state: Mapping[str, Any],
-        *,
-        key: str,
-        reason: str,
-        early: Callable[[object, list[torch.Tensor]], object] | None = None,
-        defer: bool = False,
-    ) -> SavePlan:
-        """This rank's share of the save, after checking that replicated state is the same on every rank.
-        ``early``, ``defer``: see `SteadyPlans.plan`."""
-        coord = self.coordinator
-        world, me = (coord.world, coord.rank) if coord is not None else (1, 0)
-        captured = capture(state)
-
-        def general(tree: Mapping[str, Any]) -> SavePlan:
-            flat = flatten(tree)
-            split = split_state(flat, state, self.per_rank, world=world, rank=me)
-            if coord is not None:
-                split = check_replicated(coord, flat, set(state), split, key=key, reason=reason, events=self.events)
-            return plan_share(
-                state,
-                flat,
-                split,
-                threads=self.threads,
-                max_file_bytes=self.max_file_bytes,
-                moments_dtype=self.moments_dtype,
-            )
-
-        # The steady state of one process: the plan of the last save, refilled. Not made for an emergency save:
-        # the process stops after it, and making the template costs as much again as the plan it refills
-        # (10,000 tensors: 50 of 200 ms).
-        if world == 1 and (reason != SaveReason.EMERGENCY or self.steady.remembers):
-            config = (self.threads, self.max_file_bytes, self.moments_dtype, [(k, type(v)) for k, v in state.items()])
-            plan = self.steady.plan(state, captured, config, general, early, defer=defer)
-            if plan is not None:
-                return plan
-        self.steady.last = "general"
-        return general(captured)
-
-    def _codec(self, plan: SavePlan, *, background: bool) -> tuple[compress_mod.Choice, compress_mod.Codec | None]:
-        """Whether this save compresses (see `compress_mod.choose`), and the codec that does it."""
-        threads = self.background_threads if background else self.threads
-        object_store = self.storage.kind == "object"
-        if (
-            self.compress == "auto"
-            and self.compression is None
-            and plan.nbytes >= compress_mod.MIN_AUTO_BYTES
-            and compress_mod.weighed_bandwidth(self.storage_bandwidth, object_store=object_store) is not None
-        ):
-            self.compression = compress_mod.measure(
-                (t, spec.stored.get(n, t.dtype)) for spec in plan.specs for n, t in spec.items
-            )
-        choice = compress_mod.choose(
-            plan.nbytes,
-            setting=self.compress,
-            measured=self.compression,
-            bandwidth=self.storage_bandwidth,
-            threads=threads,
-            cores=_cores(),
-            background=background,
-            object_store=object_store,
-        )
-        self.last_choice = choice
-        if not choice.on:
-            return choice, None
-        return choice, compress_mod.Codec(threads=1 if background else max(1, min(threads, _cores())))
-
-    def _learn(self, codec: compress_mod.Codec) -> dict[str, Any]:
-        """What a compressed save measured of this state: its ratio and its compression speed."""
-        stats = codec.stats
-        if not stats.decoded:
-            return {}
-        if stats.encode_s > 0:
-            ratio, rate = stats.stored / stats.decoded, stats.decoded / stats.encode_s
-            old = self.compression
-            if old is not None:
-                ratio, rate = 0.5 * (old.ratio + ratio), 0.5 * (old.rate + rate)
-            self.compression = compress_mod.Measured(ratio, rate, stats.decoded)
-        return {
-            "decoded_bytes": stats.decoded,
-            "stored_bytes": stats.stored,
-            "ratio": round(stats.stored / stats.decoded, 4),
-            "encode_cpu_s": round(stats.encode_s, 4),
-            "io_s": round(stats.io_s, 4),
-        }
-
-    def _probe_at_save(self, state: Mapping[str, Any], step: int) -> float | None:
-        """The probe's value on the weights being saved (None without a probe; non-finite values are kept out of
-        the manifest, with a warning, since they cannot validate anything)."""
-        if self.probe is None:
-            return None
-        value = run_probe(self.probe, state)
-        if not math.isfinite(value):
-            log.warning(
-                "the probe returned %r at step %d: this checkpoint cannot be validated by its probe", value, step
-            )
-            return None
-        return value
-
-    def _wait_inflight(self, reason: str) -> None:
-        handle = self._inflight
-        if handle is None:
-            return
-        t0 = self._monotonic()
-        with contextlib.suppress(Exception):  # its failure belongs to its own handle
-            handle.wait()
-        waited = self._monotonic() - t0
-        self._inflight = None
-        if waited > 0.5 and reason != SaveReason.EMERGENCY:
-            log.warning(
-                "%s save waited %.1f s for the background save of step %d: saves come faster than the storage "
-                "absorbs them; a larger save_every (or save_interval_s) stops stalling training",
-                reason,
-                waited,
-                handle.step,
-            )
+                self.saver.release()  # the writer starts once the caller has its thread back
 
     def prepare(self, state: Mapping[str, Any], *, arena: bool = False) -> bool:
         """Make the plan of a save of ``state`` ahead of it, writing nothing: its tensor names and files and each
@@ -678,169 +451,26 @@ class Checkpointer(Lifecycle, Prestaging):
         states only the general path handles). Raises what a save would (`UnsupportedStateError`).
 
         ``arena``: also lay out the staging arena for the state, its pages touched, where a blocking save would
-        use it (`_stage_blocking`: GPU tensors, or CPU tensors mostly small): for a run whose background saves will
+        use it (`Arena.stage_blocking`: GPU tensors, or CPU tensors mostly small): for a run whose background saves will
         allocate it anyway at their first save, so that an emergency save before that one goes through it too
         (10,000 small CPU tensors, 120 MB: 0.77 of the same bytes' throughput without it, about 0.85 with it)."""
         if self.coordinator is not None:  # the steady state's plans are one process's
             return False
         check_state(state)
         with gc_paused():
-            plan = self._plan(state, key="prepare", reason="prepare")
+            plan = self.planner.plan(state, key="prepare", reason="prepare")
             if plan.layout_token is None:
                 return False
             for spec in plan.specs:
                 tensor_format.prepare(spec.items, METADATA, stored=spec.stored, prepared=spec.prepared)
-        if arena and (not plan.all_cpu() or self._mostly_small(plan)):
+        if arena and (not plan.all_cpu() or self.arena.mostly_small(plan)):
             self.staging.lay_out(plan)
         return True
-
-    def predict(self, nbytes: int) -> float | None:
-        """Seconds a save of ``nbytes`` should take from here, by the bandwidth recent saves measured."""
-        if not self.bandwidth:
-            return None
-        return round(nbytes / self.bandwidth + self.fixed_s, 3)
 
     @property
     def inflight(self) -> SaveHandle | None:
         """The asynchronous save still writing, or None."""
-        handle = self._inflight
-        return handle if handle is not None and not handle.done() else None
-
-    def _save_async(self, plan: SavePlan, job: Job) -> SaveHandle:
-        staging = self.staging
-        if not staging.early:  # an early copy holds it already
-            staging.busy.acquire()
-        try:
-            staged = staging.stage(plan, step=job.step)
-        except BaseException:
-            staging.busy.release()
-            raise
-        job.deadline = None
-        job.progress = self._progress(staged.nbytes, what=f"{job.reason} save of step {job.step} (background)")
-        job.timings["capture"] = self._monotonic() - job.start
-        job.timings["stall"] = job.timings["capture"]
-        self.events.event(
-            Event.SAVE_STARTED,
-            job.step,
-            reason=job.reason,
-            budget_s=job.budget,
-            bytes=staged.nbytes,
-            asynchronous=True,
-            stall_s=round(job.timings["stall"], 6),
-            predicted_s=job.extra.get("predicted_save_s"),
-            compress=job.choice.to_json() if job.choice is not None else None,
-            plan=self.steady.last,
-        )
-        self._go = threading.Event()
-        return self._spawn(job, staged, go=self._go)
-
-    def _spawn(self, job: Job, staged: Staged, *, go: threading.Event | None = None) -> SaveHandle:
-        """Write ``staged`` in the background; the caller holds ``staging.busy``, released when writing ends.
-        ``go``: the writer waits for it first. A new thread that runs Python at once keeps the GIL from the thread
-        that started it for up to a switch interval (5 ms), which `save` would add to the training loop's stall."""
-        handle = SaveHandle(job.step, progress=job.progress)
-        handle.asynchronous = True
-
-        def body() -> None:
-            if go is not None:
-                go.wait()
-            _lower_priority(self.background_nice)
-            try:
-                handle._result = self._write_and_commit(
-                    job, staged.specs, staged.docs, blobs=staged.blobs, threads=self.background_threads
-                )
-            except BaseException as e:
-                handle._error = e
-            finally:
-                self.staging.busy.release()
-            if handle._error is None:  # committed: now, unhurried, the buffers an emergency save's threads need
-                with contextlib.suppress(OSError):  # no memory to map them: an emergency save makes its own
-                    direct.PooledBuffer.reserve(direct.BUFFERS_PER_WRITER * self.threads)
-
-        handle._thread = threading.Thread(target=body, name="preemptible-writer")
-        handle._thread.start()
-        self._inflight = handle
-        return handle
-
-    def _write_and_commit(
-        self,
-        job: Job,
-        specs: list[FileSpec],
-        docs: dict[str, bytes],
-        *,
-        blobs: dict[str, memoryview] | None,
-        threads: int | None = None,
-    ) -> SaveResult:
-        self._writing.add(job.step)
-        committer = Committer(
-            self.storage,
-            self.root,
-            coordinator=self.coordinator,
-            clock=self._clock,
-            monotonic=self._monotonic,
-            verify_after_save=self.verify_after_save,
-        )
-        try:
-            result = committer.write(job, specs, docs, blobs, threads or self.threads)
-        except BaseException as e:
-            if job.codec is not None:
-                job.codec.close()
-            if self._leader and job.write_dir:
-                self._abandon(job.write_dir)  # this attempt's own files only: never a committed step's
-            if isinstance(e, PlanChanged):
-                raise
-            if isinstance(e, SaveCancelled):
-                self.events.event(Event.SAVE_ABANDONED, job.step, reason=job.reason, written=job.progress.done)
-                raise
-            self.events.event(Event.SAVE_FAILED, job.step, reason=job.reason, error=f"{type(e).__name__}: {e}")
-            if isinstance(e, OSError) and not isinstance(e, SaveError):
-                object_store = self.storage.kind == "object"
-                raise save_error(
-                    e, job.step, job.path, root=self.root, newest=self.latest(), object_store=object_store
-                ) from e
-            raise
-        finally:
-            self._writing.discard(job.step)
-        compression: dict[str, Any] | None = None
-        write_s = result.timings.get("write", 0.0)
-        if job.codec is not None:
-            job.codec.close()
-            compression = self._learn(job.codec)
-        if result.timings.get("io") and job.stored_here:  # the destination's bandwidth: stored bytes over the
-            bw = job.stored_here / result.timings["io"]  # seconds it took to take them in
-            old = self.storage_bandwidth
-            self.storage_bandwidth = bw if old is None else 0.5 * old + 0.5 * bw
-        state_bytes = job.progress.total or result.bytes  # the state's bytes, compressed or not
-        if state_bytes and write_s > 0:
-            bw = state_bytes / write_s
-            self.bandwidth = bw if self.bandwidth is None else 0.5 * self.bandwidth + 0.5 * bw
-            self.fixed_s = 0.5 * self.fixed_s + 0.5 * result.timings.get("commit", self.fixed_s)
-        remaining = job.deadline - self._clock() if job.deadline is not None else None
-        self.events.event(
-            Event.SAVE_COMMITTED,
-            job.step,
-            reason=job.reason,
-            bytes=result.bytes,
-            seconds=round(result.seconds, 6),
-            predicted_s=result.predicted_s,
-            throughput_mb_s=round(result.throughput / 1e6, 3),
-            timings={k: round(v, 6) for k, v in result.timings.items()},
-            budget_s=job.budget,
-            remaining_s=remaining,
-            compression=compression,
-        )
-        # No rotation inside a notice window: deleting is not urgent, and the next start rotates after restore.
-        if self._leader and job.reason != SaveReason.EMERGENCY:
-            self.rotate(just_saved=job)  # one rank deletes; the others would race it
-        if self._journal is not None:
-            self._journal.sync()
-        return result
-
-    def _abandon(self, path: str) -> None:
-        try:
-            self.storage.remove_tree(path)
-        except OSError as e:  # leftovers are harmless: invisible without COMMIT.json, cleaned later
-            log.warning("could not remove the failed save's leftovers at %s (%s)", path, e)
+        return self.saver.inflight
 
     # loading -----------------------------------------------------------------------------------------------
     def load(self, step: int, *, into: Mapping[str, torch.Tensor] | None = None) -> dict[str, Any]:
@@ -908,20 +538,5 @@ class Checkpointer(Lifecycle, Prestaging):
         with gc_paused():
             return restorer.restore(state, candidates, explicit=step is not None)
 
-
-def _transformers_configs(state: Mapping[str, Any]) -> dict[str, Any]:
-    """COMMIT.json's ``transformers`` record: for each entry that is a Hugging Face ``PreTrainedModel``, its class
-    and ``config`` (as the config writes itself to JSON), so `preemptible export --format hf` can write a
-    ``save_pretrained`` directory. Empty when there is none (nothing is imported to find out)."""
-    out: dict[str, Any] = {}
-    for name, obj in state.items():
-        config = getattr(obj, "config", None)
-        if config is None or not any(c.__name__ == "PreTrainedModel" for c in type(obj).__mro__):
-            continue
-        try:
-            doc = json.loads(config.to_json_string(use_diff=False))
-        except (AttributeError, TypeError, ValueError) as e:  # an odd config: the save goes on without it
-            log.warning("entry %r: its config cannot be recorded for export --format hf (%s)", name, e)
-            continue
-        out[name] = {"class": type(obj).__name__, "module": type(obj).__module__, "config": doc}
-    return {"transformers": out} if out else {}
+    def _now(self) -> str:
+        return layout.now_iso(self._clock())

@@ -123,28 +123,25 @@ class Committer:
     ) -> None:
         self.storage = storage
         self.root = root
+        self.protocol = protocol_for(storage, root)
         self.coord = coordinator
         self._clock = clock
         self._monotonic = monotonic
         self.verify_after_save = verify_after_save
 
-    def _attempt_dir(self, job: Job) -> str:
-        if self.storage.kind == "local":
-            return self.storage.join(self.root, layout.attempt_dir(job.step, job.token))
-        return self.storage.join(job.path, layout.attempt_prefix(job.token))
-
-    def _prepare(self, job: Job, store: Any) -> None:
+    def _prepare(self, job: Job, store: dist.StoreClient | None) -> None:
         """Rank 0 names this attempt and makes its directory; the others learn the name once it exists."""
         coord = self.coord
         if coord is None or coord.rank == 0:
             job.token = layout.new_token()
-            job.write_dir = self._attempt_dir(job)
+            job.write_dir = self.protocol.attempt_dir(job)
             self.storage.makedirs(job.write_dir)
             if store is not None:
                 store.set(f"{job.key}/ready", job.token)
         else:
+            assert store is not None  # several ranks: `write` borrowed one
             job.token = coord.collect_one(store, f"{job.key}/ready")
-            job.write_dir = self._attempt_dir(job)
+            job.write_dir = self.protocol.attempt_dir(job)
 
     def write(
         self,
@@ -165,7 +162,7 @@ class Committer:
         *,
         blobs: dict[str, memoryview] | None,
         threads: int,
-        store: Any,
+        store: dist.StoreClient | None,
     ) -> SaveResult:
         t0 = self._monotonic()
         coord = self.coord
@@ -235,7 +232,9 @@ class Committer:
             world = coord.world
         return self._publish(job, records, world, store, t_write)
 
-    def _publish(self, job: Job, records: dict[str, FileRecord], world: int, store: Any, t_write: float) -> SaveResult:
+    def _publish(
+        self, job: Job, records: dict[str, FileRecord], world: int, store: dist.StoreClient | None, t_write: float
+    ) -> SaveResult:
         timings = dict(job.timings)
         timings["total"] = t_write - job.start
         compressed = any(layout.COMPRESSED_SUFFIX in n for n in records)
@@ -250,10 +249,10 @@ class Committer:
             predicted_save_s=job.extra.pop("predicted_save_s", None),
             probe=job.probe,
             extra=job.extra,
-            prefix="" if self.storage.kind == "local" else layout.attempt_prefix(job.token),
+            prefix=self.protocol.prefix(job),
         )
         try:
-            self._commit(job, manifest.to_json())
+            self.protocol.commit(job, manifest.to_json())
         except BaseException as e:
             if store is not None:
                 store.set(f"{job.key}/outcome", f"rank 0 could not commit: {e}")
@@ -272,18 +271,31 @@ class Committer:
             predicted_s=manifest.predicted_save_s,
         )
 
-    def _commit(self, job: Job, manifest: bytes) -> None:
-        storage = self.storage
+
+class CommitProtocol:
+    """How an attempt gets a place of its own and is committed on one kind of storage (see the module docs);
+    chosen once per storage by `protocol_for`."""
+
+    def __init__(self, storage: Storage, root: str) -> None:
+        self.storage = storage
+        self.root = root
+
+    def attempt_dir(self, job: Job) -> str:
+        """Where this attempt writes its files."""
+        raise NotImplementedError
+
+    def prefix(self, job: Job) -> str:
+        """COMMIT.json's ``prefix``: where inside the step its files are ("" when they are in the step itself)."""
+        raise NotImplementedError
+
+    def commit(self, job: Job, manifest: bytes) -> None:
+        """Make the attempt the checkpoint of its step: the commit point.
+
+        Raises:
+            AlreadyCommittedError: another process committed the step meanwhile.
+        """
         try:
-            if storage.kind == "local":
-                storage.publish(storage.join(job.write_dir, layout.COMMIT), manifest)
-                if storage.exists(job.path) and not storage.exists(storage.join(job.path, layout.COMMIT)):
-                    # no COMMIT.json: an uncommitted leftover of the older layout, or a deletion cut short
-                    log.info("removing uncommitted leftovers at %s before committing step %d", job.path, job.step)
-                    storage.remove_tree(job.path)
-                storage.commit_dir(job.write_dir, job.path)
-            else:
-                storage.publish_new(storage.join(job.path, layout.COMMIT), manifest)
+            self._commit(job, manifest)
         except FileExistsError as e:
             raise AlreadyCommittedError(
                 f"step {job.step} was committed at {job.path} by another process while this one was saving it (two "
@@ -292,6 +304,48 @@ class Committer:
                 path=job.path,
                 step=job.step,
             ) from e
+
+    def _commit(self, job: Job, manifest: bytes) -> None:
+        raise NotImplementedError
+
+
+class RenameCommit(CommitProtocol):
+    """A local file system: ``step-N.part-<token>/`` gets ``COMMIT.json``, then is renamed to ``step-N`` by a rename
+    that cannot replace an existing directory."""
+
+    def attempt_dir(self, job: Job) -> str:
+        return self.storage.join(self.root, layout.attempt_dir(job.step, job.token))
+
+    def prefix(self, job: Job) -> str:
+        return ""
+
+    def _commit(self, job: Job, manifest: bytes) -> None:
+        storage = self.storage
+        storage.publish(storage.join(job.write_dir, layout.COMMIT), manifest)
+        if storage.exists(job.path) and not storage.exists(storage.join(job.path, layout.COMMIT)):
+            # no COMMIT.json: an uncommitted leftover of the older layout, or a deletion cut short
+            log.info("removing uncommitted leftovers at %s before committing step %d", job.path, job.step)
+            storage.remove_tree(job.path)
+        storage.commit_dir(job.write_dir, job.path)
+
+
+class ConditionalCommit(CommitProtocol):
+    """An object store (no rename): the data under ``step-N/a-<token>/``, and ``COMMIT.json``, which names that
+    prefix, created only if absent."""
+
+    def attempt_dir(self, job: Job) -> str:
+        return self.storage.join(job.path, layout.attempt_prefix(job.token))
+
+    def prefix(self, job: Job) -> str:
+        return layout.attempt_prefix(job.token)
+
+    def _commit(self, job: Job, manifest: bytes) -> None:
+        self.storage.publish_new(self.storage.join(job.path, layout.COMMIT), manifest)
+
+
+def protocol_for(storage: Storage, root: str) -> CommitProtocol:
+    """The commit protocol of ``storage``'s kind."""
+    return RenameCommit(storage, root) if storage.kind == "local" else ConditionalCommit(storage, root)
 
 
 def save_error(

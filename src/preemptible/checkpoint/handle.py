@@ -7,7 +7,7 @@ Like torchsnapshot's ``PendingSnapshot``: ``done()`` never blocks, ``wait()`` re
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from preemptible.writer import Progress
@@ -66,6 +66,21 @@ class SaveHandle:
     def __repr__(self) -> str:
         state = "done" if self.done() else f"writing {self.progress.done}/{self.progress.total} bytes"
         return f"SaveHandle(step={self.step}, {state})"
+
+    def start(self, write: Callable[[], SaveResult], *, name: str, committed: Callable[[], None] | None = None) -> None:
+        """Run ``write`` in a thread of its own named ``name``: its result, or its exception, become this handle's;
+        then, once it has committed, ``committed`` runs in that thread."""
+
+        def body() -> None:
+            try:
+                self._result = write()
+            except BaseException as e:
+                self._error = e
+            if self._error is None and committed is not None:
+                committed()
+
+        self._thread = threading.Thread(target=body, name=name)
+        self._thread.start()
 
     def done(self) -> bool:
         return self._thread is None or not self._thread.is_alive()

@@ -1,7 +1,7 @@
 """The lifecycle operations of a `Checkpointer`: verify, rotate, clean up, quarantine.
 
 The states and their files are `preemptible.store.markers`'; which checkpoints may go is
-`preemptible.store.retention`'s pure policy; deleting is `preemptible.store.deletion`'s. This mixin applies them
+`preemptible.store.retention`'s pure policy; deleting is `preemptible.store.deletion`'s. `Lifecycle` applies them
 to one root.
 """
 
@@ -10,54 +10,59 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Set
 
 from preemptible.checkpoint.commit import Job, read_back
+from preemptible.checkpoint.listing import Listing
+from preemptible.checkpoint.reader import Reader
 from preemptible.errors import CheckpointCorruptError, SaveError
-from preemptible.events import Event
+from preemptible.events import Event, EventSink
 from preemptible.store import deletion, layout, retention
+from preemptible.store.io import Storage
 from preemptible.store.layout import CheckpointInfo
-from preemptible.store.markers import State, Transition
-
-if TYPE_CHECKING:
-    from preemptible.checkpoint.reader import Reader
-    from preemptible.events import EventSink
-    from preemptible.store.io import Storage
-    from preemptible.store.markers import Markers
+from preemptible.store.markers import Markers, State, Transition
 
 log = logging.getLogger("preemptible")
 
 
 class Lifecycle:
-    """Mixed into `Checkpointer` (which provides the attributes declared here)."""
+    """Verification, retention, cleanup and quarantine of the checkpoints under one root.
 
-    storage: Storage
-    root: str
-    keep: int
-    keep_best: tuple[str, str] | None
-    stale_after_s: float
-    markers: Markers
-    reader: Reader
-    events: EventSink
-    _writing: set[int]
+    ``writing``: the steps this process is saving now (never cleaned up as stale); ``now``: the time as the
+    markers record it; ``clock``: epoch seconds.
+    """
 
-    def checkpoints(self, *, include_uncommitted: bool = False) -> list[CheckpointInfo]:
-        raise NotImplementedError
-
-    def path_of(self, step: int) -> str:
-        raise NotImplementedError
-
-    def _info(self, step: int, path: str) -> CheckpointInfo:
-        raise NotImplementedError
+    def __init__(
+        self,
+        storage: Storage,
+        root: str,
+        *,
+        listing: Listing,
+        markers: Markers,
+        reader: Reader,
+        events: EventSink,
+        keep: int,
+        keep_best: tuple[str, str] | None,
+        stale_after_s: float,
+        writing: Set[int],
+        clock: Callable[[], float],
+    ) -> None:
+        self.storage = storage
+        self.root = root
+        self.listing = listing
+        self.markers = markers
+        self.reader = reader
+        self.events = events
+        self.keep = keep
+        self.keep_best = keep_best
+        self.stale_after_s = stale_after_s
+        self._writing = writing
+        self._clock = clock
 
     def _now(self) -> str:
-        raise NotImplementedError
+        return layout.now_iso(self._clock())
 
-    _clock: Callable[[], float]
-
-    # lifecycle: verification, rotation, cleanup -------------------------------------------------------------------
-    def _validate_at_save(self, job: Job) -> None:
+    def validate_at_save(self, job: Job) -> None:
         """Verify a checkpoint just saved (its files read back from storage) when older ones wait for it."""
         directory = job.path
         try:
@@ -83,12 +88,12 @@ class Lifecycle:
         """Apply retention (`preemptible.store.retention`): delete committed checkpoints it allows to go, and stale
         leftovers. A checkpoint goes only once a newer one has validated; when older ones wait for that, the one
         ``just_saved`` is verified first (its files read back). Returns the deleted steps."""
-        infos = self._vouched_only(self.checkpoints(include_uncommitted=True))
+        infos = self._vouched_only(self.listing.checkpoints(include_uncommitted=True))
         if just_saved is not None and retention.needs_validation(infos, self.keep, self.keep_best):
             newest = max((c for c in infos if c.committed), key=lambda c: c.step, default=None)
             if newest is not None and newest.step == just_saved.step and newest.status == "committed":
-                self._validate_at_save(just_saved)
-                infos = self._vouched_only(self.checkpoints(include_uncommitted=True))
+                self.validate_at_save(just_saved)
+                infos = self._vouched_only(self.listing.checkpoints(include_uncommitted=True))
         decision = retention.decide(infos, self.keep, self.keep_best)
         by_step = {c.step: c for c in infos if c.committed}
         doomed = [s for s in decision.delete if not by_step[s].invalid or self._condemned_here(by_step[s])]
@@ -141,7 +146,7 @@ class Lifecycle:
     def quarantine(self) -> str | None:
         """Move every checkpoint directory aside to ``<root>/quarantine/<utc>/`` (for a deliberate fresh start
         when none verifies: kept for inspection, out of the way of new saves). Returns where, or None."""
-        infos = self.checkpoints(include_uncommitted=True)
+        infos = self.listing.checkpoints(include_uncommitted=True)
         if not infos:
             return None
         stamp = self._now().replace(":", "").replace("-", "")
@@ -155,7 +160,7 @@ class Lifecycle:
     def cleanup(self, infos: list[CheckpointInfo] | None = None) -> list[int]:
         """Delete uncommitted leftovers older than ``stale_after_s``; younger ones may still be being written."""
         if infos is None:
-            infos = self.checkpoints(include_uncommitted=True)
+            infos = self.listing.checkpoints(include_uncommitted=True)
         leftovers = [c for c in infos if not c.committed and c.refused is None]
         mtimes = {c.path: self.storage.newest_mtime(c.path) for c in leftovers}
         stale = retention.stale_leftovers(
@@ -173,7 +178,7 @@ class Lifecycle:
 
     def verify_report(self, step: int, *, mark: bool = True) -> tuple[CheckpointInfo, list[str]]:
         """`verify`, plus notes that do not fail it (files the manifest does not list, a probe left to check)."""
-        directory = self.path_of(step)
+        directory = self.listing.path_of(step)
         before = self.markers.read(directory)
         try:
             opened = self.reader.open(step)  # every rank's files; a sharded root's records and their cover checked
@@ -194,7 +199,7 @@ class Lifecycle:
             notes.append("probe value stored: checked by the next restore, which has the model")
         elif mark:
             self.markers.record(directory, Transition.VERIFY_PASS, now=self._now(), by="verify", probe=None)
-        return self._info(step, directory), notes
+        return self.listing.info(step, directory), notes
 
     def verify(self, step: int, *, mark: bool = True) -> CheckpointInfo:
         """Fully verify checkpoint ``step``: manifest, sizes, headers, every checksum; record the verdict.

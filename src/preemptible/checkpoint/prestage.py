@@ -1,89 +1,71 @@
-"""Pre-staging: keep a copy of the state in the reused staging buffer, so a notice only has to flush it.
-
-Mixed into `Checkpointer`; the deadline decisions about when to flush are `preemptible.emergency`'s.
+"""Pre-staging: keep a copy of the state in the reused staging buffer (`preemptible.checkpoint.arena`), so a
+notice only has to flush it. The deadline decisions about when to flush are `preemptible.emergency`'s.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from preemptible import dist
+from preemptible.checkpoint.arena import Arena
 from preemptible.checkpoint.commit import Job
-from preemptible.events import Event, SaveReason
+from preemptible.checkpoint.handle import SaveHandle
+from preemptible.checkpoint.listing import Listing
+from preemptible.checkpoint.planner import Planner
+from preemptible.checkpoint.saver import Saver
+from preemptible.events import Event, EventSink, SaveReason
 from preemptible.store import layout
-from preemptible.writer import Progress, SavePlan, Staged, Staging
-
-if TYPE_CHECKING:
-    from preemptible import dist
-    from preemptible.checkpoint.handle import SaveHandle
-    from preemptible.events import EventSink
 
 
-class Prestaging:
-    """Mixed into `Checkpointer` (which provides the attributes declared here)."""
+class Prestager:
+    """Copies the state into the arena ahead of a notice (`prestage`) and writes it when one comes
+    (`flush_staged`), through the ``saver``'s background writer."""
 
-    _staging: Staging | None
-    _clock: Callable[[], float]
-    _monotonic: Callable[[], float]
-    events: EventSink
+    def __init__(
+        self,
+        *,
+        arena: Arena,
+        planner: Planner,
+        listing: Listing,
+        saver: Saver,
+        coordinator: Callable[[], dist.Coordinator | None],
+        events: EventSink,
+        clock: Callable[[], float],
+        monotonic: Callable[[], float],
+    ) -> None:
+        self.arena = arena
+        self.planner = planner
+        self.listing = listing
+        self.saver = saver
+        self._coordinator = coordinator
+        self.events = events
+        self._clock = clock
+        self._monotonic = monotonic
 
-    @property
-    def coordinator(self) -> dist.Coordinator | None:
-        raise NotImplementedError
-
-    @property
-    def inflight(self) -> SaveHandle | None:
-        raise NotImplementedError
-
-    def is_committed(self, step: int) -> bool:
-        raise NotImplementedError
-
-    def path_of(self, step: int) -> str:
-        raise NotImplementedError
-
-    def _plan(self, state: Mapping[str, Any], *, key: str, reason: str) -> SavePlan:
-        raise NotImplementedError
-
-    def _spawn(self, job: Job, staged: Staged, *, go: threading.Event | None = None) -> SaveHandle:
-        raise NotImplementedError
-
-    def _progress(self, total: int, deadline: float | None = None) -> Progress:
-        raise NotImplementedError
-
-    # staging and pre-staging ----------------------------------------------------------------------------------
-    @property
-    def staging(self) -> Staging:
-        if self._staging is None:
-            self._staging = Staging(clock=self._clock, monotonic=self._monotonic)
-        return self._staging
+    def _round(self, name: str) -> str:
+        coord = self._coordinator()
+        return coord.round(name) if coord is not None else f"{name}/0"
 
     def prestage(self, state: Mapping[str, Any], step: int) -> bool:
-        """Copy ``state`` into the staging buffer without writing it (for a later `flush_staged`).
-
-        Returns False (and does nothing) while a background save is still writing from the buffer: the buffer
-        then holds that save's step, which is as recent.
-        """
-        staging = self.staging
+        """See `Checkpointer.prestage`."""
+        staging = self.arena.staging
         if not staging.busy.acquire(blocking=False):
             return False
         try:
-            key = self.coordinator.round("prestage") if self.coordinator is not None else "prestage/0"
-            staging.stage(self._plan(state, key=key, reason=SaveReason.PRESTAGED), step=step)
+            key = self._round("prestage")
+            staging.stage(self.planner.plan(state, key=key, reason=SaveReason.PRESTAGED), step=step)
         finally:
             staging.busy.release()
         return True
 
     def flush_staged(self, *, reason: str = SaveReason.PRESTAGED, deadline: float | None = None) -> SaveHandle | None:
-        """Write what the staging buffer holds as the checkpoint of its step, in the background.
-
-        Returns None when the buffer is empty, or its step is already committed or being written.
-        """
-        staging = self.staging
+        """See `Checkpointer.flush_staged`."""
+        staging = self.arena.staging
         staged = staging.current
-        if staged is None or staged.step is None or self.is_committed(staged.step):
+        if staged is None or staged.step is None or self.listing.is_committed(staged.step):
             return None
-        inflight = self.inflight
+        inflight = self.saver.inflight
         if inflight is not None and inflight.step == staged.step:
             return inflight
         staging.busy.acquire()
@@ -93,14 +75,14 @@ class Prestaging:
         budget = deadline - self._clock() if deadline is not None else None
         job = Job(
             step=staged.step,
-            path=self.path_of(staged.step),
+            path=self.listing.path_of(staged.step),
             reason=str(reason),
             start=self._monotonic(),
             extra={},
             budget=budget,
             deadline=deadline,
-            progress=self._progress(staged.nbytes),
-            key=self.coordinator.round("save") if self.coordinator is not None else "save/0",
+            progress=self.saver.progress(staged.nbytes),
+            key=self._round("save"),
         )
         self.events.event(
             Event.SAVE_STARTED,
@@ -111,4 +93,4 @@ class Prestaging:
             asynchronous=True,
             staged_at=layout.now_iso(staged.staged_at),
         )
-        return self._spawn(job, staged)
+        return self.saver.spawn(job, staged)

@@ -33,8 +33,8 @@ from preemptible.store import assist, checksum, compress, layout, tagged_json
 from preemptible.store import format as tensor_format
 from preemptible.store.io import Storage
 from preemptible.store.layout import FileRecord, Manifest
-from preemptible.store.threads import Pool
-from preemptible.writer import file_stem, parallel_map, stem_of_file
+from preemptible.store.naming import file_stem, stem_of_file
+from preemptible.store.threads import Pool, parallel_map
 
 OBJECT_READ_CHUNK = 32 << 20
 PARSED_MANIFESTS = 8  # a root keeps a few checkpoints; more are re-parsed
@@ -374,31 +374,7 @@ class Reader:
         shape); the others are new. ``exact``: `plain_fit` named them, so each fits but those stored in another
         dtype (``opened.casts``), and is not checked again here."""
         into = into or {}
-        get = into.get
-        casts = opened.casts
-
-        def target(e: tensor_format.Entry) -> torch.Tensor | None:
-            # What tensor_format.read copies raw bytes into: exactly this dtype and shape, contiguous, on the CPU.
-            t = get(e.name)
-            if (
-                t is not None
-                and t.dtype is e.dtype
-                and type(t) in _PLAIN
-                and t.shape == e.shape
-                and t.is_cpu
-                and t.is_contiguous()
-            ):
-                return t
-            return None
-
-        def checked(run: Sequence[tensor_format.Entry]) -> list[torch.Tensor | None]:
-            return [target(e) for e in run]
-
-        # `plain_fit` named them: read into each as it is, but those stored in another dtype (cast after the read)
-        trusted = {n: t for n, t in into.items() if n not in casts} if exact and casts else into
-
-        def fitted(run: Sequence[tensor_format.Entry]) -> list[torch.Tensor | None]:
-            return list(map(trusted.get, map(_NAME, run)))  # in C: a run is up to thousands of small tensors
+        placed = _placement(into, opened.casts, exact=exact)
 
         def read_file(name: str) -> dict[str, torch.Tensor]:
             assisted: assist.Assisted | None = None
@@ -429,7 +405,7 @@ class Reader:
                             size,
                             where=p,
                             expected_checksum=expected,
-                            into=fitted if exact else checked,
+                            into=placed,
                             entries=opened.file_entries.get(name),
                             chunk=chunk,
                             run_cap=chunk if remote else tensor_format.RUN_BYTES,
@@ -459,15 +435,7 @@ class Reader:
             meter.close()
             if pool is not None:
                 pool.shutdown(wait=True)
-        for name, dtype in opened.casts.items():  # bf16 moments back into the optimizer's own dtype
-            stored = tensors.get(name)
-            if stored is None:
-                raise opened.bad(f"state.json casts tensor {name!r}, which no tensor file holds")
-            live = into.get(name)
-            if live is not None and live.dtype == dtype and live.shape == stored.shape:
-                tensors[name] = live.detach().copy_(stored)
-            else:
-                tensors[name] = stored.to(dtype)
+        _cast_back(opened, tensors, into)
         return tensors
 
     @staticmethod
@@ -594,3 +562,53 @@ def source_rank(rank: int, saved_world: int) -> int:
     """Whose per-rank state (RNG streams, a data loader's position, ...) a rank restores: its own when the
     checkpoint has it, else that of rank ``rank % saved_world`` (a job that grew)."""
     return rank if rank < saved_world else rank % saved_world
+
+
+def _placement(
+    into: Mapping[str, torch.Tensor], casts: Mapping[str, torch.dtype], *, exact: bool
+) -> Callable[[Sequence[tensor_format.Entry]], list[torch.Tensor | None]]:
+    """For `Reader.read_tensors`: the live tensors a run of stored tensors is read into (None: a new one).
+
+    Checked: only those exactly of the stored dtype and shape, contiguous, on the CPU. ``exact``: `plain_fit` named
+    them, so each is read into as it is, but those stored in another dtype (cast after the read)."""
+    get = into.get
+
+    def target(e: tensor_format.Entry) -> torch.Tensor | None:
+        # What tensor_format.read copies raw bytes into: exactly this dtype and shape, contiguous, on the CPU.
+        t = get(e.name)
+        if (
+            t is not None
+            and t.dtype is e.dtype
+            and type(t) in _PLAIN
+            and t.shape == e.shape
+            and t.is_cpu
+            and t.is_contiguous()
+        ):
+            return t
+        return None
+
+    def checked(run: Sequence[tensor_format.Entry]) -> list[torch.Tensor | None]:
+        return [target(e) for e in run]
+
+    if not exact:
+        return checked
+    trusted = {n: t for n, t in into.items() if n not in casts} if casts else into
+
+    def fitted(run: Sequence[tensor_format.Entry]) -> list[torch.Tensor | None]:
+        return list(map(trusted.get, map(_NAME, run)))  # in C: a run is up to thousands of small tensors
+
+    return fitted
+
+
+def _cast_back(opened: Opened, tensors: dict[str, torch.Tensor], into: Mapping[str, torch.Tensor]) -> None:
+    """Tensors stored in another dtype (bf16 moments) back into the optimizer's own dtype: into the live tensor
+    where it fits, else a new one."""
+    for name, dtype in opened.casts.items():
+        stored = tensors.get(name)
+        if stored is None:
+            raise opened.bad(f"state.json casts tensor {name!r}, which no tensor file holds")
+        live = into.get(name)
+        if live is not None and live.dtype == dtype and live.shape == stored.shape:
+            tensors[name] = live.detach().copy_(stored)
+        else:
+            tensors[name] = stored.to(dtype)

@@ -42,7 +42,8 @@ from preemptible.errors import CheckpointCorruptError, StateMismatchError
 from preemptible.state import group_of, is_dtensor, parse_placement, shard_rows
 from preemptible.store import checksum, compress, layout
 from preemptible.store import format as tensor_format
-from preemptible.writer import file_stem, parallel_map, stem_of_file
+from preemptible.store.naming import file_stem, stem_of_file
+from preemptible.store.threads import parallel_map
 
 READ_PIECE = 16 << 20  # a ranged read is split into requests of this size (a multiple of every chunk size)
 
@@ -174,53 +175,85 @@ def open_resharded(reader: Reader, step: int, *, rank: int, world: int, live: Li
         CheckpointCorruptError: its documents or headers are damaged, or disagree with each other.
     """
     opened = reader.open_base(step)
-    manifest = opened.manifest
-    saved = manifest.world_size
-    src = source_rank(rank, saved)
-    opened.source_rank = src
-    bad = opened.bad
-    files = manifest.files
-    ranks_with_files = {layout.file_rank(n) for n in files} - {None}
+    src = opened.source_rank = source_rank(rank, opened.manifest.world_size)
+    job = _Resharding(reader, opened, src=src, world=world, live=live)
+    job.read_documents()
+    job.find_sources()
+    wanted = job.wanted_files()
+    headers = parallel_map(
+        lambda n: _header(reader, opened, job.plan, n), wanted, threads=reader.threads, name="preemptible-head"
+    )
+    opened.selected = [layout.STATE, *[n for n in job.docs if n != layout.STATE], *wanted]
+    pieces = job.pieces(wanted, headers)
+    for name in [*pieces, *(n for n in job.sources if n not in pieces)]:  # a shard may hold no rows here
+        job.cover(name, pieces.get(name, []))
+    if job.mismatched:
+        raise _refuse(opened, world, [], job.mismatched)
+    opened.reshard = job.plan
+    return opened
 
-    state_doc = reader.read_doc(opened, layout.STATE)
-    docs = {layout.STATE: state_doc}
-    first = f"state{layout.rank_suffix(0)}.json"
-    own = f"state{layout.rank_suffix(src)}.json"
-    for name in (first, own):
-        if name in files and name not in docs:
-            docs[name] = reader.read_doc(opened, name)
-    sharded_doc = docs.get(first, state_doc)
-    sharded_groups = {group_of(n) for n in sharded_doc.get("dtensors") or {}} | {
-        group_of(n) for n in state_doc.get("dtensors") or {}
-    }
-    tree: dict[str, Any] = dict(state_doc["tree"])
-    tree.update({k: v for k, v in sharded_doc["tree"].items() if k in sharded_groups})
-    if own in docs:
-        tree.update({k: v for k, v in docs[own]["tree"].items() if k not in sharded_groups})
-    opened.tree = tree
-    for doc in docs.values():
-        reader.merge_doc(opened, doc)
-    metas: dict[str, dict[str, Any]] = {}
-    for doc in (state_doc, sharded_doc):
-        metas.update(doc.get("dtensors") or {})
-    opened.dtensors = metas
 
-    plan = Plan(saved_world=saved, world=world)
-    unsupported: list[str] = []
-    mismatched: list[str] = []
+class _Resharding:
+    """The phases of `open_resharded`, and what they find along the way."""
 
-    def target_for(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> Target:
-        template, direct = live.of(name)
+    def __init__(self, reader: Reader, opened: Opened, *, src: int, world: int, live: Live) -> None:
+        self.reader = reader
+        self.opened = opened
+        self.world = world
+        self.live = live
+        self.saved = opened.manifest.world_size
+        self.src = src  # the rank whose own files this rank reads
+        self.bad = opened.bad
+        self.plan = Plan(saved_world=self.saved, world=world)
+        self.docs: dict[str, Any] = {}
+        self.sharded_groups: set[str] = set()
+        self.metas: dict[str, dict[str, Any]] = {}
+        self.sources: dict[str, tuple[tuple[int, ...], list[int]]] = {}  # sharded tensor -> its shape, needed ranks
+        self.sharded_targets: dict[str, Target] = {}
+        self.stored_dtype: dict[str, torch.dtype] = {}
+        self.unsupported: list[str] = []
+        self.mismatched: list[str] = []
+
+    def read_documents(self) -> None:
+        """The state documents: the shared one, rank 0's (the sharding records) and this rank's source's own;
+        the tree merged from them and the sharding records gathered."""
+        reader, opened, files = self.reader, self.opened, self.opened.manifest.files
+        state_doc = reader.read_doc(opened, layout.STATE)
+        docs = {layout.STATE: state_doc}
+        first = f"state{layout.rank_suffix(0)}.json"
+        own = f"state{layout.rank_suffix(self.src)}.json"
+        for name in (first, own):
+            if name in files and name not in docs:
+                docs[name] = reader.read_doc(opened, name)
+        sharded_doc = docs.get(first, state_doc)
+        self.sharded_groups = {group_of(n) for n in sharded_doc.get("dtensors") or {}} | {
+            group_of(n) for n in state_doc.get("dtensors") or {}
+        }
+        tree: dict[str, Any] = dict(state_doc["tree"])
+        tree.update({k: v for k, v in sharded_doc["tree"].items() if k in self.sharded_groups})
+        if own in docs:
+            tree.update({k: v for k, v in docs[own]["tree"].items() if k not in self.sharded_groups})
+        opened.tree = tree
+        for doc in docs.values():
+            reader.merge_doc(opened, doc)
+        for doc in (state_doc, sharded_doc):
+            self.metas.update(doc.get("dtensors") or {})
+        opened.dtensors = self.metas
+        self.docs = docs
+
+    def target_for(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> Target:
+        """What this rank needs of stored tensor ``name`` (noting a live layout it cannot be mapped onto)."""
+        template, direct = self.live.of(name)
         if template is not None and tuple(template.shape) != shape:
-            if direct or name in metas:
-                mismatched.append(f"{name}: global shape {list(shape)} in checkpoint, {list(template.shape)} live")
+            if direct or name in self.metas:
+                self.mismatched.append(f"{name}: global shape {list(shape)} in checkpoint, {list(template.shape)} live")
             template = None  # beside the parameter, not shaped like it (the optimizer's step): stays plain
         n = rows(shape)[0]
         if template is None:
             return Target(shape, dtype, 0, n)
         why = _live_supported(template)
         if why is not None:
-            unsupported.append(f"{name}: live {why}")
+            self.unsupported.append(f"{name}: live {why}")
             return Target(shape, dtype, 0, n)
         if repr(template.placements[0]).startswith("Replicate"):
             return Target(shape, dtype, 0, n, template, direct)
@@ -228,94 +261,108 @@ def open_resharded(reader: Reader, step: int, *, rank: int, world: int, live: Li
         begin, end = shard_rows(n, template.device_mesh.size(), coord[0] if coord else 0)
         return Target(shape, dtype, begin, end, template, direct)
 
-    # Which ranks' files hold what this rank needs of each sharded tensor.
-    sharded_names: dict[str, tuple[tuple[int, ...], list[int]]] = {}
-    sharded_targets: dict[str, Target] = {}
-    for name, meta in metas.items():
-        why = _supported(meta)
-        if why is not None:
-            unsupported.append(f"{name}: stored as {why}")
-            continue
-        try:
-            shape = tuple(int(d) for d in meta["shape"])
-        except (KeyError, TypeError, ValueError) as err:
-            raise bad(f"the sharding record of {name!r} is malformed ({err})") from err
-        t = sharded_targets[name] = target_for(name, shape, torch.float32)  # its dtype is set from the header
-        if str(meta["placements"][0]).startswith("Replicate") or saved == 1 or not ranks_with_files:
-            sources = [src]
-        else:
-            sources = [k for k in range(saved) if _overlap(shard_rows(rows(shape)[0], saved, k), (t.begin, t.end))]
-        sharded_names[name] = (shape, sources)
-    if unsupported or mismatched:
-        raise _refuse(opened, world, unsupported, mismatched)
-
-    # Headers: the replicated files, the needed ranks' files of sharded entries, this rank's source's own files.
-    safe_sharded = {file_stem(g) for g in sharded_groups}
-    need_ranks = {src} | {k for _, ks in sharded_names.values() for k in ks}  # src: the plain tensors beside shards
-    wanted = []
-    for name in files:
-        if not layout.is_tensor_file(name):
-            continue
-        owner = layout.file_rank(name)
-        if owner is None:
-            wanted.append(name)
-        elif stem_of_file(name) in safe_sharded:
-            if owner in need_ranks:
-                wanted.append(name)
-        elif owner == src:
-            wanted.append(name)
-    headers = parallel_map(
-        lambda n: _header(reader, opened, plan, n), wanted, threads=reader.threads, name="preemptible-head"
-    )
-    opened.selected = [layout.STATE, *[n for n in docs if n != layout.STATE], *wanted]
-
-    pieces: dict[str, list[Piece]] = {}
-    plain: dict[str, list[tuple[int | None, Piece]]] = {}
-    stored_dtype: dict[str, torch.dtype] = {}
-    for name, entries in zip(wanted, headers, strict=True):
-        owner = layout.file_rank(name)
-        opened.file_entries[name] = entries
-        for e in entries:
-            stored_dtype[e.name] = e.dtype
-            if e.name not in sharded_names:
-                plain.setdefault(e.name, []).append((owner, Piece(name, e, 0)))
+    def find_sources(self) -> None:
+        """Which ranks' files hold what this rank needs of each sharded tensor; refuses layouts it cannot map."""
+        ranks_with_files = {layout.file_rank(n) for n in self.opened.manifest.files} - {None}
+        for name, meta in self.metas.items():
+            why = _supported(meta)
+            if why is not None:
+                self.unsupported.append(f"{name}: stored as {why}")
                 continue
-            shape, sources = sharded_names[e.name]
-            placement = str(metas[e.name]["placements"][0])
-            if owner is None or placement.startswith("Replicate"):
-                begin, end = 0, rows(shape)[0]
-            elif owner in sources:
-                begin, end = shard_rows(rows(shape)[0], saved, owner)
+            try:
+                shape = tuple(int(d) for d in meta["shape"])
+            except (KeyError, TypeError, ValueError) as err:
+                raise self.bad(f"the sharding record of {name!r} is malformed ({err})") from err
+            # its dtype is set from the header
+            t = self.sharded_targets[name] = self.target_for(name, shape, torch.float32)
+            if str(meta["placements"][0]).startswith("Replicate") or self.saved == 1 or not ranks_with_files:
+                sources = [self.src]
             else:
+                needed_rows = (t.begin, t.end)
+                sources = [
+                    k for k in range(self.saved) if _overlap(shard_rows(rows(shape)[0], self.saved, k), needed_rows)
+                ]
+            self.sources[name] = (shape, sources)
+        if self.unsupported or self.mismatched:
+            raise _refuse(self.opened, self.world, self.unsupported, self.mismatched)
+
+    def wanted_files(self) -> list[str]:
+        """The tensor files whose headers are read: the replicated files, the needed ranks' files of sharded
+        entries, this rank's source's own files."""
+        safe_sharded = {file_stem(g) for g in self.sharded_groups}
+        need_ranks = {self.src} | {k for _, ks in self.sources.values() for k in ks}  # src: plain tensors beside
+        wanted = []
+        for name in self.opened.manifest.files:
+            if not layout.is_tensor_file(name):
                 continue
-            want = (end - begin, *shape[1:]) if shape else ()
-            if e.shape != want:
-                raise bad(
-                    f"{name} holds {e.name!r} with shape {list(e.shape)}; rank {owner}'s part of a {list(shape)} "
-                    f"tensor stored as {placement} by {saved} rank(s) has shape {list(want)}"
-                )
-            pieces.setdefault(e.name, []).append(Piece(name, e, begin))
-    for name, candidates in plain.items():
+            owner = layout.file_rank(name)
+            if owner is None:
+                wanted.append(name)
+            elif stem_of_file(name) in safe_sharded:
+                if owner in need_ranks:
+                    wanted.append(name)
+            elif owner == self.src:
+                wanted.append(name)
+        return wanted
+
+    def pieces(self, wanted: list[str], headers: list[list[tensor_format.Entry]]) -> dict[str, list[Piece]]:
+        """The stored pieces of every tensor this rank reads, from the files' headers (each checked to hold the
+        rows its rank's part should)."""
+        pieces: dict[str, list[Piece]] = {}
+        plain: dict[str, list[tuple[int | None, Piece]]] = {}
+        for name, entries in zip(wanted, headers, strict=True):
+            owner = layout.file_rank(name)
+            self.opened.file_entries[name] = entries
+            for e in entries:
+                self.stored_dtype[e.name] = e.dtype
+                if e.name not in self.sources:
+                    plain.setdefault(e.name, []).append((owner, Piece(name, e, 0)))
+                    continue
+                piece = self._shard_piece(name, owner, e)
+                if piece is not None:
+                    pieces.setdefault(e.name, []).append(piece)
+        for name, candidates in plain.items():
+            pieces[name] = [self._pick_plain(name, candidates)]
+        return pieces
+
+    def _shard_piece(self, file: str, owner: int | None, e: tensor_format.Entry) -> Piece | None:
+        """The piece of a sharded tensor that ``file`` (of rank ``owner``) holds, or None when no rank needed."""
+        shape, sources = self.sources[e.name]
+        placement = str(self.metas[e.name]["placements"][0])
+        if owner is None or placement.startswith("Replicate"):
+            begin, end = 0, rows(shape)[0]
+        elif owner in sources:
+            begin, end = shard_rows(rows(shape)[0], self.saved, owner)
+        else:
+            return None
+        want = (end - begin, *shape[1:]) if shape else ()
+        if e.shape != want:
+            raise self.bad(
+                f"{file} holds {e.name!r} with shape {list(e.shape)}; rank {owner}'s part of a {list(shape)} "
+                f"tensor stored as {placement} by {self.saved} rank(s) has shape {list(want)}"
+            )
+        return Piece(file, e, begin)
+
+    def _pick_plain(self, name: str, candidates: list[tuple[int | None, Piece]]) -> Piece:
+        """The one stored copy of a plain tensor read: a tensor in several files is refused, but for per-rank
+        copies of a plain tensor beside shards (the optimizer's step): this rank's source's, or the first."""
         owners = [o for o, _ in candidates]
         if (None in owners and len(candidates) > 1) or len(set(owners)) != len(owners):
-            raise bad(f"tensor {name!r} appears in more than one file: {sorted(p.file for _, p in candidates)}")
-        # per-rank copies of a plain tensor beside shards (the optimizer's step): this rank's source's, or the first
-        pick = next((p for o, p in candidates if o in (None, src)), min(candidates, key=lambda x: x[0] or 0)[1])
-        pieces[name] = [pick]
+            raise self.bad(f"tensor {name!r} appears in more than one file: {sorted(p.file for _, p in candidates)}")
+        return next((p for o, p in candidates if o in (None, self.src)), min(candidates, key=lambda x: x[0] or 0)[1])
 
-    for name in [*pieces, *(n for n in sharded_names if n not in pieces)]:  # a shard may hold no rows here
-        found = pieces.get(name, [])
-        if name in sharded_targets:
-            t = dataclasses.replace(sharded_targets[name], dtype=stored_dtype[name])
+    def cover(self, name: str, found: list[Piece]) -> None:
+        """Plan the ranged reads of tensor ``name``'s target from its stored pieces, which must cover it."""
+        if name in self.sharded_targets:
+            t = dataclasses.replace(self.sharded_targets[name], dtype=self.stored_dtype[name])
         else:
-            t = target_for(name, found[0].entry.shape, stored_dtype[name])
-        shape = t.shape
+            t = self.target_for(name, found[0].entry.shape, self.stored_dtype[name])
+        plan = self.plan
         plan.targets[name] = t
-        opened.entries[name] = tensor_format.Entry(name, t.dtype, t.local_shape, 0, 0)
-        if t.template is not None or name in sharded_names:
+        self.opened.entries[name] = tensor_format.Entry(name, t.dtype, t.local_shape, 0, 0)
+        if t.template is not None or name in self.sources:
             plan.resharded.append(name)
-        row_elems = rows(shape)[1]
-        row_bytes = row_elems * tensor_format.itemsize(t.dtype)
+        row_bytes = rows(t.shape)[1] * tensor_format.itemsize(t.dtype)
         covered = 0
         for p in sorted(found, key=lambda p: p.begin):
             p_rows = rows(p.entry.shape)[0]
@@ -327,11 +374,9 @@ def open_resharded(reader: Reader, step: int, *, rank: int, world: int, live: Li
             plan.copies.append(Copy(name, p, (a - p.begin) * row_bytes, (a - t.begin) * row_bytes, (b - a) * row_bytes))
             covered += b - a
         if row_bytes and covered != t.end - t.begin:
-            raise bad(f"the stored pieces of {name!r} cover {covered} of the {t.end - t.begin} rows this rank needs")
-    if mismatched:
-        raise _refuse(opened, world, [], mismatched)
-    opened.reshard = plan
-    return opened
+            raise self.bad(
+                f"the stored pieces of {name!r} cover {covered} of the {t.end - t.begin} rows this rank needs"
+            )
 
 
 def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:

@@ -14,11 +14,12 @@ import json
 import logging
 import warnings
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from preemptible import dist
 from preemptible.checkpoint import reshard
+from preemptible.checkpoint.fallback import fall_back
 from preemptible.checkpoint.reader import Opened, Reader
 from preemptible.errors import CheckpointCorruptError, CheckpointFallbackWarning, StateMismatchError
 from preemptible.events import Event, EventSink
@@ -39,10 +40,59 @@ class Candidate:
 @dataclass(frozen=True)
 class _Outcome:
     ok: bool
-    kind: str = "ok"  # when not ok: "content" (marked invalid), "load" (did not load, unmarked) or "io" (unmarked)
+    kind: str = "ok"  # when not ok: "content" (marked invalid), "load" (did not load, unmarked), "io" (unmarked)
+    # or "marked" (invalid already: not tried)
     why: str = ""
     probe: ProbeCheck | None = None
     mismatch: StateMismatchError | None = None
+
+
+@dataclass(frozen=True)
+class _Tried:
+    """One candidate's attempt: its outcome (agreed by every rank), and what a success needs next."""
+
+    outcome: _Outcome
+    check: ProbeCheck | None = None
+    opened: Opened | None = None
+    started: float = 0.0
+
+
+@dataclass
+class _Tally:
+    """The candidates that failed, and why: what the error says once none restored."""
+
+    failures: list[tuple[int, str]] = field(default_factory=list)
+    io_errors: list[str] = field(default_factory=list)
+    mismatches: list[StateMismatchError] = field(default_factory=list)
+
+    def error(self, root: str) -> Exception:
+        """The error when no candidate restored: the storage failed, they do not fit the live objects, or none
+        verifies."""
+        lines = "\n".join(f"  step {s}: {why}" for s, why in self.failures)
+        if self.io_errors:
+            return OSError(
+                f"no committed checkpoint under {root} could be restored, and {len(self.io_errors)} could not "
+                f"even be verified because the storage failed:\n{lines}\nNothing was loaded and nothing was marked "
+                "invalid; check the storage (mount, credentials, network) and start again"
+            )
+        if len(self.failures) == 1 and self.mismatches:
+            return self.mismatches[0]
+        if self.mismatches:
+            newest = self.mismatches[0]
+            return StateMismatchError(
+                f"no committed checkpoint under {root} could be restored; {len(self.mismatches)} do not fit the "
+                f"live objects:\n{lines}\nNothing was marked invalid. Build the model, optimizer and scheduler exactly "
+                "as when the checkpoints were saved, or start a new root.",
+                path=newest.path,
+                step=newest.step,
+                differences=newest.differences,
+            )
+        return CheckpointCorruptError(
+            f"none of the {len(self.failures)} committed checkpoints under {root} verifies:\n{lines}\n"
+            "Nothing was loaded. Restore from a backup, or move the root aside to start fresh deliberately.",
+            path=root,
+            failures=self.failures,
+        )
 
 
 class Restorer:
@@ -125,7 +175,7 @@ class Restorer:
                 differences=[why],
             ) from e
 
-    def _agree(self, store: Any, outcome: _Outcome) -> _Outcome:
+    def _agree(self, store: dist.StoreClient | None, outcome: _Outcome) -> _Outcome:
         """Every rank must restore the same step: a checkpoint counts only if it verified on all of them."""
         coord = self.coord
         if coord is None or store is None:
@@ -142,90 +192,86 @@ class Restorer:
         with dist.session(self.coord) as store:
             return self._restore(state, candidates, explicit, store)
 
-    def _restore(self, state: Mapping[str, Any], candidates: Sequence[Candidate], explicit: bool, store: Any) -> int:
-        failures: list[tuple[int, str]] = []
-        io_errors: list[str] = []
-        mismatches: list[StateMismatchError] = []
+    def _restore(
+        self, state: Mapping[str, Any], candidates: Sequence[Candidate], explicit: bool, store: dist.StoreClient | None
+    ) -> int:
         # IMPORTANT: what the live objects were before any attempt. A candidate that fails half-way through
         # load_state_dict() leaves them altered; the next one is checked against this, then loaded over it whole.
         captured = capture(state)
         live_flat = functools.cache(lambda: flatten(captured))  # only when the plain fit does not decide
         coord = self.coord
         leader = coord is None or coord.rank == 0
-        for cand in candidates:
+        tally = _Tally()
+
+        def attempt(cand: Candidate) -> _Tried:
             if cand.state is State.INVALID and not explicit:
-                why = f"marked invalid earlier: {cand.invalid_reason}"
-                failures.append((cand.step, why))
-                warnings.warn(
-                    f"skipping the checkpoint of step {cand.step}: {why}", CheckpointFallbackWarning, stacklevel=4
-                )
-                continue
+                return _Tried(_Outcome(False, "marked", f"marked invalid earlier: {cand.invalid_reason}"))
             t0 = self._monotonic()
             outcome, check, opened = self._try(state, captured, live_flat, cand.step)
-            outcome = self._agree(store, outcome)
-            directory = self.reader.path_of(cand.step)
-            if not outcome.ok:
-                failures.append((cand.step, outcome.why))
-                if outcome.kind == "content":
-                    probe = outcome.probe
-                    figures = {"stored_probe": probe.stored, "recomputed_probe": probe.recomputed} if probe else {}
-                    self.events.event(Event.CHECKPOINT_INVALID, cand.step, error=outcome.why, **figures)
-                    if leader and cand.state is not State.INVALID:
-                        self.markers.record(directory, Transition.CONTENT_FAIL, now=self._now(), reason=outcome.why)
-                else:
-                    if outcome.kind == "io":
-                        io_errors.append(outcome.why)
-                    else:
-                        mismatches.append(outcome.mismatch or _mismatch(directory, cand.step, outcome.why))
-                    self.events.event(Event.CHECKPOINT_UNVERIFIED, cand.step, error=outcome.why)
-                if explicit and outcome.kind == "content":
-                    raise CheckpointCorruptError(outcome.why, path=directory, step=cand.step)
-                if explicit and mismatches:
-                    raise mismatches[0]
-                if explicit:
-                    raise OSError(f"the checkpoint of step {cand.step} {outcome.why}; nothing was marked, try again")
-                warnings.warn(
-                    f"skipping the checkpoint of step {cand.step}: {outcome.why}; falling back to the next newest",
-                    CheckpointFallbackWarning,
-                    stacklevel=4,
-                )
-                continue
-            assert opened is not None
-            self._restored(opened, check, cand, leader)
-            self._world_changed(state, opened)
-            self.events.event(
-                Event.RESTORED,
-                cand.step,
-                seconds=round(self._monotonic() - t0, 6),
-                skipped=[s for s, _ in failures],
-                bytes_read=opened.meta_bytes + opened.data_bytes,
-                data_bytes_read=opened.data_bytes,
+            return _Tried(self._agree(store, outcome), check, opened, t0)
+
+        failed = functools.partial(self._failed, tally=tally, explicit=explicit, leader=leader)
+        found = fall_back(candidates, attempt, ok=lambda t: t.outcome.ok, failed=failed)
+        if found is None:
+            raise tally.error(self.reader.root)
+        cand, tried = found
+        opened = tried.opened
+        assert opened is not None
+        self._restored(opened, tried.check, cand, leader)
+        self._world_changed(state, opened)
+        self.events.event(
+            Event.RESTORED,
+            cand.step,
+            seconds=round(self._monotonic() - tried.started, 6),
+            skipped=[s for s, _ in tally.failures],
+            bytes_read=opened.meta_bytes + opened.data_bytes,
+            data_bytes_read=opened.data_bytes,
+        )
+        return cand.step
+
+    def _failed(
+        self,
+        cand: Candidate,
+        tried: _Tried,
+        following: Candidate | None,
+        *,
+        tally: _Tally,
+        explicit: bool,
+        leader: bool,
+    ) -> None:
+        """A candidate that did not restore: counted, recorded in the journal (a content failure marked invalid,
+        by rank 0), then raised when it was asked for by step, else warned of (the loop falls back)."""
+        # stacklevel 6: this, the fallback loop, `_restore`, `restore`, `Checkpointer.restore`, its caller
+        outcome = tried.outcome
+        tally.failures.append((cand.step, outcome.why))
+        if outcome.kind == "marked":
+            warnings.warn(
+                f"skipping the checkpoint of step {cand.step}: {outcome.why}", CheckpointFallbackWarning, stacklevel=6
             )
-            return cand.step
-        lines = "\n".join(f"  step {s}: {why}" for s, why in failures)
-        if io_errors:
-            raise OSError(
-                f"no committed checkpoint under {self.reader.root} could be restored, and {len(io_errors)} could not "
-                f"even be verified because the storage failed:\n{lines}\nNothing was loaded and nothing was marked "
-                "invalid; check the storage (mount, credentials, network) and start again"
-            )
-        if len(failures) == 1 and mismatches:
-            raise mismatches[0]
-        if mismatches:
-            newest = mismatches[0]
-            raise StateMismatchError(
-                f"no committed checkpoint under {self.reader.root} could be restored; {len(mismatches)} do not fit the "
-                f"live objects:\n{lines}\nNothing was marked invalid. Build the model, optimizer and scheduler exactly "
-                "as when the checkpoints were saved, or start a new root.",
-                path=newest.path,
-                step=newest.step,
-                differences=newest.differences,
-            )
-        raise CheckpointCorruptError(
-            f"none of the {len(failures)} committed checkpoints under {self.reader.root} verifies:\n{lines}\n"
-            "Nothing was loaded. Restore from a backup, or move the root aside to start fresh deliberately.",
-            path=self.reader.root,
-            failures=failures,
+            return
+        directory = self.reader.path_of(cand.step)
+        if outcome.kind == "content":
+            probe = outcome.probe
+            figures = {"stored_probe": probe.stored, "recomputed_probe": probe.recomputed} if probe else {}
+            self.events.event(Event.CHECKPOINT_INVALID, cand.step, error=outcome.why, **figures)
+            if leader and cand.state is not State.INVALID:
+                self.markers.record(directory, Transition.CONTENT_FAIL, now=self._now(), reason=outcome.why)
+        else:
+            if outcome.kind == "io":
+                tally.io_errors.append(outcome.why)
+            else:
+                tally.mismatches.append(outcome.mismatch or _mismatch(directory, cand.step, outcome.why))
+            self.events.event(Event.CHECKPOINT_UNVERIFIED, cand.step, error=outcome.why)
+        if explicit:
+            if outcome.kind == "content":
+                raise CheckpointCorruptError(outcome.why, path=directory, step=cand.step)
+            if tally.mismatches:
+                raise tally.mismatches[0]
+            raise OSError(f"the checkpoint of step {cand.step} {outcome.why}; nothing was marked, try again")
+        warnings.warn(
+            f"skipping the checkpoint of step {cand.step}: {outcome.why}; falling back to the next newest",
+            CheckpointFallbackWarning,
+            stacklevel=6,
         )
 
     def _world_changed(self, state: Mapping[str, Any], opened: Opened) -> None:

@@ -16,6 +16,8 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
+from preemptible.store.roots import is_url, local_path
+
 
 class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
@@ -73,9 +75,9 @@ def _kind(mode: int) -> str:
 
 def directory(text: str) -> str:
     """A checkpoint root or target directory: a URL (checked when used), a directory, or a path not made yet."""
-    if "://" in text and not text.startswith("file://"):
+    if is_url(text):
         return text
-    path = os.path.expanduser(text.removeprefix("file://"))
+    path = os.path.expanduser(local_path(text))
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -95,15 +97,15 @@ def directory(text: str) -> str:
 def local_directory(text: str) -> str:
     """A local directory to write into, there or not yet: its path (``file://``, ``~`` resolved); a URL is refused."""
     checked = directory(text)
-    if "://" in checked and not checked.startswith("file://"):
+    if is_url(checked):
         raise argparse.ArgumentTypeError(f"expected a local directory, found the URL {text!r}")
-    return os.path.expanduser(checked.removeprefix("file://"))
+    return os.path.expanduser(local_path(checked))
 
 
 def existing_directory(text: str) -> str:
     """A directory that must already be there (a root to read)."""
     checked = directory(text)
-    if "://" not in checked and not os.path.exists(os.path.expanduser(checked.removeprefix("file://"))):
+    if "://" not in checked and not os.path.exists(os.path.expanduser(local_path(checked))):
         raise argparse.ArgumentTypeError(f"expected an existing directory, found no {text!r}")
     return checked
 

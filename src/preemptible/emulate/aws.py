@@ -160,33 +160,40 @@ class AwsEmulator(Emulator):
 
     def _item(self, item: str) -> Reply:
         with self._lock:
-            if item == "spot/instance-action":
-                return text(json.dumps(self.instance_action)) if self.instance_action else text("", 404)
-            if item == "spot/termination-time":
-                return text(self.termination_time) if self.termination_time else text("", 404)
-            if item == "events/recommendations/rebalance":
-                return text(json.dumps({"noticeTime": self.rebalance_time})) if self.rebalance_time else text("", 404)
+            notice = self._notice_item(item)
+            if notice is not None:
+                return notice
             if (
                 item.startswith("iam/security-credentials/")
                 and item != "iam/security-credentials/"
                 and item in self.items
             ):
-                return text(
-                    json.dumps(
-                        {
-                            "Code": "Success",
-                            "LastUpdated": iso_seconds(self.clock()),
-                            "Type": "AWS-HMAC",
-                            "AccessKeyId": "ASIAEMULATEDEMULATED",
-                            "SecretAccessKey": "emulated/secret",
-                            "Token": "emulated-session-token",
-                            "Expiration": iso_seconds(self.clock() + 6 * 3600),
-                        }
-                    )
-                )
-            for key in (item, item.rstrip("/")):
+                return text(self._credentials())
+            for key in (item, item.rstrip("/"), item.rstrip("/") + "/"):
                 if key in self.items:
                     return text(self.items[key])
-            if item.rstrip("/") + "/" in self.items:
-                return text(self.items[item.rstrip("/") + "/"])
         return text("", 404)
+
+    def _notice_item(self, item: str) -> Reply | None:
+        """The spot and rebalance items (404 while no notice is set), or None for any other item."""
+        if item == "spot/instance-action":
+            return text(json.dumps(self.instance_action)) if self.instance_action else text("", 404)
+        if item == "spot/termination-time":
+            return text(self.termination_time) if self.termination_time else text("", 404)
+        if item == "events/recommendations/rebalance":
+            return text(json.dumps({"noticeTime": self.rebalance_time})) if self.rebalance_time else text("", 404)
+        return None
+
+    def _credentials(self) -> str:
+        """An instance role's temporary credentials, as IMDS serves them (emulated values)."""
+        return json.dumps(
+            {
+                "Code": "Success",
+                "LastUpdated": iso_seconds(self.clock()),
+                "Type": "AWS-HMAC",
+                "AccessKeyId": "ASIAEMULATEDEMULATED",
+                "SecretAccessKey": "emulated/secret",
+                "Token": "emulated-session-token",
+                "Expiration": iso_seconds(self.clock() + 6 * 3600),
+            }
+        )

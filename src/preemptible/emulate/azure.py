@@ -123,28 +123,11 @@ class AzureEmulator(Emulator):
 
     def handle(self, req: Request) -> Reply:
         self._tick()
-        if (req.header("Metadata") or "").lower() != "true" or req.header("X-Forwarded-For"):
-            return self._json({"error": "Bad request. Required metadata header not specified"}, 400)
-        if "api-version" not in req.query:
-            return self._json(
-                {
-                    "error": "Bad request. api-version was not specified in the request. For more "
-                    "information refer to aka.ms/azureimds",
-                    "newest-versions": ["2021-02-01"],
-                },
-                400,
-            )
+        refused = self._refuse(req)
+        if refused is not None:
+            return refused
         if req.path == "/metadata/scheduledevents":
-            if not self._first_done:
-                self._first_done = True
-                if self.first_call_delay:
-                    time.sleep(self.first_call_delay)
-            if req.method == "GET":
-                with self._lock:
-                    return self._json({"DocumentIncarnation": self.incarnation, "Events": self.events})
-            if req.method == "POST":
-                return self._approve(req)
-            return self._json({"error": "Method not allowed"}, 405)
+            return self._scheduled_events(req)
         if req.method != "GET":
             return self._json({"error": "Method not allowed"}, 405)
         if req.path == "/metadata/instance/compute/name":
@@ -161,6 +144,34 @@ class AzureEmulator(Emulator):
                 }
             )
         return self._json({"error": "Not found"}, 404)
+
+    def _refuse(self, req: Request) -> Reply | None:
+        """IMDS's 400 for a request without its header (or through a proxy) or without an api-version, else None."""
+        if (req.header("Metadata") or "").lower() != "true" or req.header("X-Forwarded-For"):
+            return self._json({"error": "Bad request. Required metadata header not specified"}, 400)
+        if "api-version" not in req.query:
+            return self._json(
+                {
+                    "error": "Bad request. api-version was not specified in the request. For more "
+                    "information refer to aka.ms/azureimds",
+                    "newest-versions": ["2021-02-01"],
+                },
+                400,
+            )
+        return None
+
+    def _scheduled_events(self, req: Request) -> Reply:
+        """``/metadata/scheduledevents``: GET the events, POST approvals."""
+        if not self._first_done:
+            self._first_done = True
+            if self.first_call_delay:
+                time.sleep(self.first_call_delay)
+        if req.method == "GET":
+            with self._lock:
+                return self._json({"DocumentIncarnation": self.incarnation, "Events": self.events})
+        if req.method == "POST":
+            return self._approve(req)
+        return self._json({"error": "Method not allowed"}, 405)
 
     def _approve(self, req: Request) -> Reply:
         try:

@@ -679,8 +679,19 @@ def _round(x: float | None, digits: int) -> float | None:
 def weighed_bandwidth(bandwidth: float | None, *, object_store: bool) -> float | None:
     """The bandwidth auto weighs a save against: the destination's measured one; before any, an object store's
     `ASSUMED_OBJECT_BANDWIDTH`; None for a local destination not measured yet (auto leaves compression off there,
-    and the state is not even sampled: `Checkpointer._codec`)."""
+    and the state is not even sampled: `Measurements.codec`)."""
     return ASSUMED_OBJECT_BANDWIDTH if bandwidth is None and object_store else bandwidth
+
+
+def check_setting(setting: object) -> bool | str:
+    """A ``compress=`` setting, checked: True, False or ``"auto"`` (the one place that checks it).
+
+    Raises:
+        ValueError: anything else.
+    """
+    if setting not in (True, False, "auto"):
+        raise ValueError(f"expected compress=True, False or 'auto', found {setting!r}")
+    return setting
 
 
 def choose(
@@ -704,8 +715,7 @@ def choose(
     `BACKGROUND_CPU_S` of CPU, and encodes on one thread: it must not slow training down. Before a save has
     measured the destination, a local one is taken as fast (off) and an object store as `ASSUMED_OBJECT_BANDWIDTH`.
     """
-    if setting not in (True, False, "auto"):
-        raise ValueError(f"expected compress=True, False or 'auto', found {setting!r}")
+    check_setting(setting)
     workers = 1 if background else max(1, min(threads, cores))
     bandwidth = weighed_bandwidth(bandwidth, object_store=object_store)
     plain = packed = None

@@ -16,7 +16,7 @@ import stat
 from typing import Any, Protocol
 
 from preemptible.errors import FileTooLargeError, NotRegularFileError, OutsideRootError
-from preemptible.store import direct
+from preemptible.store import direct, roots
 
 
 class WriteStream(Protocol):
@@ -329,12 +329,11 @@ class LocalStorage:
 
 def storage_for(root: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> Storage:
     """The storage for a local path or an fsspec URL (``s3://``, ``gs://``, ``az://``, ``memory://``)."""
-    text = os.fspath(root)
-    if "://" in text and not text.startswith("file://"):
+    if roots.is_url(root):
         from preemptible.store.objstore import FsspecStorage
 
-        return FsspecStorage(text, storage_options)
-    return LocalStorage(text.removeprefix("file://"))
+        return FsspecStorage(os.fspath(root), storage_options)
+    return LocalStorage(roots.local_path(root))
 
 
 EPHEMERAL_PREFIXES = (

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, TypeGuard
@@ -226,12 +226,7 @@ class Manifest:
         def bad(why: str) -> CheckpointCorruptError:
             return CheckpointCorruptError(f"{where}: {why}", path=where, step=expect_step)
 
-        try:
-            doc = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as e:
-            raise bad(f"COMMIT.json is not valid JSON ({e}); the checkpoint cannot be trusted") from e
-        if not isinstance(doc, dict):
-            raise bad(f"expected COMMIT.json to hold a JSON object, found {type(doc).__name__}")
+        doc = _manifest_doc(raw, bad)
         version = doc.get("format_version")
         if not _is_int(version):
             raise bad(f"expected an integer format_version, found {version!r}")
@@ -245,43 +240,12 @@ class Manifest:
             raise bad(f"expected a non-negative integer step, found {step!r}")
         if expect_step is not None and step != expect_step:
             raise bad(f"COMMIT.json says step {step} but sits in the directory of step {expect_step}")
-        files_doc = doc.get("files")
-        if not isinstance(files_doc, dict) or not files_doc:
-            raise bad(f"expected a non-empty 'files' object, found {str(files_doc)[:80]!r}")
-        files: dict[str, FileRecord] = {}
-        for name, rec in files_doc.items():
-            if not isinstance(name, str) or not safe_file_name(name):
-                raise bad(f"file name {name!r} is not a plain name inside the checkpoint directory")
-            record = FileRecord.from_doc(rec)
-            if record is None:
-                raise bad(
-                    f"file {name!r}: expected {{'bytes': int, 'checksum': str, optional 'chunks': {{'bytes': int, "
-                    f"'sums': hex}}}}, found {str(rec)[:80]}"
-                )
-            files[name] = record
+        files = _file_records(doc.get("files"), bad)
         algo = doc.get("checksum_algorithm")
         if not isinstance(algo, str):
             raise bad(f"expected a checksum_algorithm string, found {algo!r}")
-        forms: dict[str, str] = {}
-        for name in files:  # one tensor file stored two ways: which one holds the state is anyone's guess
-            plain = name.removesuffix(".zst") if name.endswith(COMPRESSED_SUFFIX) else name
-            if plain in forms:
-                raise bad(
-                    f"COMMIT.json lists {forms[plain]!r} and {name!r}, two stored forms of one file; a save writes "
-                    "one of them, so one was added to the checkpoint: it cannot be trusted"
-                )
-            forms[plain] = name
-        world = doc.get("world_size", 1)
-        if not _is_int(world) or not 1 <= world <= bounds.MAX_WORLD_SIZE:
-            raise bad(f"expected a world_size from 1 to {bounds.MAX_WORLD_SIZE}, found {str(world)[:40]!r}")
-        ranks = {r for r in map(file_rank, files) if r is not None}
-        if ranks and ranks != set(range(world)):  # every rank of a job writes its own files, or none does
-            missing = sorted(set(range(min(world, max(ranks) + 1))) - ranks)[:3]
-            raise bad(
-                f"world_size {world} does not match the per-rank files it lists ({len(ranks)} rank(s), from "
-                f"{min(ranks)} to {max(ranks)}{f', none of ranks {missing}' if missing else ''}); every rank of a "
-                "job writes its own files: the checkpoint cannot be trusted"
-            )
+        _one_form_each(files, bad)
+        world = _world_of(doc.get("world_size", 1), files, bad)
         probe = doc.get("probe")
         if probe is not None and not isinstance(probe, (int, float)):
             raise bad(f"expected a number or null as probe, found {probe!r}")
@@ -293,31 +257,7 @@ class Manifest:
         prefix = doc.get("prefix", "")
         if prefix != "" and not (isinstance(prefix, str) and PREFIX_RE.fullmatch(prefix)):
             raise bad(f"expected 'prefix' to name an attempt (a-<16 hex digits>), found {str(prefix)[:80]!r}")
-        known = {
-            "prefix",
-            "format_version",
-            "step",
-            "created",
-            "world_size",
-            "checksum_algorithm",
-            "files",
-            "probe",
-            "timings",
-            "predicted_save_s",
-            SELF_CHECKSUM,
-        }
-        sealed = doc.get(SELF_CHECKSUM)
-        if sealed is None:
-            unknown = sorted(k for k in doc if k not in known)
-            raise bad(
-                f"COMMIT.json has no {SELF_CHECKSUM} (unknown keys: {unknown}); it was altered after it was "
-                "written; the checkpoint cannot be trusted"
-            )
-        if sealed != _canonical_checksum(doc):
-            raise bad(
-                f"COMMIT.json does not match its own checksum ({SELF_CHECKSUM} {sealed!r}): it was altered after it "
-                "was written (bit rot or an edit); the checkpoint cannot be trusted"
-            )
+        _check_seal(doc, bad)
         return cls(
             format_version=version,
             step=step,
@@ -328,7 +268,7 @@ class Manifest:
             probe=float(probe) if probe is not None else None,
             timings={str(k): float(v) for k, v in timings.items() if isinstance(v, (int, float))},
             predicted_save_s=float(predicted) if isinstance(predicted, (int, float)) else None,
-            extra={k: v for k, v in doc.items() if k not in known},
+            extra={k: v for k, v in doc.items() if k not in _KNOWN_KEYS},
             prefix=prefix,
         )
 
@@ -352,6 +292,94 @@ def seal(doc: dict[str, Any]) -> dict[str, Any]:
 
 def _is_int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+_KNOWN_KEYS = {
+    "prefix",
+    "format_version",
+    "step",
+    "created",
+    "world_size",
+    "checksum_algorithm",
+    "files",
+    "probe",
+    "timings",
+    "predicted_save_s",
+    SELF_CHECKSUM,
+}
+
+
+def _manifest_doc(raw: bytes, bad: Callable[[str], CheckpointCorruptError]) -> dict[str, Any]:
+    """COMMIT.json's bytes as the JSON object they must hold."""
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise bad(f"COMMIT.json is not valid JSON ({e}); the checkpoint cannot be trusted") from e
+    if not isinstance(doc, dict):
+        raise bad(f"expected COMMIT.json to hold a JSON object, found {type(doc).__name__}")
+    return doc
+
+
+def _file_records(files_doc: Any, bad: Callable[[str], CheckpointCorruptError]) -> dict[str, FileRecord]:
+    """COMMIT.json's ``files``: a record per plain file name, at least one."""
+    if not isinstance(files_doc, dict) or not files_doc:
+        raise bad(f"expected a non-empty 'files' object, found {str(files_doc)[:80]!r}")
+    files: dict[str, FileRecord] = {}
+    for name, rec in files_doc.items():
+        if not isinstance(name, str) or not safe_file_name(name):
+            raise bad(f"file name {name!r} is not a plain name inside the checkpoint directory")
+        record = FileRecord.from_doc(rec)
+        if record is None:
+            raise bad(
+                f"file {name!r}: expected {{'bytes': int, 'checksum': str, optional 'chunks': {{'bytes': int, "
+                f"'sums': hex}}}}, found {str(rec)[:80]}"
+            )
+        files[name] = record
+    return files
+
+
+def _one_form_each(files: Mapping[str, FileRecord], bad: Callable[[str], CheckpointCorruptError]) -> None:
+    """One tensor file stored two ways (plain and compressed): which one holds the state is anyone's guess."""
+    forms: dict[str, str] = {}
+    for name in files:
+        plain = name.removesuffix(".zst") if name.endswith(COMPRESSED_SUFFIX) else name
+        if plain in forms:
+            raise bad(
+                f"COMMIT.json lists {forms[plain]!r} and {name!r}, two stored forms of one file; a save writes "
+                "one of them, so one was added to the checkpoint: it cannot be trusted"
+            )
+        forms[plain] = name
+
+
+def _world_of(world: Any, files: Mapping[str, FileRecord], bad: Callable[[str], CheckpointCorruptError]) -> int:
+    """COMMIT.json's ``world_size``, in bounds and matching the per-rank files it lists."""
+    if not _is_int(world) or not 1 <= world <= bounds.MAX_WORLD_SIZE:
+        raise bad(f"expected a world_size from 1 to {bounds.MAX_WORLD_SIZE}, found {str(world)[:40]!r}")
+    ranks = {r for r in map(file_rank, files) if r is not None}
+    if ranks and ranks != set(range(world)):  # every rank of a job writes its own files, or none does
+        missing = sorted(set(range(min(world, max(ranks) + 1))) - ranks)[:3]
+        raise bad(
+            f"world_size {world} does not match the per-rank files it lists ({len(ranks)} rank(s), from "
+            f"{min(ranks)} to {max(ranks)}{f', none of ranks {missing}' if missing else ''}); every rank of a "
+            "job writes its own files: the checkpoint cannot be trusted"
+        )
+    return int(world)
+
+
+def _check_seal(doc: Mapping[str, Any], bad: Callable[[str], CheckpointCorruptError]) -> None:
+    """COMMIT.json's own checksum: present, and matching the rest of it."""
+    sealed = doc.get(SELF_CHECKSUM)
+    if sealed is None:
+        unknown = sorted(k for k in doc if k not in _KNOWN_KEYS)
+        raise bad(
+            f"COMMIT.json has no {SELF_CHECKSUM} (unknown keys: {unknown}); it was altered after it was "
+            "written; the checkpoint cannot be trusted"
+        )
+    if sealed != _canonical_checksum(doc):
+        raise bad(
+            f"COMMIT.json does not match its own checksum ({SELF_CHECKSUM} {sealed!r}): it was altered after it "
+            "was written (bit rot or an edit); the checkpoint cannot be trusted"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

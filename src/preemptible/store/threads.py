@@ -14,10 +14,10 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 R = TypeVar("R")
 _Job = tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
@@ -133,3 +133,110 @@ def storage_seconds(since: tuple[float, float]) -> float:
     then compressed the emergency save to a fast disk."""
     wall, waited = _wall(), run_queue_s()
     return max(0.0, (wall - since[0]) - (waited - since[1]))
+
+
+# a map over items on threads of its own -------------------------------------------------------------------
+T = TypeVar("T")
+
+
+class PlanChanged(Exception):
+    """A save's plan, written while it was checked (`parallel_map`'s ``meanwhile``), did not fit the state: what was
+    written must be thrown away and the state planned again. Never leaves the checkpointer."""
+
+
+def parallel_map(
+    fn: Callable[[T], R],
+    items: Sequence[T],
+    *,
+    threads: int,
+    name: str,
+    meanwhile: Callable[[], bool] | None = None,
+    idle: Callable[[], bool] | None = None,
+) -> list[R]:
+    """``[fn(x) for x in items]`` on up to ``threads`` named threads pulling from one work queue, in order.
+
+    The first failure stops the others before their next item and is re-raised with its own type. ``meanwhile``:
+    run by the calling thread while the others work (first, when there are no others); False stops them before
+    their next item and raises `PlanChanged` once they are done. ``idle``: what a thread does once no item is left
+    to start (help one still running), called until it returns False; with it, ``threads`` threads work on even
+    one item.
+    """
+    if threads <= 1 or (len(items) <= 1 and idle is None) or not items:
+        if meanwhile is not None and not meanwhile():
+            raise PlanChanged
+        return [fn(x) for x in items]
+    run = _Map(fn, items, idle)
+    count = threads if idle is not None else min(threads, len(items))
+    if not run.run([threading.Thread(target=run.worker, name=f"{name}-{k}") for k in range(count)], meanwhile):
+        raise PlanChanged
+    return run.results(name)
+
+
+class _Map(Generic[T, R]):
+    """One `parallel_map`: its work queue, its results as they come, and the signals its threads share."""
+
+    def __init__(self, fn: Callable[[T], R], items: Sequence[T], idle: Callable[[], bool] | None) -> None:
+        self.fn = fn
+        self.items = items
+        self.idle = idle
+        self.work: queue.Queue[int] = queue.Queue()
+        for i in range(len(items)):
+            self.work.put(i)
+        self.futures: list[Future[R]] = [Future() for _ in items]
+        self.stop = threading.Event()
+        self.go = threading.Event()
+        self.idle_errors: list[BaseException] = []
+
+    def worker(self) -> None:
+        self.go.wait()
+        while not self.stop.is_set():
+            try:
+                i = self.work.get_nowait()
+            except queue.Empty:
+                break
+            try:
+                self.futures[i].set_result(self.fn(self.items[i]))
+            except BaseException as e:
+                self.stop.set()
+                self.futures[i].set_exception(e)
+        try:
+            while self.idle is not None and not self.stop.is_set() and self.idle():
+                pass
+        except BaseException as e:  # a helper's read errors go to the item it helps; this is anything else
+            self.stop.set()
+            self.idle_errors.append(e)
+
+    def run(self, pool: list[threading.Thread], meanwhile: Callable[[], bool] | None) -> bool:
+        """Start every thread, run ``meanwhile``, join them; returns what ``meanwhile`` said (True without one)."""
+        # IMPORTANT: every thread is started before any works, so a thread that cannot start (a process out of
+        # threads) fails the map before a single item is done (no live tensor half read into, no file half
+        # written), and the threads that did start are joined, not left working after the error.
+        fits = True
+        try:
+            for t in pool:
+                t.start()
+            self.go.set()
+            if meanwhile is not None and not meanwhile():
+                fits = False
+                self.stop.set()
+        except BaseException:  # out of threads: those started stop before their first item, and the error is raised
+            self.stop.set()
+            raise
+        finally:
+            self.go.set()
+            for t in pool:
+                if t.ident is not None:  # started
+                    t.join()
+        return fits
+
+    def results(self, name: str) -> list[R]:
+        """The results in order, or the first failure raised."""
+        for f in self.futures:
+            error = f.exception() if f.done() else None
+            if error is not None:
+                raise error
+        if self.idle_errors:
+            raise self.idle_errors[0]
+        if not all(f.done() for f in self.futures):  # pragma: no cover - only after a failure, which raised above
+            raise RuntimeError(f"{name} threads stopped early")
+        return [f.result() for f in self.futures]
