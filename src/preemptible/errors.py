@@ -23,6 +23,7 @@ The hierarchy (each error also inherits the builtin in brackets)::
     ├── StorageUnavailableError        [ImportError]
     ├── StorageCredentialsError        [PermissionError]
     ├── CoordinationError              [RuntimeError]
+    │   └── RankFailures
     └── LifecycleError                 [RuntimeError]
 
     CheckpointFallbackWarning          [UserWarning]
@@ -215,6 +216,7 @@ __all__ = [
     "OutsideRootError",
     "PreemptibleError",
     "ProbeError",
+    "RankFailures",
     "SaveCancelled",
     "SaveError",
     "StateDivergenceError",

@@ -52,6 +52,7 @@ ERRORS = [
     "OutsideRootError",
     "PreemptibleError",
     "ProbeError",
+    "RankFailures",
     "SaveCancelled",
     "SaveError",
     "StateDivergenceError",
