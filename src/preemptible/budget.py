@@ -11,6 +11,7 @@ import contextlib
 import math
 import os
 import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -529,7 +530,8 @@ def plan(
     mtbf_hours: float | None = None,
     bandwidth: float | None = None,
     probe_bytes: int = DEFAULT_PROBE_BYTES,
-    compress_setting: bool | str = "auto",
+    compress: bool | str = "auto",
+    compress_setting: bool | str | None = None,
 ) -> Plan:
     """Will this state's emergency checkpoint fit in this window on this storage?
 
@@ -543,12 +545,21 @@ def plan(
             azure 30, gke 15, k8s 30, slurm 60 unless given).
         step_time: seconds per step (the notice can land just after a boundary).
         mtbf_hours: mean time between preemptions, for the Young/Daly periodic interval.
-        compress_setting: as `Run`'s ``compress``: the plan measures this state's compression on this CPU and
+        compress: as `Run`'s ``compress``: the plan measures this state's compression on this CPU and
             predicts the save as it would be written.
+        compress_setting: the old name of ``compress`` (deprecated: it warns, and goes in a later release).
 
     Returns:
         A `Plan`: ``fits``, ``predicted_save_s``, ``margin_s``, ``recommendations``, ``periodic_interval_s``...
     """
+    if compress_setting is not None:
+        warnings.warn(
+            "plan(compress_setting=...) is deprecated: pass compress=..., as to Run", DeprecationWarning, stacklevel=2
+        )
+        compress = compress_setting
+    from preemptible.store.compress import check_setting  # torch: not at import (`preemptible run` loads budget)
+
+    compress = check_setting(compress)
     if bandwidth is None:
         if root is None:
             raise ValueError("plan() needs root (to measure its bandwidth) or bandwidth= in bytes per second")
@@ -560,8 +571,8 @@ def plan(
         if bf16_moments:
             raise ValueError("with a live state, bf16_moments is read from the state; pass params= to describe one")
         return evaluate(
-            compression=measure_compression(state=state) if compress_setting is not False else None,
-            compress_setting=compress_setting,
+            compression=measure_compression(state=state) if compress is not False else None,
+            compress_setting=compress,
             object_store=object_store,
             state_bytes=live_bytes(state),
             bandwidth=bw,
@@ -575,8 +586,8 @@ def plan(
         raise ValueError("plan() needs state= (a Run or stateful objects) or params= (a parameter count)")
     size = StateSize(params=params, optimizer=optimizer, dtype=dtype, bf16_moments=bf16_moments, world_size=world_size)
     return evaluate(
-        compression=measure_compression(size=size) if compress_setting is not False else None,
-        compress_setting=compress_setting,
+        compression=measure_compression(size=size) if compress is not False else None,
+        compress_setting=compress,
         object_store=object_store,
         size=size,
         bandwidth=bw,

@@ -176,3 +176,14 @@ def test_run_logs_the_verdict_at_its_first_save(
     committed = [e for e in events if e["event"] == "save_committed"]
     assert all("predicted_s" in e and "seconds" in e for e in committed)
     assert committed[-1]["predicted_s"] is not None  # every save after the first has a prediction
+
+
+def test_plan_takes_compress_as_run_does_and_the_old_name_warns() -> None:
+    described = {"params": 10e6, "bandwidth": 200e6, "window": 30.0}
+    new = plan(**described, compress=False)
+    with pytest.warns(DeprecationWarning, match=r"compress_setting=.*deprecated.*compress="):
+        old = plan(**described, compress_setting=False)
+    assert old.to_json() == new.to_json()
+    assert new.to_json() != plan(**described, compress=True).to_json()
+    with pytest.raises(ValueError, match="expected compress=True, False or 'auto', found 'fast'"):
+        plan(**described, compress="fast")

@@ -244,6 +244,12 @@ def test_bad_arguments_are_clear(tmp_path: Path) -> None:
         ({"exit_code": "0"}, "exit_code"),
         ({"per_rank": ["nope"]}, r"per_rank names \['nope'\], which are not state entries"),
         ({"per_rank": [torch.nn.Linear(1, 1)]}, "one of Run's own keywords"),
+        ({"compress": "fast"}, "expected compress=True, False or 'auto', found 'fast'"),
+        ({"keep_best": ("loss", "avg")}, r"keep_best: expected \(figure, 'min' or 'max'\)"),
+        ({"keep_best": "loss"}, "keep_best"),
+        ({"probe_rtol": -1e-3}, "expected probe_rtol to be a finite relative tolerance >= 0"),
+        ({"probe_rtol": float("nan")}, "probe_rtol"),
+        ({"probe_rtol": "1e-3"}, "probe_rtol"),
     ],
 )
 def test_options_out_of_range_are_refused_when_run_is_built(

@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
             mtbf_hours=args.mtbf,
             bandwidth=args.bandwidth,
             probe_bytes=int(args.probe_mb * 1e6),
-            compress_setting=_SETTINGS[args.compress],
+            compress=_SETTINGS[args.compress],
         )
     except (ValueError, OSError) as e:
         print(f"preemptible plan: {e}", file=sys.stderr)
