@@ -343,7 +343,6 @@ def test_a_background_saves_early_copy_is_redone_when_the_state_no_longer_fits_a
     import threading
 
     from preemptible.errors import UnsupportedStateError
-
     from preemptible.writer import SPLIT_COPY_MIN
 
     state = model_state()
