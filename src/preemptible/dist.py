@@ -255,15 +255,20 @@ class Coordinator:
 
         return [(int(r), d) for r, d in json.loads(self.reduce(store, key, report, failing))]
 
-    def collect_one(self, store: StoreClient, key: str, *, timeout_s: float | None = None) -> str:
-        """Wait for one key (set by one rank) and return its value."""
+    def collect_one(self, store: StoreClient, key: str, *, owner: int = 0, timeout_s: float | None = None) -> str:
+        """Wait for one key, set by rank ``owner``, and return its value.
+
+        Raises:
+            RankFailures: the key was not set within the timeout (naming ``owner``).
+        """
         wait_s = self.timeout_s if timeout_s is None else timeout_s
         try:
             store.wait([key], timedelta(seconds=wait_s))
         except Exception as e:
-            raise CoordinationError(
+            raise RankFailures(
                 f"waited {wait_s:.0f} s for '{key}' through the store: the rank that sets it died, hangs or cannot "
-                f"reach it ({type(e).__name__}); nothing was committed"
+                f"reach it ({type(e).__name__}); nothing was committed",
+                failures=[(owner, f"did not set '{key}' within {wait_s:.0f} s")],
             ) from e
         return read(store, key)
 
@@ -326,6 +331,20 @@ def commit_barrier(
         return None
     coord._wait_for(store, key, "all", None)
     return [bytes(v).decode() for v in store.multi_get([f"{key}/{r}" for r in range(coord.world)])]
+
+
+def failures_doc(failures: list[tuple[int, str]]) -> str:
+    """The failing ranks of a round, as one rank publishes them to the others (`failures_from` reads them)."""
+    return json.dumps({"failed": [[r, why] for r, why in failures]})
+
+
+def failures_from(outcome: str) -> list[tuple[int, str]]:
+    """The failing ranks a round's outcome names (`failures_doc`); an outcome in any other form is rank 0's."""
+    try:
+        doc = json.loads(outcome)
+        return [(int(r), str(why)) for r, why in doc["failed"]]
+    except (ValueError, TypeError, KeyError):
+        return [(0, outcome)]
 
 
 def agree(coord: Coordinator, store: StoreClient, key: str, doc: str) -> list[tuple[int, dict[str, Any]]]:

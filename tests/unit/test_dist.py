@@ -148,3 +148,61 @@ def test_flag_wake_ends_a_wait_whose_unless_now_holds_with_no_lost_wakeup() -> N
     flag = Flag()
     flag.set()
     assert flag.wait(None, unless=lambda: True) is True
+
+
+def test_a_rank_that_fails_its_part_of_a_commit_is_named_alike_on_every_rank(server: Any, tmp_path: Path) -> None:
+    """The commit round carries each failing rank and why to every rank: the failing rank raises its own error, every
+    other rank the same `SaveError`, whose cause is one `RankFailures` listing them; nothing is committed."""
+    import time
+
+    from preemptible.checkpoint.commit import Committer, Job
+    from preemptible.errors import RankFailures, SaveError
+    from preemptible.store.io import LocalStorage
+    from preemptible.writer import Progress
+
+    class Refusing(LocalStorage):
+        def open_write(self, path: str) -> Any:
+            raise OSError(28, "No space left on device")
+
+    def commit(coord: dist.Coordinator) -> Any:
+        storage = (Refusing if coord.rank == 1 else LocalStorage)(str(tmp_path))
+        committer = Committer(
+            storage,
+            str(tmp_path),
+            coordinator=coord,
+            clock=time.time,
+            monotonic=time.monotonic,
+            verify_after_save=False,
+        )
+        job = Job(
+            step=7,
+            path=str(tmp_path / "step-000000007"),
+            reason="manual",
+            start=time.monotonic(),
+            extra={},
+            budget=None,
+            deadline=None,
+            progress=Progress(),
+            key="save/1",
+        )
+        try:
+            return committer.write(job, [], {f"rank{coord.rank}.json": b"{}"}, None, 1)
+        except OSError as e:  # SaveError is one
+            return e
+
+    outcomes = on_every_rank(coordinators(server, 3), commit)
+    own = outcomes.pop(1)
+    assert type(own) is OSError and own.errno == 28
+    assert all(type(e) is SaveError for e in outcomes), outcomes
+    assert len({str(e) for e in outcomes}) == 1
+    assert "rank 1: " in str(outcomes[0]) and "No space left on device" in str(outcomes[0])
+    causes = [e.__cause__ for e in outcomes]
+    assert all(isinstance(c, RankFailures) for c in causes)
+    assert {tuple(r for r, _ in c.failures) for c in causes} == {(1,)}
+    assert not (tmp_path / "step-000000007" / "COMMIT.json").exists()
+
+
+def test_a_round_outcome_names_its_failing_ranks_in_one_form() -> None:
+    doc = dist.failures_doc([(1, "disk full"), (3, 'a "quoted" reason')])
+    assert dist.failures_from(doc) == [(1, "disk full"), (3, 'a "quoted" reason')]
+    assert dist.failures_from("something else") == [(0, "something else")]

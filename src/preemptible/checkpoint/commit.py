@@ -25,7 +25,7 @@ from typing import Any
 
 from preemptible import dist
 from preemptible.checkpoint.handle import SaveResult
-from preemptible.errors import AlreadyCommittedError, SaveError
+from preemptible.errors import AlreadyCommittedError, RankFailures, SaveError
 from preemptible.store import checksum, direct, layout
 from preemptible.store import format as tensor_format
 from preemptible.store.compress import Choice, Codec
@@ -106,6 +106,19 @@ def read_back(storage: Storage, directory: str, records: Mapping[str, FileRecord
                 path=directory,
                 step=step,
             )
+
+
+COMMITTED = "committed"
+"""Rank 0's outcome of a commit round when it committed; otherwise the failing ranks (`dist.failures_doc`)."""
+
+
+def not_committed(job: Job, failures: list[tuple[int, str]]) -> SaveError:
+    """The error every rank raises when ranks failed a save's commit round: the same message on every rank, naming
+    each failing rank and why; its cause is the `RankFailures` that carries them (``.__cause__.failures``)."""
+    why = "; ".join(f"rank {r}: {e}" for r, e in failures)
+    error = SaveError(f"step {job.step} was not committed, a rank failed: {why}", path=job.path, step=job.step)
+    error.__cause__ = RankFailures(f"ranks failed the commit of step {job.step}: {why}", failures=failures)
+    return error
 
 
 class Committer:
@@ -208,8 +221,8 @@ class Committer:
             )
             if coord.rank != 0:
                 outcome = coord.collect_one(store, f"{job.key}/outcome")
-                if outcome != "committed":
-                    raise SaveError(f"step {job.step} was not committed: {outcome}", path=job.path, step=job.step)
+                if outcome != COMMITTED:
+                    raise not_committed(job, dist.failures_from(outcome))
                 job.timings["total"] = self._monotonic() - job.start
                 return SaveResult(
                     step=job.step,
@@ -220,13 +233,10 @@ class Committer:
                 )
             assert gathered is not None
             reports = [json.loads(x) for x in gathered]
-            errors = [(r, x["error"]) for r, x in enumerate(reports) if "error" in x]
-            if errors:
-                why = "; ".join(f"rank {r}: {e}" for r, e in errors)
-                store.set(f"{job.key}/outcome", f"rank(s) failed: {why}")
-                raise SaveError(
-                    f"step {job.step} was not committed, a rank failed: {why}", path=job.path, step=job.step
-                )
+            failures = [(r, str(x["error"])) for r, x in enumerate(reports) if "error" in x]
+            if failures:
+                store.set(f"{job.key}/outcome", dist.failures_doc(failures))
+                raise not_committed(job, failures)
             for x in reports:
                 records.update(_records_from(x["files"]))
             world = coord.world
@@ -255,10 +265,10 @@ class Committer:
             self.protocol.commit(job, manifest.to_json())
         except BaseException as e:
             if store is not None:
-                store.set(f"{job.key}/outcome", f"rank 0 could not commit: {e}")
+                store.set(f"{job.key}/outcome", dist.failures_doc([(0, f"could not commit: {e}")]))
             raise
         if store is not None:
-            store.set(f"{job.key}/outcome", "committed")
+            store.set(f"{job.key}/outcome", COMMITTED)
         end = self._monotonic()
         timings["commit"] = end - t_write
         timings["total"] = end - job.start
