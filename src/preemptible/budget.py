@@ -164,8 +164,7 @@ def probe(
     the fixed costs of a commit (directory fsyncs and an atomic marker). The directory is removed afterwards,
     even on failure.
     """
-    from preemptible.store.threads import parallel_map
-    from preemptible.writer import DEFAULT_THREADS  # torch: only when a probe runs
+    from preemptible.store.threads import DEFAULT_THREADS, parallel_map
 
     threads = DEFAULT_THREADS if threads is None else threads
     storage = storage or storage_for(root)

@@ -18,6 +18,7 @@ from datetime import timedelta
 from typing import Any, Protocol, overload
 
 from preemptible.errors import CoordinationError, RankFailures
+from preemptible.store.io import Storage
 
 log = logging.getLogger("preemptible")
 
@@ -391,7 +392,7 @@ def coordinator() -> Coordinator | None:
         return _COORDINATORS[launch]
 
 
-def check_shared_root(storage: Any, coord: Coordinator) -> None:
+def check_shared_root(storage: Storage, coord: Coordinator) -> None:
     """Every rank must see the same root (striped saves): rank 0 writes a token the others must read back.
 
     Raises:
@@ -402,7 +403,7 @@ def check_shared_root(storage: Any, coord: Coordinator) -> None:
         _check_shared_root(storage, coord, store)
 
 
-def _check_shared_root(storage: Any, coord: Coordinator, store: StoreClient) -> None:
+def _check_shared_root(storage: Storage, coord: Coordinator, store: StoreClient) -> None:
     import secrets
 
     storage.makedirs(storage.root)

@@ -19,7 +19,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from preemptible.errors import PreemptibleError
-from preemptible.events import Event, SaveReason, tag
+from preemptible.events import Event, ExitReason, SaveReason, tag
 from preemptible.sources import slurm
 
 if TYPE_CHECKING:  # annotations only: `budget` and the CLI import this module without torch
@@ -63,6 +63,12 @@ class InflightChoice(str, Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+def wait_fits(need_s: float, remaining_s: float | None) -> bool:
+    """Whether a stop may wait ``need_s`` more seconds for the optimizer step that ends a gradient accumulation
+    (`Run`): at most half the time left, the rest kept for the emergency save. Without a deadline, yes."""
+    return remaining_s is None or need_s <= 0.5 * remaining_s
 
 
 def deadline_choice(
@@ -119,7 +125,7 @@ class ExitPolicy:
         return self.requeue if self.requeue is not None else slurm.requeue_wanted()
 
 
-class Saver(Protocol):
+class SaveSink(Protocol):
     """What the emergency sequence needs of a run's saves (`preemptible.saves.Saves`)."""
 
     pending: SaveHandle | None
@@ -158,7 +164,7 @@ class Emergency:
         checkpointer: Checkpointer,
         guard: Guard,
         *,
-        saves: Saver,
+        saves: SaveSink,
         trackers: Trackers,
         policy: ExitPolicy,
         exit_process: bool,
@@ -226,7 +232,7 @@ class Emergency:
             Event.EXIT,
             completed,
             code=code,
-            reason="notice",
+            reason=ExitReason.NOTICE,
             saved=saved,
             later_notices=len(self.guard.notices) - 1,
             remaining_s=self.guard.remaining(),

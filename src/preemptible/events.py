@@ -50,6 +50,16 @@ class Event(str, Enum):
         return self.value
 
 
+class ExitReason(str, Enum):
+    """Why a process left its loop (``reason`` of an ``exit`` event)."""
+
+    NOTICE = "notice"  # a notice: the emergency sequence ran (`emergency.Emergency.respond`)
+    LEFT_LOOP = "left the loop"  # a ``break`` or an error in the loop's body: nothing saved
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class SaveReason(str, Enum):
     """Why a save was made (``reason`` in the journal)."""
 

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from preemptible.checkpoint.fallback import fall_back
 from preemptible.checkpoint.reader import decoding_pool, open_tensor
+from preemptible.checkpoint.readonly import ReadOnlyRoot
 from preemptible.errors import CheckpointCorruptError, CheckpointNotFoundError
 from preemptible.store import checksum, layout, tagged_json
 from preemptible.store import format as tensor_format
@@ -61,7 +62,7 @@ def _check_empty(out: str) -> None:
         )
 
 
-def _verified(ck: Any, step: int | None, attempt: Callable[[int], T]) -> T:
+def _verified(ck: ReadOnlyRoot, step: int | None, attempt: Callable[[int], T]) -> T:
     """``attempt(step)``; without a step, on the newest committed checkpoint not marked invalid, falling back to the
     next newest (with a `CheckpointFallbackWarning` naming why) while one fails verification. Load and every export
     fall back through it; restore, which also marks what fails, through the same loop (`fall_back`)."""
@@ -116,15 +117,17 @@ def export(
         CheckpointCorruptError: a file fails its checksum (the export's files are removed).
         FileExistsError: ``out`` holds files already.
     """
-    from preemptible.checkpoint import Checkpointer
-
     _check_empty(out)
-    ck = Checkpointer(root, storage_options=storage_options)
+    ck = ReadOnlyRoot(root, storage_options=storage_options)
     return _verified(ck, step, lambda s: _export_files(ck, s, out, on_bytes, on_total))
 
 
 def _export_files(
-    ck: Any, step: int, out: str, on_bytes: Callable[[int], None] | None, on_total: Callable[[int], None] | None
+    ck: ReadOnlyRoot,
+    step: int,
+    out: str,
+    on_bytes: Callable[[int], None] | None,
+    on_total: Callable[[int], None] | None,
 ) -> Exported:
     opened = ck.reader.open(step)  # the one verified read path: manifest, documents, headers, sharding records
     names = sorted((n for n in opened.manifest.files if layout.is_tensor_file(n)), key=plain_name)
@@ -182,7 +185,7 @@ def _export_files(
     return result
 
 
-def _aliases(ck: Any, opened: Any) -> dict[str, str]:
+def _aliases(ck: ReadOnlyRoot, opened: Any) -> dict[str, str]:
     """Keys of the state whose tensor is stored under another key's name (tied weights: one tensor, stored once,
     under the first key), from the checkpoint's state documents: key -> the name the export holds it under."""
     out: dict[str, str] = {}
@@ -223,13 +226,11 @@ def load(
         ValueError: a checkpoint of sharded tensors in a layout other than FSDP2's (one ``Shard`` or ``Replicate``
             placement on a 1-D mesh).
     """
-    from preemptible.checkpoint import Checkpointer
-
-    ck = Checkpointer(root, storage_options=storage_options)
+    ck = ReadOnlyRoot(root, storage_options=storage_options)
     return _verified(ck, step, lambda s: _load_step(ck, s, entry))
 
 
-def _load_step(ck: Any, step: int, entry: str | None, opened_out: list[Any] | None = None) -> dict[str, Any]:
+def _load_step(ck: ReadOnlyRoot, step: int, entry: str | None, opened_out: list[Any] | None = None) -> dict[str, Any]:
     opened = ck.reader.open(step, entry=entry)
     if opened_out is not None:
         opened_out.append(opened)
@@ -240,7 +241,7 @@ def _load_step(ck: Any, step: int, entry: str | None, opened_out: list[Any] | No
     return state
 
 
-def _assembled(ck: Any, step: int, entry: str | None) -> dict[str, Any]:
+def _assembled(ck: ReadOnlyRoot, step: int, entry: str | None) -> dict[str, Any]:
     """The state of a checkpoint of sharded tensors (DTensor, FSDP2) with every one whole: each rank's files are read
     (every byte checked) and its shards copied into place by the records each rank wrote, once those records are
     checked against the stored shards and shown to cover every element of every tensor exactly once
@@ -321,12 +322,10 @@ def _flat_tensors(obj: Any, path: str, out: dict[str, Any]) -> None:
             _flat_tensors(v, f"{path}/{i}" if path else str(i), out)
 
 
-def _source(root: str, out: str, storage_options: dict[str, Any] | None) -> Any:
-    """The checkpointer of ``root``, once ``out`` is known to be empty."""
-    from preemptible.checkpoint import Checkpointer
-
+def _source(root: str, out: str, storage_options: dict[str, Any] | None) -> ReadOnlyRoot:
+    """``root`` opened for reading, once ``out`` is known to be empty."""
     _check_empty(out)
-    return Checkpointer(root, storage_options=storage_options)
+    return ReadOnlyRoot(root, storage_options=storage_options)
 
 
 def export_entry(
@@ -350,7 +349,7 @@ def export_entry(
     return _verified(ck, step, lambda s: _export_entry_step(ck, s, out, entry))
 
 
-def _export_entry_step(ck: Any, step: int, out: str, entry: str) -> Exported:
+def _export_entry_step(ck: ReadOnlyRoot, step: int, out: str, entry: str) -> Exported:
     opened: list[Any] = []
     state = _load_step(ck, step, entry, opened)
     tensors: dict[str, Any] = {}
@@ -405,7 +404,7 @@ def export_hf(
     return _verified(ck, step, lambda s: _export_hf_step(ck, s, out, entry))
 
 
-def _export_hf_step(ck: Any, step: int, out: str, entry: str) -> Exported:
+def _export_hf_step(ck: ReadOnlyRoot, step: int, out: str, entry: str) -> Exported:
     import torch
 
     recorded = ck.reader.manifest(step).extra.get("transformers") or {}
@@ -558,7 +557,7 @@ def _check_config(config: dict[str, Any], stored: dict[str, tuple[int, ...]]) ->
     bounded(config, "")
 
 
-def _write_json(ck: Any, result: Exported, **fields: Any) -> None:
+def _write_json(ck: ReadOnlyRoot, result: Exported, **fields: Any) -> None:
     """``export.json``: the step and where it came from, what the export wrote, and ``fields``."""
     doc = {
         "format": "preemptible.export",

@@ -28,13 +28,13 @@ from preemptible import dist
 from preemptible._version import __version__
 from preemptible.accumulation import OptimizerSteps
 from preemptible.checkpoint import Checkpointer, SaveResult
-from preemptible.emergency import Emergency
+from preemptible.emergency import Emergency, wait_fits
 from preemptible.errors import (
     CheckpointCorruptError,
     PreemptibleError,
     UnsupportedStateError,
 )
-from preemptible.events import Advisory, Event, SaveReason
+from preemptible.events import Advisory, Event, ExitReason, SaveReason
 from preemptible.guard import Guard
 from preemptible.journal import Journal, clean, user_fields
 from preemptible.loaders import LoopPosition
@@ -427,7 +427,7 @@ class Run:
         Journaled, so that a report tells it from a kill. Nothing is saved (the step may be half done): run again,
         and it resumes from the last checkpoint."""
         if self.journal is not None and not self.preempted and not self._finished:
-            self.journal.event(Event.EXIT, step, code=None, reason="left the loop", saved=False)
+            self.journal.event(Event.EXIT, step, code=None, reason=ExitReason.LEFT_LOOP, saved=False)
 
     def _ready(self, start: int, total: int | None) -> bool:
         """False when there is nothing to run: a notice came during the restore, or the run had finished."""
@@ -522,7 +522,7 @@ class Run:
         self._waited += 1
         left = self.guard.remaining()
         need = (steps.limit - self._waited) * (self.step_time or 0.0)
-        if self._waited >= steps.limit or (dist.world_size() == 1 and left is not None and need > 0.5 * left):
+        if self._waited >= steps.limit or (dist.world_size() == 1 and not wait_fits(need, left)):
             log.warning(
                 "[rank=%d] stopping at step %d in the middle of a gradient accumulation (no optimizer step for %d "
                 "steps, %s left): the batches since the last optimizer step are in the checkpoint's data position "

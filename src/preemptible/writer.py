@@ -36,11 +36,10 @@ from preemptible.store.compress import Codec
 from preemptible.store.io import Storage, WriteStream
 from preemptible.store.layout import FileRecord
 from preemptible.store.naming import file_stem
-from preemptible.store.threads import PlanChanged, parallel_map, stamp, storage_seconds
+from preemptible.store.threads import DEFAULT_THREADS, PlanChanged, parallel_map, stamp, storage_seconds
 
 DEFAULT_MAX_FILE_BYTES = 1 << 30
 MIN_PART_BYTES = 64 << 20
-DEFAULT_THREADS = 2
 COALESCE_BELOW = 1 << 20
 ARENA_ALIGN = 4096  # file data regions start page-aligned in the arena, as on disk: direct I/O with no copy
 HUGE_PAGE = 2 << 20  # a transparent huge page (x86-64, and arm64 with 4 KiB pages)

@@ -9,6 +9,8 @@ import count like any other.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -66,12 +68,22 @@ FLOORS: list[tuple[str, ...]] = [
 
 READ_SIDE = (
     "preemptible.checkpoint.reader",
+    "preemptible.checkpoint.readonly",
     "preemptible.checkpoint.restore",
     "preemptible.checkpoint.reshard",
     "preemptible.checkpoint.shards",
     "preemptible.export",
 )
-WRITE_SIDE = ("preemptible.writer", "preemptible.checkpoint.commit", "preemptible.checkpoint.steady")
+WRITE_SIDE = (
+    "preemptible.writer",
+    "preemptible.checkpoint.arena",
+    "preemptible.checkpoint.checkpointer",
+    "preemptible.checkpoint.commit",
+    "preemptible.checkpoint.planner",
+    "preemptible.checkpoint.prestage",
+    "preemptible.checkpoint.saver",
+    "preemptible.checkpoint.steady",
+)
 
 
 def module_name(path: Path) -> str:
@@ -188,3 +200,16 @@ def test_the_checker_sees_deferred_and_type_only_imports(tmp_path: Path) -> None
     known = {"preemptible.cli", "preemptible.run", "preemptible"}
     found = imports_of("preemptible.x", tmp_path / "m.py", known)
     assert found == {"preemptible.cli", "preemptible.run", "preemptible"}
+
+
+def test_loading_the_read_side_loads_nothing_of_the_write_side() -> None:
+    """At run time too: a package's ``__init__`` runs before any of its modules, so the checkpoint package's façade
+    must not load the write side when a reader is imported (it loads its names on first use)."""
+    code = (
+        "import sys\n"
+        f"for name in {list(READ_SIDE)!r}:\n"
+        "    __import__(name)\n"
+        f"print(sorted(m for m in {list(WRITE_SIDE)!r} if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

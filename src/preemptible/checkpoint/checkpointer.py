@@ -43,10 +43,10 @@ from preemptible.store import layout
 from preemptible.store.io import Storage, storage_for
 from preemptible.store.layout import CheckpointInfo
 from preemptible.store.markers import Markers, State
+from preemptible.store.threads import threads_for
 from preemptible.validate import DEFAULT_RTOL, Probe
-from preemptible.writer import DEFAULT_MAX_FILE_BYTES, DEFAULT_THREADS, METADATA, Staging
+from preemptible.writer import DEFAULT_MAX_FILE_BYTES, METADATA, Staging
 
-OBJECT_STORE_THREADS = 8
 STALE_AFTER_S = 15 * 60
 """Uncommitted leftovers younger than this may belong to a machine still inside its notice window."""
 
@@ -147,7 +147,7 @@ class Checkpointer:
             )
         self._storage: Storage = storage if storage is not None else storage_for(root, storage_options)
         if threads is None:  # object stores gain from many uploads at once; a disk from a few
-            threads = OBJECT_STORE_THREADS if self._storage.kind == "object" else DEFAULT_THREADS
+            threads = threads_for(self._storage.kind)
         self.root = self._storage.root
         if self._storage.kind == "local" and os.path.exists(self.root) and not os.path.isdir(self.root):
             raise NotADirectoryError(

@@ -105,7 +105,7 @@ def local_directory(text: str) -> str:
 def existing_directory(text: str) -> str:
     """A directory that must already be there (a root to read)."""
     checked = directory(text)
-    if "://" not in checked and not os.path.exists(os.path.expanduser(local_path(checked))):
+    if not is_url(checked) and not os.path.exists(os.path.expanduser(local_path(checked))):
         raise argparse.ArgumentTypeError(f"expected an existing directory, found no {text!r}")
     return checked
 

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from preemptible.cli.args import existing_directory
+from preemptible.store.io import Storage
 
 
 def add_parser(sub: Any) -> None:
@@ -60,7 +61,7 @@ def collect(root: str) -> dict[str, Any]:
 _EVENT_KEYS = frozenset({"t", "event", "step", "rank", "file", "attempt"})
 
 
-def _from_journal(storage: Any) -> tuple[dict[int, str], dict[int, dict[str, Any]]]:
+def _from_journal(storage: Storage) -> tuple[dict[int, str], dict[int, dict[str, Any]]]:
     """From the root's journal: why each step was saved (``save_committed``), and the figures last logged with
     ``run.log`` during each step (a later attempt's, where a step was redone)."""
     from preemptible import journal

@@ -9,7 +9,7 @@ from typing import Any
 from preemptible import journal
 from preemptible.diagnose._evidence import Evidence
 from preemptible.diagnose._scan import TimeWindow
-from preemptible.events import Event
+from preemptible.events import Event, ExitReason
 from preemptible.journal import Record
 
 
@@ -155,7 +155,7 @@ def journal_evidence(facts: JournalFacts) -> list[Evidence]:
         out.append(
             Evidence("completed", "strong", "the run finished all its steps (DONE)", where, None, "done", "preemptible")
         )
-    if facts.exit is not None and facts.exit.get("reason") == "notice":
+    if facts.exit is not None and facts.exit.get("reason") == ExitReason.NOTICE:
         saved = facts.exit.get("saved")
         out.append(
             Evidence(

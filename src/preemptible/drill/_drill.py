@@ -29,7 +29,7 @@ from preemptible.drill._child import Child, clean_exit, event_time
 from preemptible.drill._compare import MTIME_SLACK_S, explain_difference, final_state
 from preemptible.drill._report import DrillReport
 from preemptible.errors import PreemptibleError
-from preemptible.events import Event, SaveReason
+from preemptible.events import Event, ExitReason, SaveReason
 from preemptible.journal import Record
 from preemptible.sources import detect
 
@@ -374,7 +374,7 @@ class Drill:
         """What a run that outlived its notice last did: its last journaled event and its last output."""
         events = child.records()
         last = events[-1] if events else None
-        if last is not None and last.event == Event.EXIT and last.get("reason") == "notice":
+        if last is not None and last.event == Event.EXIT and last.get("reason") == ExitReason.NOTICE:
             done = (
                 f"its Run stopped at step {last.get('step')} (saved: {last.get('saved')}) and chose exit code "
                 f"{last.get('code')}, yet the process lives on: code after the loop (an evaluation, an upload, a "

@@ -1,8 +1,9 @@
-"""The one I/O layer under the store: local disk now, fsspec URLs through the same interface.
+"""The one I/O layer under the store: local disk, and object stores through fsspec behind the same `Storage`.
 
-The commit protocol differs by storage kind and is chosen here, in one place: on a local file system
-``publish`` writes a temp name, fsyncs, renames and fsyncs the directory; on an object store (no rename) it
-uploads the marker object last. Everything above this module speaks only `Storage`.
+It gives the primitives a commit is made of (``publish``: a temp name, fsync, rename and fsync of the directory on a
+local file system; ``publish_new``: a write that fails if the object exists, on an object store); which protocol a
+save commits with is chosen once, by `Storage.kind`, in `preemptible.checkpoint.commit.protocol_for`. Everything above
+this module speaks only `Storage`.
 """
 
 from __future__ import annotations

@@ -20,6 +20,18 @@ from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 R = TypeVar("R")
+
+DEFAULT_THREADS = 2
+"""Writer and reader threads of a checkpoint on a local file system."""
+OBJECT_STORE_THREADS = 8
+"""... on an object store, which gains from many requests at once."""
+
+
+def threads_for(kind: str) -> int:
+    """The default threads of a checkpoint's reads and writes on storage of this ``kind`` (`Storage.kind`)."""
+    return OBJECT_STORE_THREADS if kind == "object" else DEFAULT_THREADS
+
+
 _Job = tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
 
