@@ -544,6 +544,8 @@ def plan(
             azure 30, gke 15, k8s 30, slurm 60 unless given).
         step_time: seconds per step (the notice can land just after a boundary).
         mtbf_hours: mean time between preemptions, for the Young/Daly periodic interval.
+        bandwidth: the destination's bytes per second, instead of measuring ``root``.
+        probe_bytes: bytes the bandwidth probe writes under ``root`` (removed afterwards).
         compress: as `Run`'s ``compress``: the plan measures this state's compression on this CPU and
             predicts the save as it would be written.
         compress_setting: the old name of ``compress`` (deprecated: it warns, and goes in a later release).

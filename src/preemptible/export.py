@@ -211,10 +211,12 @@ def load(
         model.load_state_dict(preemptible.load("ckpt/run1", entry="model"))
 
     Args:
+        root: the checkpoint root: a local path or an object-store URL (``s3://``, ``gs://``, ``az://``).
         step: which checkpoint; default: the newest committed one that verifies (an older one, with a
             `CheckpointFallbackWarning`, when the newest fails its checksums).
         entry: one state entry (``"model"``): its ``state_dict()`` with its own key names. Default: every entry,
             ``{name: state_dict}``.
+        storage_options: for a URL root, arguments to its fsspec file system (credentials, endpoint).
 
     Only the files that hold the wanted tensors are read, and every byte read is checked against its checksum.
     Tensors stored once for several keys (tied weights) come back as one tensor under each key. Sharded tensors

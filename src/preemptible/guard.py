@@ -33,7 +33,9 @@ class Guard:
         grace: seconds from a signal to the hard kill; the deadline of signal notices. None (default): the
             platform's (30 s; SLURM: the ``--signal`` lead for USR1; GKE: 15 s; ``$PREEMPTIBLE_GRACE`` overrides).
         clock: epoch seconds; injected by tests.
-        agreement: the cross-rank stop-step protocol; default: one process.
+        agreement: the cross-rank stop-step protocol; default: under torchrun, agreement through the job's store
+            (`preemptible.dist.StoreAgreement`, made by `start`), else one process's own.
+        platform: where this runs (`preemptible.sources.detect.Platform`); default: detected.
 
     Use as a context manager, or call `start` and `close`. Handlers and threads exist only in between.
     """

@@ -81,7 +81,8 @@ class Run:
         grace: seconds from a signal to the hard kill (the deadline of signal notices). None: the platform's
             default (see `Guard`).
         exit_code: the process's exit code after an emergency save. None: ``$PREEMPTIBLE_EXIT_CODE``, else the
-            platform's default: 143 on Kubernetes (so a Job does not count the pod as Succeeded), 0 elsewhere.
+            platform's default: 143 on Kubernetes (so a Job does not count the pod as Succeeded), 0 elsewhere. An
+            emergency save that failed exits 75 (EX_TEMPFAIL: the previous checkpoint is intact, restart the job).
         on_advisory: what an advisory notice (AWS rebalance recommendation) does: ``"save"`` (default) an
             early checkpoint at the next boundary while training goes on, ``"stop"`` treat it as a notice,
             ``"ignore"``.
@@ -100,6 +101,8 @@ class Run:
             stored at every save and recomputed after a restore; a checkpoint whose probe disagrees (relative
             difference over ``probe_rtol``) is marked invalid and the previous one is used. It runs with
             gradients off, modules in eval mode and the random streams forked: it never changes training.
+        probe_rtol: the relative difference of a recomputed probe from the stored one that fails a checkpoint
+            (a finite number >= 0; default `preemptible.validate.DEFAULT_RTOL`).
         verify_after_save: read every file back and check its checksum before committing a save.
         compress: write tensor files compressed (lossless, byte-grouped zstd: ``.safetensors.zst``): ``"auto"``
             (default) compresses a save when this state's measured compression makes it at least 10% faster on the

@@ -5,7 +5,7 @@ needs: `Listing` (what the root holds), `Lifecycle` (verify, rotate, clean up, q
 this rank writes), `Measurements` (bandwidths, compression choice), `Arena` (the staging buffers), `Saver` (a save's
 phases, blocking or in the background) and `Prestager` (a copy staged ahead of a notice). Below them: `partition`
 (which rank writes what), `commit` (the commit protocol and its barrier), `reader` (reading untrusted checkpoints),
-`restore` (fallback), `handle` (`SaveHandle`); the lifecycle's marker files in `preemptible.store.markers`,
+`restore` (verification, through the one fallback loop of `fallback`), `handle` (`SaveHandle`); the lifecycle's marker files in `preemptible.store.markers`,
 retention in `preemptible.store.retention`, deletion in `preemptible.store.deletion`.
 """
 
@@ -83,6 +83,8 @@ class Checkpointer:
         journal: where to record saves and fallbacks (optional).
         threads: writer threads for tensor files.
         max_file_bytes: split tensor files larger than this.
+        storage_options: for a URL root, arguments to its fsspec file system (credentials,
+            ``client_kwargs={"endpoint_url": ...}``); the backend's own environment and credential chain apply too.
         stale_after_s: uncommitted leftovers older than this are deleted; younger ones are left alone.
         moments_dtype: write optimizer moments in this dtype (``torch.bfloat16`` halves them; lossy, opt-in);
             restore casts them back into the optimizer's own dtype.
@@ -421,7 +423,8 @@ class Checkpointer:
             state: names to stateful objects or dicts (see `preemptible.state`).
             step: completed steps (the next step to run after a restore).
             blocking: see above.
-            reason: recorded in the journal: ``periodic``, ``emergency``, ``final``, ``manual``.
+            reason: recorded in the journal, one of `SaveReason` (``manual``, ``periodic``, ``emergency``, ``final``,
+                ``advisory``, ``best``, ...).
             deadline: epoch seconds by which the save must be durable, for the journal's budget figures.
             extra: additional JSON keys for COMMIT.json.
 

@@ -1,8 +1,9 @@
 """Checkpoints on object storage (S3, GCS, Azure Blob, memory) through fsspec.
 
-The commit protocol for object stores (DESIGN.md): every data object is uploaded, then ``COMMIT.json`` is
-written last as one PUT, which appears atomically. There is no rename: a checkpoint without its marker does
-not exist, and leftovers of failed uploads are ignored by restore and deleted by cleanup.
+The commit protocol for object stores (`preemptible.checkpoint.commit.ConditionalCommit`): every data object is
+uploaded, then ``COMMIT.json`` is written last as one conditional PUT (``publish_new``: it fails if the object
+exists), which appears atomically. There is no rename: a checkpoint without its marker does not exist, and leftovers
+of failed uploads are ignored by restore and deleted by cleanup.
 
 Uploads stream from tensor memory in parts (multipart uploads on S3; no whole-file copy); several files go up
 at once. Transient errors (connection resets, 500, 503, throttling) are retried with exponential backoff by
