@@ -5,8 +5,9 @@ needs: `Listing` (what the root holds), `Lifecycle` (verify, rotate, clean up, q
 this rank writes), `Measurements` (bandwidths, compression choice), `Arena` (the staging buffers), `Saver` (a save's
 phases, blocking or in the background) and `Prestager` (a copy staged ahead of a notice). Below them: `partition`
 (which rank writes what), `commit` (the commit protocol and its barrier), `reader` (reading untrusted checkpoints),
-`restore` (verification, through the one fallback loop of `fallback`), `handle` (`SaveHandle`); the lifecycle's marker files in `preemptible.store.markers`,
-retention in `preemptible.store.retention`, deletion in `preemptible.store.deletion`.
+`restore` (verification, through the one fallback loop of `fallback`), `handle` (`SaveHandle`); the lifecycle's
+marker files in `preemptible.store.markers`, retention in `preemptible.store.retention`, deletion in
+`preemptible.store.deletion`.
 """
 
 from __future__ import annotations
