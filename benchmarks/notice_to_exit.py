@@ -22,6 +22,7 @@ from datetime import datetime
 from pathlib import Path
 
 from preemptible.emulate import EMULATORS
+from preemptible.events import Event
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train.py"
 ENV = {"aws": "PREEMPTIBLE_AWS_ENDPOINT", "gcp": "PREEMPTIBLE_GCP_ENDPOINT", "azure": "PREEMPTIBLE_AZURE_ENDPOINT"}
@@ -69,7 +70,7 @@ def one(source: str, work: Path) -> tuple[float, float]:
         if emu is not None:
             emu.close()
     events = [json.loads(x) for f in sorted((root / "journal").glob("*.jsonl")) for x in f.read_text().splitlines()]
-    commit = next(e for e in events if e["event"] == "save_committed")
+    commit = next(e for e in events if e["event"] == Event.SAVE_COMMITTED)
     committed = datetime.fromisoformat(commit["t"].replace("Z", "+00:00")).timestamp() - t0
     return committed, exited
 

@@ -21,6 +21,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from preemptible.events import Event, SaveReason
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -91,8 +93,8 @@ def main() -> int:
     exit_s = time.monotonic() - sent
     show(err)
     journal = events(root)
-    notice = next(e for e in journal if e["event"] == "notice")
-    committed = next(e for e in journal if e["event"] == "save_committed" and e["reason"] == "emergency")
+    notice = next(e for e in journal if e["event"] == Event.NOTICE)
+    committed = next(e for e in journal if e["event"] == Event.SAVE_COMMITTED and e["reason"] == SaveReason.EMERGENCY)
     to_commit = (iso(committed["t"]) - iso(notice["received_at"])).total_seconds()
     print(
         f"   exit code {proc.returncode}; SIGTERM -> exit {exit_s:.2f} s "

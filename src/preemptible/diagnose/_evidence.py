@@ -20,8 +20,8 @@ class Evidence:
     line: int | None  # 1-based line number in ``where`` (None for the exit code)
     text: str  # the line itself (trimmed)
     platform: str | None = None  # slurm, k8s, aws, gcp, azure, torchrun, docker, kernel, preemptible
-    actor: str | None = None  # who wrote the line: "rank 3", "node gpu-q-13" (see `incident.actor`)
-    time: str | None = None  # the line's timestamp, else the last one before it in the same log (`incident.when`)
+    actor: str | None = None  # who wrote the line: "rank 3", "node gpu-q-13" (see `_incident.actor`)
+    time: str | None = None  # the line's timestamp, else the last one before it in the same log (`_incident.when`)
     reported: bool = False  # an exit code or signal as a launcher, shell or scheduler reports it, not the process
 
 

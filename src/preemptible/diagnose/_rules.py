@@ -525,7 +525,7 @@ RULES: tuple[Rule, ...] = (
 
 
 # Collateral: what the other ranks of a job log once one of them is gone. Never a cause (they do not decide the
-# verdict); `incident.initiating` lists them after the event that caused them.
+# verdict); `_incident.initiating` lists them after the event that caused them.
 COLLATERAL_RULES: tuple[Rule, ...] = (
     _r(
         "terminated",

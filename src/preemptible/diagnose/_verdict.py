@@ -84,7 +84,7 @@ class Diagnosis:
     notes: list[str] = field(default_factory=list)
     """What was left out of the inputs (a log over `MAX_LOG_BYTES`)."""
     initiating: Incident | None = None
-    """With logs of several ranks or nodes: which failed first, and how (see `incident.initiating`)."""
+    """With logs of several ranks or nodes: which failed first, and how (see `_incident.initiating`)."""
     collateral: list[Incident] = field(default_factory=list)
     """What the other ranks or nodes then logged because of it, in time order where timestamps allow."""
     fix: list[str] = field(default_factory=list)
