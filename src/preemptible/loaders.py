@@ -30,6 +30,16 @@ class LoopPosition:
 
     def __init__(self) -> None:
         self.entry: dict[str, Any] = {"epoch": 0, "done": 0, "rng": None}
+        self.restored_rng: dict[str, Any] | None = None
+        """The global streams as the checkpoint restored them (`restored`), until the resumed epoch's batches
+        continue from them."""
+
+    def restored(self) -> None:
+        """A checkpoint was just restored: the streams now are the ones the interrupted run had at its stop. Whatever
+        the loop draws before the resumed epoch's first batch (a peek at a batch through an iterator of its own, as
+        the DDP tutorial takes its batch size) happened before the checkpoint in the interrupted run, so the batches
+        continue from these streams, not from the ones that draw left."""
+        self.restored_rng = RNGState().state_dict()
 
     @property
     def epoch(self) -> int:
@@ -43,25 +53,39 @@ class LoopPosition:
 
     def iterate(self, loader: Iterable[Any], *, stateful: bool) -> Iterator[Any]:
         """An iterator over this epoch's batches still to run: from the start, or after the batches done (replayed
-        in their order, see the module docs)."""
+        in their order, see the module docs). After a restore mid-epoch, the batches continue from the streams the
+        checkpoint restored, whatever the loop drew since (`restored`)."""
         skip = int(self.entry["done"])
-        if stateful or skip == 0:
+        resumed, self.restored_rng = self.restored_rng, None
+        if skip == 0:
             self.entry["rng"] = None if stateful else {"global": RNGState().state_dict(), **loader_streams(loader)}
             return iter(loader)
+        if stateful:  # the loader restored its own position
+            self.entry["rng"] = None
+            iterator = iter(loader)
+        else:
+            iterator = self._replayed(loader, skip)
+        if resumed is not None:
+            RNGState().load_state_dict(resumed)
+        return iterator
+
+    def _replayed(self, loader: Iterable[Any], skip: int) -> Iterator[Any]:
+        """The epoch's iterator made as the interrupted run made it, its ``skip`` done batches drawn and dropped; the
+        global streams are left as they were on the call."""
         if self.entry["rng"] is None:
             raise PreemptibleError(
                 f"expected the random streams of epoch {self.epoch}'s start in the checkpoint, to skip its "
                 f"{skip} done batches in their order; found none (the checkpoint was not written inside "
                 "run.batches()). Resume with the loop that wrote it"
             )
-        resumed = RNGState().state_dict()
+        now = RNGState().state_dict()
         RNGState().load_state_dict(self.entry["rng"]["global"])
         put_back_loader_streams(loader, self.entry["rng"])
         iterator = iter(loader)
         for _ in range(skip):
             if next(iterator, _END) is _END:
                 break
-        RNGState().load_state_dict(resumed)
+        RNGState().load_state_dict(now)
         return iterator
 
 

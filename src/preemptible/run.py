@@ -663,6 +663,7 @@ class Run:
             log.info("[rank=%d] no checkpoint under %s: starting at step 0", self.rank, self.root)
             return 0
         self.resumed_from = restored
+        self.position.restored()
         if self.rank == 0:
             self.checkpointer.rotate()  # the restored checkpoint has just validated: older ones may go now
         seconds = self._monotonic() - t0

@@ -133,3 +133,47 @@ def test_a_mid_epoch_checkpoint_without_the_epoch_s_streams_is_a_clear_error(tmp
         run.position.entry.update(epoch=0, done=2, rng=None)  # as a checkpoint written outside run.batches() holds it
         with pytest.raises(PreemptibleError, match="expected the random streams of epoch 0"):
             next(iter(run.batches(loader)))
+
+
+def train_with_draws(root: Path, stop_at: int | None = None) -> tuple[dict[str, Any], preemptible.Run]:
+    """As `train`, with what real scripts do between boundaries: a peek at a batch through an iterator of its own
+    before `run.batches` (the DDP tutorial's ``b_sz``: its iterator draws a seed from the global stream), a draw
+    between batches, and a draw at the epoch's end; each one changes what is trained or kept."""
+    model, optimizer, scheduler, loader = build()
+    kept: dict[str, Any] = {"peeked": 0.0, "ends": 0.0}
+    run = preemptible.Run(
+        root, sources=(), exit_on_notice=False, model=model, optimizer=optimizer, scheduler=scheduler, kept=kept
+    )
+    with run:
+        for _ in run.epochs(EPOCHS):
+            kept["peeked"] += float(next(iter(loader))[0].sum())  # a draw before run.batches
+            for x, y in run.batches(loader):
+                noisy = x + 0.01 * torch.randn_like(x)  # a draw between boundaries
+                loss = torch.nn.functional.mse_loss(model(noisy), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                if stop_at is not None and run.step + 1 == stop_at:
+                    run.guard.trigger(source="test")
+            if run.preempted:
+                break
+            kept["ends"] += float(torch.rand(1))  # a draw at the epoch's end
+            scheduler.step()
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "kept": dict(kept)}
+    return state, run
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stop_at=st.integers(min_value=1, max_value=EPOCHS * BATCHES - 1))
+def test_draws_before_between_and_after_the_batches_resume_exactly(
+    stop_at: int, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Whatever the loop draws from the global streams outside the batches, a resumed run draws the same: the peek
+    before `run.batches` in the resumed epoch must not shift the streams the rest of that epoch trains with."""
+    reference, _ = train_with_draws(tmp_path_factory.mktemp("ref") / "ckpt")
+    root = tmp_path_factory.mktemp("stop") / "ckpt"
+    _, first = train_with_draws(root, stop_at)
+    assert first.preempted and first.step == stop_at
+    resumed, second = train_with_draws(root)
+    assert second.resumed_from == stop_at and not second.preempted
+    assert same(resumed["model"], reference["model"]) and same(resumed["optimizer"], reference["optimizer"])
