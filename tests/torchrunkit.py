@@ -24,7 +24,12 @@ def free_port() -> int:
 
 class Torchrun:
     def __init__(
-        self, root: Path, nproc: int, *args: str, env: dict[str, str] | None = None, script: Path | None = None
+        self,
+        root: Path,
+        nproc: int,
+        *args: str,
+        env: dict[str, str] | None = None,
+        script: Path | None = None,
     ) -> None:
         cmd = [
             sys.executable,
@@ -45,7 +50,11 @@ class Torchrun:
         ]
         self.root = root
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(**(env or {}))
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=clean_env(**(env or {})),
         )
         self.lines: list[str] = []
 

@@ -233,10 +233,15 @@ class Plan:
     fits: bool
     recommendations: list[Recommendation]
     periodic_interval_s: float | None
+    """The Young/Daly interval for periodic saves (with `DEFAULT_MTBF_HOURS` when no MTBF was given)."""
     breakdown: dict[str, float] = field(default_factory=dict)
     window_source: str = ""
     lost_work_s: dict[str, float | None] = field(default_factory=dict)
     size: StateSize | None = None
+    mtbf_hours: float | None = None
+    """The mean time between losses without a usable notice behind ``periodic_interval_s``."""
+    mtbf_assumed: bool = False
+    """True when ``mtbf_hours`` is `DEFAULT_MTBF_HOURS` (not given): the advice is a starting point."""
     compression: dict[str, Any] | None = None
     """Whether saves would compress here (`preemptible.store.compress.choose`) and its predicted effect; the write
     phase above assumes that choice."""
@@ -307,7 +312,8 @@ def render_plan(p: Plan, *, color: bool = False) -> str:
             mark = c("fits", "32") if r.fits else c("short", "33")
             lines.append(f"  {r.name:<22} {r.predicted_save_s:8.1f} s  {mark:<5}  {r.description}")
     if p.periodic_interval_s is not None:
-        lines += ["", f"periodic saves     every {p.periodic_interval_s:.0f} s (Young/Daly)"]
+        mtbf = f"MTBF {p.mtbf_hours:g} h" + (" assumed: --mtbf HOURS to set it" if p.mtbf_assumed else "")
+        lines += ["", f"periodic saves     every {p.periodic_interval_s:.0f} s (Young/Daly, {mtbf})"]
         lost = p.lost_work_s
         lines.append(
             f"expected lost work {lost['with_notice_s'] or 0:.0f} s with a notice, "
@@ -324,6 +330,93 @@ def predict(nbytes: int, bw: float, *, step_time: float = 0.0, fixed_s: float = 
 def young_daly(save_s: float, mtbf_s: float) -> float:
     """Young/Daly optimal interval between periodic checkpoints: sqrt(2 C M), never shorter than a save."""
     return max(math.sqrt(2 * save_s * mtbf_s), save_s)
+
+
+DEFAULT_MTBF_HOURS = 24.0
+"""The mean time between losses without a usable notice (a SIGKILL, an OOM kill, a lost node, a grace period that
+ran out) that the Young/Daly advice assumes when none is given (``plan --mtbf``, ``$PREEMPTIBLE_MTBF_HOURS``): one a
+day. A notice that is honoured loses nothing; periodic saves bound what the others lose."""
+
+MTBF_ENV = "PREEMPTIBLE_MTBF_HOURS"
+
+ASSUMED_BANDWIDTH = 200e6
+"""Bytes per second a run's cadence advice assumes before any save has measured its destination (a network disk
+or an object store; a local NVMe disk is faster, so the advice errs towards saving more often)."""
+
+
+@dataclass(frozen=True)
+class CadenceAdvice:
+    """What `cadence_advice` finds: the Young/Daly interval for this state, and how the run's cadence compares."""
+
+    advice_s: float
+    cadence_s: float | None
+    """The run's periodic cadence in seconds (the shortest of its step, time and epoch cadences), None: none."""
+    save_s: float
+    mtbf_hours: float
+    mtbf_assumed: bool
+    bandwidth_assumed: bool
+
+    @property
+    def off(self) -> bool:
+        """No cadence, or one more than 2x away from the advice (either way)."""
+        return self.cadence_s is None or not self.advice_s / 2 <= self.cadence_s <= self.advice_s * 2
+
+    def line(self) -> str:
+        saved = (
+            "no periodic saves: a crash without a notice (SIGKILL, OOM, a lost node) loses every step since the "
+            "start or the last checkpoint"
+            if self.cadence_s is None
+            else f"periodic saves every {self.cadence_s:.0f} s, more than 2x off the advice"
+        )
+        how = (
+            f"Young/Daly for a save of {self.save_s:.1f} s"
+            + (" (bandwidth assumed until a save measures it)" if self.bandwidth_assumed else "")
+            + f" and an MTBF of {self.mtbf_hours:g} h"
+            + (f" (assumed: ${MTBF_ENV} sets it)" if self.mtbf_assumed else "")
+        )
+        return f"{saved}; advice: save_interval_s={self.advice_s:.0f} ({how})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "advice_s": round(self.advice_s, 1), "save_s": round(self.save_s, 3)}
+
+
+def mtbf_from_env() -> tuple[float, bool]:
+    """The MTBF for the advice in hours, and whether it is assumed (``$PREEMPTIBLE_MTBF_HOURS`` unset)."""
+    raw = os.environ.get(MTBF_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MTBF_HOURS, True
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise ValueError(f"expected ${MTBF_ENV} to be a number of hours > 0, found {raw!r}; unset it or fix it")
+    return value, False
+
+
+def cadence_advice(
+    *,
+    state_bytes: int,
+    bandwidth: float | None,
+    fixed_s: float = 0.1,
+    cadence_s: float | None,
+    mtbf_hours: float | None = None,
+) -> CadenceAdvice:
+    """The Young/Daly interval for a state of ``state_bytes`` saved at ``bandwidth`` (None: `ASSUMED_BANDWIDTH`),
+    against a run's cadence of ``cadence_s`` seconds (None: no periodic saves)."""
+    assumed = mtbf_hours is None
+    if mtbf_hours is None:
+        mtbf_hours, assumed = mtbf_from_env()
+    bw = bandwidth if bandwidth and bandwidth > 0 else ASSUMED_BANDWIDTH
+    save_s = state_bytes / bw + fixed_s
+    return CadenceAdvice(
+        advice_s=young_daly(save_s, mtbf_hours * 3600),
+        cadence_s=cadence_s,
+        save_s=save_s,
+        mtbf_hours=mtbf_hours,
+        mtbf_assumed=assumed,
+        bandwidth_assumed=not bandwidth,
+    )
 
 
 def evaluate(
@@ -349,7 +442,8 @@ def evaluate(
         bandwidth: bytes per second of the destination (a number, or a `Bandwidth` from `probe`).
         window, platform: the notice window, given or from the platform.
         step_time: seconds per training step (the notice can arrive just after a boundary).
-        mtbf_hours: mean time between preemptions, for the Young/Daly interval and the lost work.
+        mtbf_hours: mean time between losses without a usable notice, for the Young/Daly interval and the lost
+            work; None: ``$PREEMPTIBLE_MTBF_HOURS``, else `DEFAULT_MTBF_HOURS`, marked assumed.
         world_size: ranks that stripe the state (used with ``state_bytes``; ``size`` carries its own).
         compression: the state's measured compression (`measure_compression`): with it, the write phase is
             predicted as a save would choose to write (``compress_setting``, default auto), on ``threads`` writer
@@ -378,19 +472,21 @@ def evaluate(
     recs = _recommendations(size, nbytes, world, bw, fixed, step_time=step_time, win=win, total=total)
     if fits and total <= HEADROOM * win / 2:
         recs.clear()  # fits with a wide margin: nothing to change (striping, bf16 moments would be noise)
-    periodic = young_daly(nbytes / bw + fixed, mtbf_hours * 3600) if mtbf_hours else None
-    lost: dict[str, float | None] = {}
-    if periodic is not None:
-        lost = {"with_notice_s": 0.0 if fits else periodic / 2, "without_notice_s": periodic / 2}
-        if not fits:
-            _recommend(
-                recs,
-                win,
-                "save more often",
-                f"periodic saves every {periodic:.0f} s (Young/Daly for an MTBF of "
-                f"{mtbf_hours:g} h) bound what a failed emergency save loses to {periodic / 2:.0f} s on average",
-                total,
-            )
+    mtbf_assumed = False
+    if mtbf_hours is None:
+        mtbf_hours, mtbf_assumed = mtbf_from_env()
+    periodic = young_daly(nbytes / bw + fixed, mtbf_hours * 3600)
+    lost: dict[str, float | None] = {"with_notice_s": 0.0 if fits else periodic / 2, "without_notice_s": periodic / 2}
+    if not fits:
+        _recommend(
+            recs,
+            win,
+            "save more often",
+            f"periodic saves every {periodic:.0f} s (Young/Daly for an MTBF of {mtbf_hours:g} h"
+            f"{', assumed' if mtbf_assumed else ''}) bound what a failed emergency save loses to "
+            f"{periodic / 2:.0f} s on average",
+            total,
+        )
     return Plan(
         state_bytes=nbytes * world,
         bandwidth_bytes_per_s=bw,
@@ -399,7 +495,9 @@ def evaluate(
         margin_s=round(win - total, 3),
         fits=fits,
         recommendations=recs,
-        periodic_interval_s=round(periodic, 1) if periodic is not None else None,
+        periodic_interval_s=round(periodic, 1),
+        mtbf_hours=mtbf_hours,
+        mtbf_assumed=mtbf_assumed,
         breakdown={k: round(v, 3) for k, v in phases.items()},
         window_source=source,
         lost_work_s=lost,

@@ -582,7 +582,123 @@ class StoreAgreement:
         _LIVE.discard(self)
 
 
-_LIVE: weakref.WeakSet[StoreAgreement] = weakref.WeakSet()
+class IntervalAgreement:
+    """Time-based saves under several ranks (``Run(save_interval_s=...)``): rank 0's clock says when a save is
+    due, and every rank saves at one step they agree on, the way they agree on a stop step (`StoreAgreement`).
+
+    No store traffic while no save is due: each rank's ``preemptible-interval`` thread sits in one blocking wait
+    on its own key of the round, ``interval/<n>/<rank>``. When rank 0's interval has passed, its main thread
+    writes every rank's key in one ``multi_set``, which wakes every waiting thread at once; each contributes the
+    steps its main thread has completed to one `Coordinator.reduce`, and the save step is the largest plus one, so
+    every rank can still reach it. A rank's main thread that knows of a round (rank 0 from its announcement, the others
+    from their woken thread) starts no further step until the save step is known, so no rank runs past it; under a
+    collective at every step (DDP) that makes the save step the one after rank 0's announcement. Rounds follow each
+    other: the next begins once this process has reached the agreed step.
+    """
+
+    def __init__(self, coordinator: Coordinator, *, timeout_s: float = 30.0) -> None:
+        self.coord = coordinator
+        self.timeout_s = timeout_s
+        self.round = 1
+        self._completed = 0
+        self._step: int | None = None
+        self._announced = False  # rank 0: this round's keys are written
+        self._woken = threading.Event()
+        self._known = threading.Event()
+        self._consumed = threading.Event()
+        self._closed = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._watch, name="preemptible-interval", daemon=True)
+        self._thread.start()
+        _LIVE.add(self)
+
+    def _key(self, n: int, r: int) -> str:
+        return f"interval/{n}/{r}"
+
+    def _watch(self) -> None:
+        try:
+            with self.coord.borrow() as store:
+                while not self._closed.is_set():
+                    if not self._one_round(store):
+                        return
+                    self._consumed.wait()  # the main thread reached the step (or close() woke us)
+                    self._consumed.clear()
+        except BaseException as e:  # reaches the main thread through due()
+            self._error = e
+            self._known.set()
+
+    def _one_round(self, store: StoreClient) -> bool:
+        mine = self._key(self.round, self.coord.rank)
+        while True:
+            try:
+                store.wait([mine], timedelta(seconds=WATCH_S))  # blocks: no requests while it waits
+                break
+            except Exception:
+                if self._closed.is_set():
+                    return False
+        if json.loads(read(store, mine)).get("closed"):
+            return False
+        self._woken.set()  # IMPORTANT: the flag first, the step after (see due())
+        step = self.coord.reduce(
+            store, f"interval-step/{self.round}", str(self._completed),
+            lambda steps: str(max(int(x) for x in steps) + 1), timeout_s=self.timeout_s,
+        )  # fmt: skip
+        self._step = int(step)
+        self._known.set()
+        return True
+
+    def due(self, completed: int, elapsed: bool) -> bool:
+        """At a boundary of every rank, after ``completed`` steps: is the timed save due here? ``elapsed``: this
+        rank's clock says the interval has passed (only rank 0's counts). True at the same step on every rank.
+
+        Raises:
+            CoordinationError: no save step was agreed within the timeout (a rank died or hangs).
+        """
+        # IMPORTANT: write the step first, read the flags after (the thread sets the flag first, reads the step
+        # after): a step the thread did not see is one this rank will not run past the save step.
+        self._completed = completed
+        if elapsed and self.coord.rank == 0 and not self._announced:
+            self._announced = True
+            world = self.coord.world
+            doc = json.dumps({"round": self.round, "step": completed})
+            with self.coord.borrow() as store:
+                store.multi_set([self._key(self.round, r) for r in range(world)], [doc] * world)
+        if self._step is None and not self._woken.is_set() and not self._announced:
+            return False  # rank 0, once it has announced, waits for the step like every rank its thread woke
+        if not self._known.wait(self.timeout_s + 5):
+            raise CoordinationError(
+                f"expected the ranks to agree on the step of a timed save (save_interval_s) within "
+                f"{self.timeout_s + 5:.0f} s; found no agreement (a rank died or hangs)"
+            )
+        if self._error is not None:
+            raise self._error
+        assert self._step is not None
+        if completed < self._step:
+            return False
+        self.round += 1
+        self._step = None
+        self._announced = False
+        self._woken.clear()
+        self._known.clear()
+        self._consumed.set()  # the thread waits for the next round
+        return True
+
+    def close(self) -> None:
+        """Wake and join the thread (before interpreter exit)."""
+        self._closed.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            try:  # wake our own blocking wait on this round's key; nobody else reads it
+                with self.coord.borrow() as store:
+                    store.set(self._key(self.round, self.coord.rank), json.dumps({"closed": True}))
+            except Exception as e:  # the store is gone: the wait ends with the connection
+                log.debug("could not wake the interval thread: %s", e)
+            self._consumed.set()
+            self._thread.join(self.timeout_s + 5)
+        self.coord.release()
+        _LIVE.discard(self)
+
+
+_LIVE: weakref.WeakSet[StoreAgreement | IntervalAgreement] = weakref.WeakSet()
 
 
 @atexit.register

@@ -33,6 +33,8 @@ class Event(str, Enum):
     VALIDATED = "validated"
     ROTATED = "rotated"
     PLAN = "plan"
+    SAVE_ADVICE = "save_advice"  # no periodic saves, or a cadence > 2x off the Young/Daly advice (once, at start)
+    INEXACT_RESUME = "inexact_resume"  # a resume that cannot be bit-identical, and why (`loaders`, `run`)
     LOG = "log"
     PROGRESS = "progress"  # the steps done, at a boundary after `run.PROGRESS_QUIET_S` with no other event
     ADVISORY = "advisory"

@@ -8,7 +8,7 @@ back to what the checkpoint holds. A loader given to `Run` as state saves its ow
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -28,8 +28,12 @@ class LoopPosition:
     ``entry`` is the dict the checkpoint holds (the run's ``_loop`` state entry): restored in place.
     """
 
-    def __init__(self) -> None:
-        self.entry: dict[str, Any] = {"epoch": 0, "done": 0, "rng": None}
+    def __init__(self, inexact: Callable[[str, str], None] | None = None) -> None:
+        self.entry: dict[str, Any] = {"epoch": 0, "done": 0, "rng": None, "length": None}
+        self.inexact = inexact or (lambda what, why: None)
+        """Told when a resumed epoch cannot continue as the interrupted one would have: ``(what, why)``."""
+        self.length: int | None = None
+        """Batches in an epoch of the loader last iterated, when it has a length."""
         self.restored_rng: dict[str, Any] | None = None
         """The global streams as the checkpoint restored them (`restored`), until the resumed epoch's batches
         continue from them."""
@@ -46,7 +50,7 @@ class LoopPosition:
         return int(self.entry["epoch"])
 
     def next_epoch(self) -> None:
-        self.entry.update(epoch=self.epoch + 1, done=0, rng=None)
+        self.entry.update(epoch=self.epoch + 1, done=0, rng=None, length=None)
 
     def batch_done(self) -> None:
         self.entry["done"] += 1
@@ -57,9 +61,22 @@ class LoopPosition:
         checkpoint restored, whatever the loop drew since (`restored`)."""
         skip = int(self.entry["done"])
         resumed, self.restored_rng = self.restored_rng, None
+        try:
+            self.length = len(loader)  # type: ignore[arg-type]
+        except TypeError:
+            self.length = None
         if skip == 0:
             self.entry["rng"] = None if stateful else {"global": RNGState().state_dict(), **loader_streams(loader)}
+            self.entry["length"] = self.length
             return iter(loader)
+        saved = self.entry.get("length")
+        if saved is not None and self.length is not None and saved != self.length:
+            self.inexact(
+                "data position",
+                f"epoch {self.epoch} had {saved} batches when the checkpoint was written and has {self.length} now "
+                f"(another dataset, batch size or world size): the {skip} batches skipped are not the ones the "
+                "interrupted run trained on",
+            )
         if stateful:  # the loader restored its own position
             self.entry["rng"] = None
             iterator = iter(loader)
@@ -82,8 +99,13 @@ class LoopPosition:
         RNGState().load_state_dict(self.entry["rng"]["global"])
         put_back_loader_streams(loader, self.entry["rng"])
         iterator = iter(loader)
-        for _ in range(skip):
+        for done in range(skip):
             if next(iterator, _END) is _END:
+                self.inexact(
+                    "data position",
+                    f"the checkpoint says epoch {self.epoch} had done {skip} batches, and the loader now ends after "
+                    f"{done}: the resumed epoch has no batches left, the data is not what the interrupted run saw",
+                )
                 break
         RNGState().load_state_dict(now)
         return iterator

@@ -30,6 +30,7 @@ class RunOptions:
 
     save_every: int | None = None
     save_interval_s: float | None = None
+    save_every_epochs: int | None = None
     keep: int = 2
     prestage_every: int | None = None
     on_advisory: Advisory = Advisory.SAVE
@@ -40,6 +41,7 @@ class RunOptions:
 
     def __post_init__(self) -> None:
         _whole("save_every", self.save_every, 1)
+        _whole("save_every_epochs", self.save_every_epochs, 1)
         _whole("prestage_every", self.prestage_every, 1)
         _whole("keep", self.keep, 2, optional=False)
         s = self.save_interval_s

@@ -24,7 +24,7 @@ from typing import Any
 import numpy
 import torch
 
-from preemptible import dist
+from preemptible import budget, dist
 from preemptible._version import __version__
 from preemptible.accumulation import OptimizerSteps
 from preemptible.checkpoint import Checkpointer, SaveResult
@@ -71,6 +71,10 @@ class Run:
             (``$PREEMPTIBLE_ROOT`` overrides it).
         save_every: save every this many completed steps (``step % save_every == 0``). None: no step-based saves.
         save_interval_s: save when this many seconds have passed since the last save. None: no time-based saves.
+            Under several ranks (torchrun) rank 0's clock decides, and every rank saves at one step agreed in the
+            background (`preemptible.dist.IntervalAgreement`: no collective at the steps in between).
+        save_every_epochs: save after every this many epochs of `epochs` (after the epoch's end work: evaluation,
+            ``scheduler.step()``), e.g. 1 for every epoch. None: no epoch-based saves.
         keep: committed checkpoints kept (>= 2); the newest validated one is kept in addition.
         keep_best: ``(figure, "min" | "max")``, e.g. ``("val_loss", "min")``: also keep the best checkpoint by a
             figure logged with `log`. A figure logged during step k belongs to the next checkpoint taken after it
@@ -141,6 +145,7 @@ class Run:
         *,
         save_every: int | None = None,
         save_interval_s: float | None = None,
+        save_every_epochs: int | None = None,
         keep: int = 2,
         keep_best: tuple[str, str] | None = None,
         save_on_best: bool = False,
@@ -175,6 +180,7 @@ class Run:
             on_advisory=on_advisory,
             save_every=save_every,
             save_interval_s=save_interval_s,
+            save_every_epochs=save_every_epochs,
             keep=keep,
             prestage_every=prestage_every,
             exit_code=exit_code,
@@ -190,6 +196,7 @@ class Run:
         self.root = _root(root)
         self.save_every = save_every
         self.save_interval_s = save_interval_s
+        self.save_every_epochs = save_every_epochs
         self.exit_code = exit_code
         self.exit_on_notice = exit_on_notice
         self.async_save = async_save
@@ -217,13 +224,14 @@ class Run:
         self.guard = guard if guard is not None else Guard(sources, grace=grace, clock=clock)
         self.trackers = Trackers(trackers)
         """What a notice flushes and marks (`preemptible.trackers`); integrations add the framework's writers."""
-        self.position = LoopPosition()  # where `epochs`/`batches` are (`preemptible.loaders`)
+        self.position = LoopPosition(inexact=self._inexact)  # where `epochs`/`batches` are (`preemptible.loaders`)
         meta: dict[str, Any] = {}
         self.state: dict[str, Any] = {**state, _RNG: RNGState(), _RUN: meta, _LOOP: self.position.entry}
         flatten(capture(self.state))  # every leaf storable now: a clear error here, not at the first save
         self.schedule = SaveSchedule(
             save_every=save_every,
             save_interval_s=save_interval_s,
+            save_every_epochs=save_every_epochs,
             prestage_every=prestage_every,
             save_on_best=save_on_best,
         )  # when a boundary saves (`preemptible.schedule`)
@@ -264,6 +272,8 @@ class Run:
         self._waited = 0  # boundaries a notice's stop waited for an accumulation to end (`_waits_for_optimizer`)
         self._start: int | None = None
         self._auto_close = False
+        self._interval: dist.IntervalAgreement | None = None  # save_interval_s under several ranks
+        self._inexact_seen: set[str] = set()
 
     @property
     def last_save(self) -> SaveResult | None:
@@ -302,14 +312,18 @@ class Run:
         if self.rank == 0:
             journal.report = ReportFile.from_env(root=self.root, journal=journal.path)
         self._warn_if_ephemeral(journal)
+        budget.mtbf_from_env()  # a bad $PREEMPTIBLE_MTBF_HOURS is an error here, not after the first step
         coord = self.checkpointer.coordinator
         if coord is not None:
-            if self.save_interval_s is not None or self.prestage_every is not None:
+            if self.prestage_every is not None:
                 raise PreemptibleError(
-                    f"save_interval_s and prestage_every need one process; this job has {coord.world} ranks, whose "
-                    "clocks would pick different steps. Use save_every (steps), which every rank counts alike"
+                    f"prestage_every needs one process; this job has {coord.world} ranks, whose clocks would flush "
+                    "different steps on a notice. Use save_every, save_interval_s or save_every_epochs"
                 )
             dist.check_shared_root(self.checkpointer.storage, coord)
+            if self.save_interval_s is not None and self._interval is None:
+                self._interval = dist.IntervalAgreement(coord)
+                self.schedule.agreed = self._interval.due
         self.guard.start()
         self.emergency.start()
         self._entered = True
@@ -334,6 +348,10 @@ class Run:
             self._optimizer_steps.close()
             self._optimizer_steps = None
         self.guard.close()
+        if self._interval is not None:
+            self._interval.close()
+            self._interval = None
+            self.schedule.agreed = None
         if self._finished and self.guard.platform.scheduler == "slurm":
             _ignore_late_warning()
         if self.journal is not None:
@@ -535,6 +553,14 @@ class Run:
                 self._waited,
                 f"{left:.1f} s" if left is not None else "unknown time",
             )
+            if self.journal is not None:
+                self.journal.event(
+                    Event.INEXACT_RESUME,
+                    completed,
+                    what="gradient accumulation",
+                    why=f"stopped {self._waited} boundaries into a gradient accumulation: the checkpoint's data "
+                    "position is past batches whose gradients it does not hold",
+                )
             return False
         if self._waited == 1:
             log.warning(
@@ -549,6 +575,7 @@ class Run:
     def _prepare(self) -> None:
         """After the first step of this process (the optimizer's state exists by then): make the plan of a save
         ahead of any notice, so the emergency save only refills it (`Checkpointer.prepare`)."""
+        self.saves.advise_cadence(self.step, steps_per_epoch=self.position.length)
         t = self._monotonic()
         self.saves.stamp(self.step)  # as a save sets it: the same shape
         try:
@@ -592,6 +619,8 @@ class Run:
                 if self.preempted:
                     return  # exit_on_notice=False: batches() ended the epoch early
                 self.position.next_epoch()
+                if self.schedule.epoch_due(self.position.epoch, last=self.position.epoch >= total):
+                    self.saves.save(self.step, SaveReason.PERIODIC, blocking=not self.async_save)
             self._finish(self.step)
         finally:
             if self._auto_close:
@@ -664,12 +693,26 @@ class Run:
             return 0
         self.resumed_from = restored
         self.position.restored()
+        for why in self.state[_RNG].unrestored:
+            self._inexact("random streams", why)
+        if self.checkpointer.moments_dtype is not None:
+            self._inexact("optimizer moments", "bf16_moments=True stores the optimizer's moments rounded to bfloat16")
         if self.rank == 0:
             self.checkpointer.rotate()  # the restored checkpoint has just validated: older ones may go now
         seconds = self._monotonic() - t0
         self.journal.event(Event.RESUME, restored, seconds=round(seconds, 6))
         log.info("[rank=%d] resumed from the checkpoint of step %d (%.2f s)", self.rank, restored, seconds)
         return restored
+
+    def _inexact(self, what: str, why: str) -> None:
+        """A resume that cannot be bit-identical with a run never stopped: warned once per kind, and journaled
+        (``inexact_resume``: `preemptible report` and `diagnose` show it)."""
+        if what in self._inexact_seen:
+            return
+        self._inexact_seen.add(what)
+        log.warning("[rank=%d] this resume is not exact (%s): %s", self.rank, what, why)
+        if self.journal is not None:
+            self.journal.event(Event.INEXACT_RESUME, self.step, what=what, why=why)
 
     def _finish(self, total: int) -> None:
         """The last step ran: the final checkpoint, ``DONE.json``, and the journal's ``done``."""

@@ -14,7 +14,7 @@ from typing import Any
 from preemptible._version import __version__
 from preemptible.checkpoint import Checkpointer, SaveHandle, SaveResult
 from preemptible.errors import PreemptibleError, SaveCancelled, StateDivergenceError, UnsupportedStateError
-from preemptible.events import SaveReason
+from preemptible.events import Event, SaveReason
 from preemptible.journal import Journal
 from preemptible.schedule import SaveSchedule, StepTimer
 from preemptible.sources.detect import Platform
@@ -124,6 +124,8 @@ class Saves:
     ) -> SaveResult | None:
         """Save ``step``. A failure is logged and training goes on, unless ``raise_errors`` (or the state itself
         cannot be saved). Returns the result, or None when it failed or goes on in the background."""
+        if self.pending is not None:  # the checkpointer waits for it anyway: its result is reported, not dropped
+            self.reap(block=True)
         self.stamp(step)
         figures = recordable(self.figures)
         try:
@@ -190,6 +192,39 @@ class Saves:
         if self.last is not None and self.last.bytes:
             return self.last.bytes
         return flatten(capture(self.state)).tensor_bytes
+
+    def advise_cadence(self, step: int, *, steps_per_epoch: int | None) -> None:
+        """Once, after the first step (rank 0): when the run has no periodic saves, or a cadence more than 2x off the
+        Young/Daly interval for this state (`budget.cadence_advice`), log the advice and journal it. A crash without
+        a notice (SIGKILL, OOM, a lost node) loses the steps since the last save: the cadence bounds that."""
+        if self.rank != 0 or self.journal is None:
+            return
+        from preemptible import budget
+
+        s = self.schedule
+        step_time = self.timer.step_time
+        cadences = [s.save_interval_s] if s.save_interval_s is not None else []
+        if step_time:
+            if s.save_every is not None:
+                cadences.append(s.save_every * step_time)
+            if s.save_every_epochs is not None and steps_per_epoch:
+                cadences.append(s.save_every_epochs * steps_per_epoch * step_time)
+        if s.periodic and not cadences:
+            return  # a cadence in steps or epochs whose seconds are not known yet: nothing to compare
+        nbytes = self.state_bytes()
+        advice = budget.cadence_advice(
+            state_bytes=nbytes,
+            bandwidth=self.checkpointer.bandwidth,
+            fixed_s=self.checkpointer.fixed_s,
+            cadence_s=min(cadences) if cadences else None,
+        )
+        if not advice.off:
+            return
+        log.log(
+            logging.WARNING if advice.cadence_s is None else logging.INFO, "[rank=%d] save cadence: %s", self.rank,
+            advice.line(),
+        )  # fmt: skip
+        self.journal.event(Event.SAVE_ADVICE, step, state_bytes=nbytes, **advice.to_json())
 
     def _advise(self, result: SaveResult) -> None:
         """After the first save: will the emergency save fit this platform's window? (`budget.advise`)"""

@@ -34,6 +34,7 @@ class SaveSchedule:
 
     save_every: int | None = None
     save_interval_s: float | None = None
+    save_every_epochs: int | None = None
     prestage_every: int | None = None
     save_on_best: bool = False
     total: int | None = None
@@ -44,11 +45,14 @@ class SaveSchedule:
     """The step a periodic save fell due at, mid-accumulation."""
     prestage_owed: bool = False
     prepared: bool = False
+    agreed: Callable[[int, bool], bool] | None = None
+    """Under several ranks: ``agreed(completed, elapsed)`` says whether the timed save is due at this boundary, the
+    same on every rank, from rank 0's clock (`preemptible.dist.IntervalAgreement`). None: this process's clock."""
     _never: Callable[[], bool] = field(default=lambda: False, repr=False)
 
     @property
     def periodic(self) -> bool:
-        return self.save_every is not None or self.save_interval_s is not None
+        return self.save_every is not None or self.save_interval_s is not None or self.save_every_epochs is not None
 
     def before_end(self, completed: int) -> bool:
         return self.total is None or completed < self.total
@@ -56,9 +60,16 @@ class SaveSchedule:
     def periodic_due(self, completed: int, now: float) -> bool:
         if not self.before_end(completed):
             return False  # the final save covers it
-        if self.save_every is not None and completed % self.save_every == 0:
-            return True
-        return self.save_interval_s is not None and now - self.last_save_at >= self.save_interval_s
+        timed = False
+        if self.save_interval_s is not None:  # asked at every boundary: under several ranks it is a protocol
+            elapsed = now - self.last_save_at >= self.save_interval_s
+            timed = self.agreed(completed, elapsed) if self.agreed is not None else elapsed
+        return timed or (self.save_every is not None and completed % self.save_every == 0)
+
+    def epoch_due(self, epochs_done: int, *, last: bool) -> bool:
+        """After an epoch's end work (``epochs_done`` epochs complete): is the every-N-epochs save due? Not after
+        the last epoch: the final save covers it."""
+        return not last and self.save_every_epochs is not None and epochs_done % self.save_every_epochs == 0
 
     def saved(self, now: float) -> None:
         """A save was made (of any reason): the interval counts from here."""

@@ -42,6 +42,11 @@ class RNGState:
     Dropout masks, data augmentation and shuffles draw from these; resuming bit-identically needs them back.
     """
 
+    def __init__(self) -> None:
+        self.unrestored: list[str] = []
+        """After `load_state_dict`: the streams it could not put back as the checkpoint had them, and why (a resume
+        that draws from them is not bit-identical)."""
+
     def state_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
         np = _numpy_if_installed()
@@ -80,6 +85,17 @@ class RNGState:
                 )
             np.random.set_state(state["numpy"])
         cuda = state.get("cuda")
+        self.unrestored = []
+        if cuda and not torch.cuda.is_available():
+            self.unrestored.append(
+                f"the checkpoint holds the RNG streams of {len(cuda)} CUDA device(s) and this process has no CUDA: "
+                "draws on the GPU streams (dropout on a GPU) will differ"
+            )
+        elif not cuda and torch.cuda.is_available():
+            self.unrestored.append(
+                "the checkpoint holds no CUDA RNG streams (saved without CUDA) and this process has CUDA: draws on "
+                "the GPU streams start from their seed, not from the interrupted run's"
+            )
         if cuda and torch.cuda.is_available():
             if len(cuda) != torch.cuda.device_count():
                 raise UnsupportedStateError(

@@ -275,3 +275,23 @@ def test_item_10_an_inflight_save_that_has_written_only_its_header_is_not_judged
     now[0] = 109.5
     assert inflight_bandwidth(None, progress) == pytest.approx((20 << 20) / 10)
     assert inflight_bandwidth(5e8, progress) == 5e8  # completed saves measured the storage: that comes first
+
+
+def test_a_background_save_finished_before_the_next_save_is_reported_not_dropped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """save_every=1, background saves: the next save starts at the very next boundary, before that boundary collects
+    the previous one. The previous save's result is still reported (its log line, `Run.last_save`), not replaced
+    unseen by the new save's handle."""
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    run = Run(tmp_path, model=model, optimizer=opt, save_every=1, sources=())
+    with run, caplog.at_level("INFO", logger="preemptible"):
+        assert run.start_step == 0
+        run.boundary(1)
+        assert run.saves.pending is not None
+        run.saves.pending.wait()  # committed, not yet collected by a boundary
+        run.boundary(2)
+        assert run.last_save is not None and run.last_save.step >= 1
+    reported = [r.getMessage() for r in caplog.records if "checkpoint of step 1 committed" in r.getMessage()]
+    assert len(reported) == 1, [r.getMessage() for r in caplog.records]

@@ -206,3 +206,61 @@ def test_a_round_outcome_names_its_failing_ranks_in_one_form() -> None:
     doc = dist.failures_doc([(1, "disk full"), (3, 'a "quoted" reason')])
     assert dist.failures_from(doc) == [(1, "disk full"), (3, 'a "quoted" reason')]
     assert dist.failures_from("something else") == [(0, "something else")]
+
+
+@pytest.mark.parametrize("lockstep", [True, False])
+def test_a_timed_save_falls_due_at_one_step_on_every_rank(server: Any, lockstep: bool) -> None:
+    """save_interval_s under several ranks (`dist.IntervalAgreement`): only rank 0's clock says when; every rank
+    gets True at the same steps, each after the step rank 0's clock fell due at, and never again until rank 0's clock
+    says so. ``lockstep``: a collective at every step (DDP); without it, ranks run apart and the agreed step is still
+    one every rank reaches. Ranks as threads, against a real TCPStore; each loop ends after its third timed save (the
+    same step on every rank, if the property holds)."""
+    import time
+
+    world, interval, cap = 3, 6, 20_000
+    coords = coordinators(server, world)
+    barrier = threading.Barrier(world)
+    announced: list[int] = []
+
+    def rank_loop(c: dist.Coordinator) -> list[int]:
+        agreement = dist.IntervalAgreement(c, timeout_s=10.0)
+        saved, last, completed = [], 0, 0
+        try:
+            while len(saved) < 3 and completed < cap:
+                completed += 1
+                time.sleep(0.001)  # a step's work
+                if lockstep:
+                    barrier.wait(30)
+                elapsed = c.rank == 0 and completed - last >= interval  # rank 0's injected clock: one step = 1 s
+                if elapsed and not agreement._announced:
+                    announced.append(completed)
+                if agreement.due(completed, elapsed):
+                    saved.append(completed)
+                    last = completed
+        finally:
+            agreement.close()
+        return saved
+
+    saves = on_every_rank(coords, rank_loop)
+    assert len(saves[0]) == 3 and all(s == saves[0] for s in saves), saves  # the same steps on every rank
+    assert len(announced) == 3, announced  # one round per announcement: none lost, none made up
+    for announced_at, step, previous in zip(announced, saves[0], [0, *saves[0]], strict=False):
+        assert previous + interval <= announced_at < step
+        if lockstep:  # rank 0 waits for the step at once; the others cannot be past its step: the next one
+            assert step == announced_at + 1, (announced, saves[0])
+
+
+def test_a_timed_save_agreement_with_a_silent_rank_is_a_coordination_error(server: Any) -> None:
+    """Rank 1 never starts its agreement (it died): rank 0 is told, within the timeout, instead of hanging."""
+    import time
+
+    c0, _ = coordinators(server, 2)
+    agreement = dist.IntervalAgreement(c0, timeout_s=1.0)
+    try:
+        assert agreement.due(3, False) is False  # nothing due, no traffic
+        with pytest.raises(CoordinationError, match=r"ranks \[1\].*interval-step"):
+            for completed in range(4, 4000):
+                agreement.due(completed, True)
+                time.sleep(0.01)
+    finally:
+        agreement.close()

@@ -177,3 +177,100 @@ def test_draws_before_between_and_after_the_batches_resume_exactly(
     resumed, second = train_with_draws(root)
     assert second.resumed_from == stop_at and not second.preempted
     assert same(resumed["model"], reference["model"]) and same(resumed["optimizer"], reference["optimizer"])
+
+
+def test_save_every_epochs_saves_after_each_epoch_s_end_work_and_resumes_into_the_next(tmp_path: Path) -> None:
+    """``save_every_epochs=1``: a checkpoint after each epoch's end work (here: scheduler.step()), none after the
+    last (the final save is that one). A crash after the first epoch (no notice: the loop is left) resumes at the
+    second epoch's first batch, with the scheduler stepped once, and ends as a run never stopped."""
+    from conftest import journal
+
+    def life(root: Path, crash_in_epoch: int | None) -> tuple[dict[str, Any], preemptible.Run]:
+        model, optimizer, scheduler, loader = build()
+        run = preemptible.Run(
+            root, sources=(), save_every_epochs=1, async_save=False, model=model, optimizer=optimizer,
+            scheduler=scheduler,
+        )  # fmt: skip
+        with run:
+            for epoch in run.epochs(EPOCHS):
+                for x, y in run.batches(loader):
+                    if epoch == crash_in_epoch:
+                        break  # as a SIGKILL would: nothing saved from here
+                    loss = torch.nn.functional.mse_loss(model(x), y)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+                if epoch == crash_in_epoch:
+                    break
+                scheduler.step()
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+        return state, run
+
+    reference, _ = life(tmp_path / "ref", None)
+    saves = [(e["step"], e["reason"]) for e in journal(tmp_path / "ref") if e["event"] == "save_committed"]
+    assert saves == [(BATCHES, "periodic"), (2 * BATCHES, "periodic"), (3 * BATCHES, "final")]
+    _, first = life(tmp_path / "run", crash_in_epoch=1)
+    assert first.step == BATCHES
+    state, second = life(tmp_path / "run", None)
+    assert second.resumed_from == BATCHES
+    assert same(state, reference)
+
+
+def test_a_resume_whose_loader_changed_length_says_it_is_not_exact(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Stopped mid-epoch, resumed with a loader of another length (another batch size): the batches skipped are not
+    the ones done. A warning names it, once, and the journal's ``inexact_resume`` event carries it to `report`."""
+    from conftest import journal
+    from preemptible.cli import main
+
+    model, optimizer, _, loader = build()
+    run = preemptible.Run(tmp_path, sources=(), exit_on_notice=False, model=model, optimizer=optimizer)
+    with run:
+        for _ in run.epochs(EPOCHS):
+            for x, y in run.batches(loader):
+                optimizer.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                optimizer.step()
+                if run.step + 1 == 3:
+                    run.guard.trigger(source="test")
+            if run.preempted:
+                break
+    model, optimizer, _, loader = build()
+    smaller = DataLoader(loader.dataset, batch_size=2, shuffle=True)
+    run = preemptible.Run(tmp_path, sources=(), exit_on_notice=False, model=model, optimizer=optimizer)
+    with run, caplog.at_level("WARNING", logger="preemptible"):
+        for _ in run.epochs(1):
+            for _batch in run.batches(smaller):
+                pass
+    assert run.resumed_from == 3
+    warned = [r.getMessage() for r in caplog.records if "not exact" in r.getMessage()]
+    assert len(warned) == 1 and "had 5 batches" in warned[0] and "has 10 now" in warned[0], warned
+    events = [e for e in journal(tmp_path) if e["event"] == "inexact_resume"]
+    assert [(e["step"], e["what"]) for e in events] == [(3, "data position")]
+    capsys.readouterr()
+    assert main(["report", str(tmp_path)]) == 0
+    assert "! resume not exact (data position): epoch 0 had 5 batches" in capsys.readouterr().out
+    main(["diagnose", "--root", str(tmp_path)])
+    assert "resume not exact: data position: epoch 0 had 5 batches" in capsys.readouterr().out
+
+
+def test_streams_a_checkpoint_holds_that_this_process_cannot_restore_are_named() -> None:
+    """A checkpoint written on a GPU machine, resumed on one without CUDA: the GPU streams cannot come back."""
+    from preemptible.state import RNGState
+
+    rng = RNGState()
+    saved = rng.state_dict()
+    rng.load_state_dict(saved)
+    assert rng.unrestored == []
+    if not torch.cuda.is_available():
+        rng.load_state_dict({**saved, "cuda": [torch.zeros(16, dtype=torch.uint8)]})
+        assert len(rng.unrestored) == 1 and "1 CUDA device(s)" in rng.unrestored[0]
+
+
+def test_an_exact_resume_journals_nothing_inexact(tmp_path: Path) -> None:
+    from conftest import journal
+
+    train(tmp_path / "ckpt", stop_at=7)
+    train(tmp_path / "ckpt")
+    assert not [e for e in journal(tmp_path / "ckpt") if e["event"] == "inexact_resume"]

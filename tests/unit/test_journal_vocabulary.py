@@ -16,7 +16,7 @@ import pytest
 
 import preemptible
 from preemptible import journal
-from preemptible.budget import Plan
+from preemptible.budget import CadenceAdvice, Plan
 from preemptible.events import Event
 from preemptible.journal import COMMON, FIELDS, NOT_JOURNALED, OPEN, Record
 from preemptible.notice import Notice, NoticeKind
@@ -79,6 +79,8 @@ def _spread(call: ast.expr, fn: ast.AST) -> set[str] | None:
             )
         if ast.unparse(call) == "verdict.to_json()":
             return {f.name for f in dataclasses.fields(Plan)}
+        if ast.unparse(call) == "advice.to_json()":
+            return {f.name for f in dataclasses.fields(CadenceAdvice)}
     if isinstance(call, ast.Name):
         for node in ast.walk(fn):
             if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == call.id for t in node.targets):

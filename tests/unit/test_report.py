@@ -65,7 +65,10 @@ def test_a_run_killed_without_a_word_shows_the_steps_it_ran_past_its_checkpoint(
     for path in (tmp_path / "journal").glob("*.jsonl"):  # killed: nothing journaled after its last step
         lines = path.read_text().splitlines(keepends=True)
         path.write_text("".join(x for x in lines if json.loads(x)["event"] != "exit"))
-    assert [e["step"] for e in journal(tmp_path) if e["event"] == "progress"] == [3, 7, 11]
+    # step 1 journals the save-cadence advice (every 4 steps of 2 s is far from Young/Daly for this state): quiet
+    # from there until step 4's save, then 5 s without an event at steps 7 and 11
+    assert [e["step"] for e in journal(tmp_path) if e["event"] == "save_advice"] == [1]
+    assert [e["step"] for e in journal(tmp_path) if e["event"] == "progress"] == [7, 11]
     attempt_of(stop_at=None)
     assert main(["report", str(tmp_path), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)

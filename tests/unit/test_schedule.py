@@ -102,3 +102,26 @@ def test_step_timer_is_a_moving_average_of_boundaries() -> None:
     assert timer.step_time == 2.0
     timer.boundary(13.0)
     assert timer.step_time == 0.9 * 2.0 + 0.1 * 1.0
+
+
+def test_under_several_ranks_the_agreement_decides_the_timed_save_and_is_asked_at_every_boundary() -> None:
+    """``agreed``: the rank's own clock only feeds the agreement (`dist.IntervalAgreement`), which says where the
+    save falls; it is asked at every boundary before the end (it must see every step), never at or after it."""
+    asked: list[tuple[int, bool]] = []
+
+    def agreed(completed: int, elapsed: bool) -> bool:
+        asked.append((completed, elapsed))
+        return completed == 5  # the step the ranks agreed on, whatever this rank's clock said
+
+    schedule = SaveSchedule(save_interval_s=2.5, total=8, prepared=True, agreed=agreed)
+    dues = run_boundaries(schedule, range(1, 9))
+    assert [i + 1 for i, d in enumerate(dues) if d is Due.SAVE] == [5]
+    assert [c for c, _ in asked] == [1, 2, 3, 4, 5, 6, 7]
+    assert [c for c, elapsed in asked if elapsed] == [3, 4, 5]  # 2.5 s since 0; since the save at 5, 2 s by 7
+
+
+def test_every_n_epochs_is_due_after_each_nth_epoch_but_not_the_last() -> None:
+    schedule = SaveSchedule(save_every_epochs=2)
+    assert [e for e in range(1, 8) if schedule.epoch_due(e, last=e == 7)] == [2, 4, 6]
+    assert schedule.periodic
+    assert not SaveSchedule().epoch_due(2, last=False)

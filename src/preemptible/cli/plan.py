@@ -47,7 +47,8 @@ def add_parser(sub: Any) -> None:
         type=number(low=0, above=True, high=1e9),
         default=None,
         metavar="HOURS",
-        help="mean time between preemptions",
+        help="mean time between losses without a usable notice (SIGKILL, OOM, a lost node), for the Young/Daly "
+        "interval of periodic saves (default: $PREEMPTIBLE_MTBF_HOURS, else 24, shown as assumed)",
     )
     p.add_argument(
         "--bandwidth",

@@ -28,6 +28,8 @@ class JournalFacts:
     attempt: int | None = None
     attempts: int = 0
     chosen_by: str = ""
+    inexact: list[str] = field(default_factory=list)
+    """Why this attempt's resume (or the next one's, for a stop mid-accumulation) is not exact (``inexact_resume``)."""
 
 
 def _attempts(records: Iterable[Record]) -> list[tuple[int, str, list[Record]]]:
@@ -114,6 +116,8 @@ def journal_facts(root: str, *, attempt: int | str | None = None, window: TimeWi
             facts.exit = dict(r.fields)
         elif r.event == Event.DONE:
             facts.done = True
+        elif r.event == Event.INEXACT_RESUME and len(facts.inexact) < 20:
+            facts.inexact.append(f"{r.get('what')}: {r.get('why')}")
     if index != len(attempts) - 1:  # an earlier attempt: what it had saved by its end, not what later ones did
         facts.last_committed = max(mine) if mine else None
     return facts

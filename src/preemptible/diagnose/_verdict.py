@@ -131,6 +131,7 @@ class Diagnosis:
             if self.steps_lost is not None:
                 qual = "" if self.steps_lost_exact else "at least "
                 lines.append(f"  steps lost: {qual}{self.steps_lost} (last step reached {ck.get('last_step')})")
+            lines += [f"  resume not exact: {why}" for why in ck.get("inexact_resume") or []]
         if self.initiating is not None:
             lines += ["", "initiating:", "  " + _event_line(self.initiating)]
             if self.collateral:
@@ -211,6 +212,7 @@ def diagnose(
             "attempt": facts.attempt,
             "attempts": facts.attempts,
             "attempt_chosen_by": facts.chosen_by,
+            "inexact_resume": list(facts.inexact),
         }
         if facts.last_step is not None:
             base = facts.last_committed or 0

@@ -22,6 +22,7 @@ NOT_PASSED = {
     "exit_on_notice": "the callback's own argument",
     "save_interval_s": "the framework owns the loop: its own time-based checkpoints apply",
     "prestage_every": "the framework owns the loop",
+    "save_every_epochs": "the framework owns the epochs: use its own per-epoch checkpoints",
     "keep_best": "the framework's metrics are not reported to the run",
     "save_on_best": "the framework's metrics are not reported to the run",
     "per_rank": "the callback names the framework's per-rank state itself",

@@ -29,6 +29,8 @@ _PLAN = frozenset(
         "lost_work_s",
         "size",
         "compression",
+        "mtbf_hours",
+        "mtbf_assumed",
     }
 )  # `budget.Plan.to_json`
 
@@ -65,6 +67,10 @@ FIELDS: Mapping[Event, frozenset[str]] = {
     Event.VALIDATED: frozenset({"by"}),
     Event.ROTATED: frozenset({"deleted", "kept"}),
     Event.PLAN: frozenset({"platform"}) | _PLAN,
+    Event.SAVE_ADVICE: frozenset(
+        {"advice_s", "cadence_s", "save_s", "mtbf_hours", "mtbf_assumed", "bandwidth_assumed", "state_bytes"}
+    ),
+    Event.INEXACT_RESUME: frozenset({"what", "why"}),
     Event.LOG: frozenset(),  # and the figures given to `Run.log`, by their own names (`OPEN`)
     Event.PROGRESS: frozenset(),
     Event.ADVISORY: _NOTICE | {"action"},

@@ -35,6 +35,7 @@ MAX_SPANS = 1000
 MAX_FIGURE_NAME = 200
 _MAX_TEXT = 300
 _MAX_SECONDS = 1e9  # 30 years: a duration beyond this in a journal is not one
+_MAX_WARNINGS = 20
 _KEEP_COMMITS = 1024  # commit times kept per attempt: where its redone steps began (the newest checkpoints)
 
 
@@ -97,6 +98,8 @@ class Attempt:
     index: int = 0
     pending: dict[str, Any] | None = None
     background: set[int] = field(default_factory=set)
+    warnings: list[str] = field(default_factory=list)
+    """What this attempt's journal says made a resume inexact (``inexact_resume``), at most `_MAX_WARNINGS`."""
 
     @property
     def restore_s(self) -> float:
@@ -160,6 +163,8 @@ class Reader:
             self._save_committed(a, r, t)  # counted when it started
         elif kind == Event.NOTICE:
             self._notice(a, r, t)
+        elif kind == Event.INEXACT_RESUME and len(a.warnings) < _MAX_WARNINGS:
+            a.warnings.append(f"resume not exact ({_text(r.get('what'))}): {_text(r.get('why'))}")
         if kind == Event.SAVE_COMMITTED and step is not None:
             _committed(a, step, t)
         if kind == Event.EXIT:

@@ -64,6 +64,7 @@ def render(doc: Mapping[str, Any]) -> str:
             f"  attempt {r['attempt']}: steps {r['from_step']}..{r['to_step']} in {r['seconds']:.1f} s, "
             f"{r['kept_steps']} kept, {r['redone_steps']} redone, {r['saves']} save(s), ended: {r['ended']}"
         )
+        lines += [f"    ! {w}" for w in r.get("warnings", [])]
     return "\n".join(lines + notes(doc))
 
 
