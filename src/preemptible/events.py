@@ -34,7 +34,7 @@ class Event(str, Enum):
     ROTATED = "rotated"
     PLAN = "plan"
     LOG = "log"
-    PROGRESS = "progress"  # the steps done, at a boundary after `run.PROGRESS_QUIET_S` with no other event
+    PROGRESS = "progress"  # the steps done, after `run.PROGRESS_QUIET_S` with no other event; or drill's aim (held)
     ADVISORY = "advisory"
     NOTICE = "notice"
     INFLIGHT = "inflight"
