@@ -16,10 +16,20 @@ The parts, each a private module: `_drill` (the drill's steps), `_child` (one st
 through its report file), `_report` (the checks and timings) and `_compare` (final states, and why they differ).
 """
 
-from preemptible.drill._compare import LIKELY_CAUSES, explain_difference, files_written_aside, torch_equal
+from preemptible.drill._compare import (
+    LIKELY_CAUSES,
+    Divergence,
+    explain_difference,
+    files_written_aside,
+    first_divergence,
+    logged_figures,
+    spliced,
+    torch_equal,
+)
 from preemptible.drill._drill import (
     DEFAULT_AT_S,
     ENDPOINT_ENV,
+    MID_EPOCH,
     ROOT_ENV,
     SIGNALS,
     SLACK_S,
@@ -33,15 +43,20 @@ __all__ = [
     "DEFAULT_AT_S",
     "ENDPOINT_ENV",
     "LIKELY_CAUSES",
+    "MID_EPOCH",
     "ROOT_ENV",
     "SIGNALS",
     "SLACK_S",
     "SOURCES",
     "Check",
+    "Divergence",
     "Drill",
     "DrillReport",
     "default_window",
     "explain_difference",
     "files_written_aside",
+    "first_divergence",
+    "logged_figures",
+    "spliced",
     "torch_equal",
 ]

@@ -171,12 +171,10 @@ def _ordinal(n: int) -> str:
 
 
 def first_divergence(ours: Figures, reference: Figures, *, resumed_at: int) -> Divergence | None:
-    """The first step whose figures differ (exact equality of the values as journaled), and the first figure that
-    differs there, in the order the reference run logged them; None when every step's figures are equal."""
+    """The first step whose figures differ (exact equality of the values as journaled: 1 and 1.0 differ), and the
+    first figure that differs there, in the order the reference run logged them; None when every step's are equal."""
     for step in sorted(set(ours) | set(reference)):
         a, b = ours.get(step, []), reference.get(step, [])
-        if a == b:
-            continue
         for i in range(max(len(a), len(b))):
             x, y = (a[i] if i < len(a) else {}), (b[i] if i < len(b) else {})
             for name in [*y, *(k for k in x if k not in y)]:
