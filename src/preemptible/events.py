@@ -36,7 +36,7 @@ class Event(str, Enum):
     SAVE_ADVICE = "save_advice"  # no periodic saves, or a cadence > 2x off the Young/Daly advice (once, at start)
     INEXACT_RESUME = "inexact_resume"  # a resume that cannot be bit-identical, and why (`loaders`, `run`)
     LOG = "log"
-    PROGRESS = "progress"  # the steps done, at a boundary after `run.PROGRESS_QUIET_S` with no other event
+    PROGRESS = "progress"  # the steps done, after `run.PROGRESS_QUIET_S` with no other event; or drill's aim (held)
     ADVISORY = "advisory"
     NOTICE = "notice"
     INFLIGHT = "inflight"

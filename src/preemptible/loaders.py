@@ -49,6 +49,11 @@ class LoopPosition:
     def epoch(self) -> int:
         return int(self.entry["epoch"])
 
+    @property
+    def done(self) -> int:
+        """The batches of this epoch done (before the checkpoint, for a resumed epoch, included)."""
+        return int(self.entry["done"])
+
     def next_epoch(self) -> None:
         self.entry.update(epoch=self.epoch + 1, done=0, rng=None, length=None)
 
@@ -109,6 +114,43 @@ class LoopPosition:
                 break
         RNGState().load_state_dict(now)
         return iterator
+
+
+class MidEpochAim:
+    """Where ``preemptible drill`` wants its stop (``$PREEMPTIBLE_DRILL_AIM``, `preemptible.relay.AIM_ENV`): after half
+    the batches of an epoch, where a resume must replay the epoch's order and its streams rather than start an epoch
+    afresh, the case a stop at an epoch's end never tries. The second epoch when the loop has two or more (one
+    epoch's end has run by then: a scheduler stepped per epoch, a sampler's epoch counter), else the first. An epoch's
+    length is the loader's ``len()``, else the length of the epoch before it in this process; an epoch of one batch
+    has no middle, and the aim moves on to the next."""
+
+    def __init__(self) -> None:
+        self.epochs: int | None = None
+        """The loop's epochs (``run.epochs(total)``), once known."""
+        self.lengths: dict[int, int] = {}
+        """The batches of each epoch that ended in this process."""
+
+    def ended(self, epoch: int, batches: int) -> None:
+        self.lengths[epoch] = batches
+
+    def length(self, epoch: int, batches: int | None) -> int | None:
+        """Epoch ``epoch``'s batches: ``batches`` (the loader's length) or the previous epoch's."""
+        return batches if batches is not None else self.lengths.get(epoch - 1)
+
+    def due(self, epoch: int, done: int, batches: int | None) -> bool:
+        """Whether the boundary after ``done`` batches of ``epoch`` is the one to hold at."""
+        target = min(1, self.epochs - 1) if self.epochs else 0
+        n = self.length(epoch, batches)
+        return epoch >= target and n is not None and n >= 2 and done == n // 2
+
+
+def length(loader: Any) -> int | None:
+    """A loader's batches per epoch, None when it does not say (an iterable dataset, a generator)."""
+    try:
+        n = len(loader)
+    except (TypeError, NotImplementedError):
+        return None
+    return n if isinstance(n, int) and n >= 0 else None
 
 
 def loader_parts(loader: Any) -> Iterator[tuple[str, Any]]:

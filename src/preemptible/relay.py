@@ -6,6 +6,10 @@
 - ``PREEMPTIBLE_REPORT_FILE``: a `Run` on rank 0 mirrors its journal's milestones (start, resume, notice, saves,
   exit) to this path, rewritten whole and atomically at each one, so ``preemptible drill`` can follow a command
   whose checkpoint root it was not told.
+- ``PREEMPTIBLE_DRILL_AIM=mid-epoch``: set by ``preemptible drill`` beside the report file. A `Run` looping with
+  ``run.epochs``/``run.batches`` holds at one boundary in the middle of an epoch (`preemptible.loaders.MidEpochAim`),
+  reports it (a ``progress`` event with ``held``) and waits there for the drill's notice or kill, so that the stop
+  lands mid-epoch whatever the machine's speed. A loop of another shape reports ``held: false`` at its first boundary.
 
 Both are plain local files; neither is read or written inside a signal handler.
 """
@@ -26,6 +30,9 @@ log = logging.getLogger("preemptible")
 
 NOTICE_FILE_ENV = "PREEMPTIBLE_NOTICE_FILE"
 REPORT_FILE_ENV = "PREEMPTIBLE_REPORT_FILE"
+AIM_ENV = "PREEMPTIBLE_DRILL_AIM"
+MID_EPOCH = "mid-epoch"
+"""The one value of `AIM_ENV`: hold in the middle of an epoch."""
 
 
 def write_json_atomic(path: str, data: Any) -> None:
@@ -80,6 +87,7 @@ class ReportFile:
             Event.FRESH_AFTER_CORRUPTION,
             Event.NOTICE,
             Event.ADVISORY,
+            Event.PROGRESS,
             Event.SAVE_COMMITTED,
             Event.SAVE_FAILED,
             Event.SAVE_SKIPPED,

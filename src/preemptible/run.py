@@ -37,10 +37,10 @@ from preemptible.errors import (
 from preemptible.events import Advisory, Event, ExitReason, SaveReason
 from preemptible.guard import Guard
 from preemptible.journal import Journal, clean, user_fields
-from preemptible.loaders import LoopPosition
+from preemptible.loaders import LoopPosition, MidEpochAim, length
 from preemptible.notice import Clock, Notice, NoticeKind, NoticeSource
 from preemptible.options import RunOptions
-from preemptible.relay import ReportFile
+from preemptible.relay import AIM_ENV, MID_EPOCH, ReportFile
 from preemptible.saves import Saves
 from preemptible.schedule import Due, SaveSchedule, StepTimer
 from preemptible.state import RNGState, capture, check_state, flatten
@@ -57,6 +57,10 @@ PROGRESS_QUIET_S = 5.0
 """After this many seconds without a journal event, the next step boundary journals a ``progress`` event: what a
 process killed without a word ran past its last checkpoint shows in ``preemptible report`` (steps redone) to
 within these seconds, at one short line per 5 s at most."""
+
+AIM_HOLD_S = 60.0
+"""How long a run under ``preemptible drill`` holds at the boundary it aimed at (`MidEpochAim`) for the drill's
+notice or kill; then it trains on (a drill that died must not stall the run)."""
 
 _RNG = "_rng"
 _RUN = "_run"
@@ -270,6 +274,7 @@ class Run:
         self._advisory_done = False
         self._optimizer_steps: OptimizerSteps | None = None  # from the start of the loop to `close`
         self._waited = 0  # boundaries a notice's stop waited for an accumulation to end (`_waits_for_optimizer`)
+        self._aim: MidEpochAim | None = None  # under ``preemptible drill``: the boundary to hold at (`_hold`)
         self._start: int | None = None
         self._auto_close = False
         self._interval: dist.IntervalAgreement | None = None  # save_interval_s under several ranks
@@ -311,6 +316,8 @@ class Run:
         self.emergency.attach(journal)
         if self.rank == 0:
             journal.report = ReportFile.from_env(root=self.root, journal=journal.path)
+            if journal.report is not None and os.environ.get(AIM_ENV, "").strip() == MID_EPOCH:
+                self._aim = MidEpochAim()
         self._warn_if_ephemeral(journal)
         budget.mtbf_from_env()  # a bad $PREEMPTIBLE_MTBF_HOURS is an error here, not after the first step
         coord = self.checkpointer.coordinator
@@ -471,6 +478,13 @@ class Run:
         checkpoint and ends the process with the exit policy's code (``SystemExit``). With ``exit_on_notice=False``
         it returns True instead: end the loop now. Otherwise False: train on.
         """
+        if self._aim is not None:  # a loop not built of run.epochs/run.batches: no epoch to stop in the middle of
+            self._aim = None
+            assert self.journal is not None
+            self.journal.event(Event.PROGRESS, completed, held=False)
+        return self._boundary(completed)
+
+    def _boundary(self, completed: int) -> bool:
         if self._start is None:
             self._begin(None)
         self.step = completed
@@ -604,6 +618,8 @@ class Run:
             raise ValueError(f"expected total >= 0 epochs, found {total}")
         try:
             start = self._begin(None)
+            if self._aim is not None:
+                self._aim.epochs = total
             if self.position.epoch >= total:
                 assert self.journal is not None
                 self.journal.event(Event.DONE, start, total=start, already=True)
@@ -618,6 +634,8 @@ class Run:
                     raise
                 if self.preempted:
                     return  # exit_on_notice=False: batches() ended the epoch early
+                if self._aim is not None:
+                    self._aim.ended(self.position.epoch, self.position.done)
                 self.position.next_epoch()
                 if self.schedule.epoch_due(self.position.epoch, last=self.position.epoch >= total):
                     self.saves.save(self.step, SaveReason.PERIODIC, blocking=not self.async_save)
@@ -636,11 +654,40 @@ class Run:
         that saves its own position) is not skipped.
         """
         stateful = any(loader is obj for obj in self.state.values())
+        batches = length(loader) if self._aim is not None else None
         for batch in self.position.iterate(loader, stateful=stateful):
             yield batch
             self.position.batch_done()
-            if self.boundary(self.step + 1):
+            if self._aim is not None:
+                self._hold(self.step + 1, batches)
+            if self._boundary(self.step + 1):
                 return
+
+    def _hold(self, completed: int, batches: int | None) -> None:
+        """Under ``preemptible drill``: at the boundary in the middle of an epoch it aims at (`MidEpochAim`), say so
+        in the journal (and so in the drill's report file) and wait there for the drill's notice (or kill)."""
+        aim, position = self._aim, self.position
+        if aim is None or not aim.due(position.epoch, position.done, batches):
+            return
+        self._aim = None
+        assert self.journal is not None
+        self.journal.event(
+            Event.PROGRESS,
+            completed,
+            held=True,
+            epoch=position.epoch,
+            batches_done=position.done,
+            epoch_batches=aim.length(position.epoch, batches),
+        )
+        if not self.guard.wait_for_notice(AIM_HOLD_S):
+            log.warning(
+                "[rank=%d] held at step %d (the middle of epoch %d) for preemptible drill's notice; none came in %g s: "
+                "training on",
+                self.rank,
+                completed,
+                position.epoch,
+                AIM_HOLD_S,
+            )
 
     def log(self, **figures: Any) -> None:
         """Record figures (loss, throughput, ...) for the current step in the journal. A one-element tensor or a

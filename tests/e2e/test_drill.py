@@ -13,6 +13,8 @@ import pytest
 
 from conftest import EXAMPLE, clean_env
 from preemptible.diagnose import diagnose
+from preemptible.events import Event
+from preemptible.journal import Record
 
 TRAIN = [sys.executable, str(EXAMPLE), "--steps", "100000", "--save-every", "1000", "--step-time", "0.005"]
 
@@ -50,13 +52,15 @@ def test_drill_every_source(source: str, tmp_path: Path) -> None:
 
 
 def test_drill_with_reference_proves_the_resume_bit_exact(tmp_path: Path) -> None:
+    """A loop of run.steps has no epochs: the default mid-epoch aim falls back to a time within the reference loop."""
     root = tmp_path / "ckpt"
     args = ("--steps", "400", "--save-every", "100", "--step-time", "0.004", "--root", str(root))
-    code, doc, err = drill("--reference", "--at", "0.5", "--", sys.executable, str(EXAMPLE), *args)
+    code, doc, err = drill("--reference", "--", sys.executable, str(EXAMPLE), *args)
     assert code == 0 and doc["passed"], json.dumps(doc, indent=1) + err
     names = [c["name"] for c in doc["checks"]]
     assert "final state bit-identical to the uninterrupted run" in names
     assert 0 < doc["checkpoint_step"] < 400
+    assert doc["moment"]["aim"] == "seconds" and "not a loop of run.epochs/run.batches" in doc["moment"]["why"]
 
 
 def test_a_drill_fails_when_the_window_is_missed(tmp_path: Path) -> None:
@@ -167,7 +171,7 @@ def test_drill_text_report_and_bad_arguments() -> None:
         env=clean_env(),
         check=False,
     )
-    assert bad.returncode == 2 and "expected seconds or 'random'" in bad.stderr
+    assert bad.returncode == 2 and "expected seconds, 'random' or 'mid-epoch'" in bad.stderr
 
 
 HANGS_AFTER_THE_LOOP = """
@@ -259,3 +263,95 @@ def test_a_random_notice_falls_within_a_short_reference_loop() -> None:
     assert all(0.4 <= x <= 1.6 for x in delays)
     d._loop_s = 60.0
     assert all(1.0 <= d._delay() <= 10.0 for _ in range(200))
+
+
+EPOCH_LOOP = [sys.executable, str(Path(__file__).parent.parent / "scripts" / "epoch_loop.py")]
+"""3 epochs of 8 batches, the loss logged at each step (tests/scripts/epoch_loop.py)."""
+
+
+def _held(root: Path) -> tuple[Record, Record]:
+    """The drilled start's mid-epoch hold and the notice it stopped on, from the run's own journal."""
+    from preemptible.journal import records
+    from preemptible.store.io import LocalStorage
+
+    events = list(records(LocalStorage(str(root))))
+    held = [r for r in events if r.event == Event.PROGRESS and r.get("held") is True]
+    notices = [r for r in events if r.event == Event.NOTICE]
+    assert len(held) == 1 and len(notices) == 1, events
+    return held[0], notices[0]
+
+
+def test_a_reference_drill_stops_mid_epoch_and_names_the_first_step_an_inexact_resume_changed(tmp_path: Path) -> None:
+    """The script keeps a counter outside the Run's state in its loss (a resume inexact on purpose): the drill stops
+    it in the middle of an epoch by default, fails, and names the first step whose logged loss differs: the first
+    one after the resume."""
+    root = tmp_path / "ckpt"
+    code, doc, err = drill("--reference", "--", *EPOCH_LOOP, "--root", str(root), "--inexact")
+    assert code == 1 and not doc["passed"], json.dumps(doc, indent=1) + err
+    moment = doc["moment"]
+    assert moment["aim"] == "mid-epoch" and moment["epoch"] == 1 and 0 < moment["batches_done"] < 8
+    assert doc["checkpoint_step"] == doc["resumed_step"] == moment["step"] == 12
+    first = doc["first_differing_step"]
+    assert first["step"] == 12 and first["figure"] == "loss" and not first["before_the_stop"]
+    assert isinstance(first["ours"], float) and isinstance(first["reference"], float)
+    assert first["ours"] != first["reference"]
+    failed = {c["name"]: c["detail"] for c in doc["checks"] if not c["passed"]}
+    assert list(failed) == [
+        "figures logged at each step equal the uninterrupted run's",
+        "final state bit-identical to the uninterrupted run",
+    ]
+    detail = failed["figures logged at each step equal the uninterrupted run's"]
+    assert detail.startswith("first differing step: step 12, the first after the resume at step 12")
+    assert f"loss {first['ours']!r} in the drilled run, {first['reference']!r} in the uninterrupted one" in detail
+    held, notice = _held(root)
+    assert held.step == notice.step == 12 and held.get("epoch_batches") == 8
+
+
+def test_a_reference_drill_of_an_exact_epoch_loop_passes_with_its_stop_mid_epoch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from preemptible.drill import Drill
+
+    monkeypatch.setenv("PREEMPTIBLE_SOURCES", "signal")
+    root = tmp_path / "ckpt"
+    report = Drill([*EPOCH_LOOP, "--root", str(root)], reference=True).run()
+    assert report.passed, report.render()
+    text = report.render()
+    assert "stop: mid-epoch: epoch 1, after 4 of 8 batches (step 12)" in text
+    assert "PASS  figures logged at each step equal the uninterrupted run's" in text
+    assert report.first_differing_step is None
+    held, notice = _held(root)  # from the journal: the stop was not at an epoch boundary
+    assert held.step == notice.step and 0 < held.get("batches_done") < held.get("epoch_batches")
+    assert held.step % 8 != 0
+
+
+def test_a_crash_rehearsal_resumes_from_the_last_periodic_save_and_ends_as_the_uninterrupted_run(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "ckpt"
+    code, doc, err = drill("--kill", "--reference", "--", *EPOCH_LOOP, "--root", str(root), "--save-every", "5")
+    assert code == 0 and doc["passed"], json.dumps(doc, indent=1) + err
+    assert doc["mode"] == "kill" and doc["moment"]["step"] == 12
+    # the save of step 10 runs in the background: a kill at step 12 may come before it commits (a real crash's luck)
+    assert doc["checkpoint_step"] == doc["resumed_step"] in (5, 10)
+    assert doc["steps_lost"] == 12 - doc["resumed_step"]
+    names = [c["name"] for c in doc["checks"]]
+    assert "the process died of SIGKILL (crash rehearsal)" in names
+    assert "final state bit-identical to the uninterrupted run" in names
+    assert not any("window" in n or "notice" in n for n in names)  # no notice, no emergency save to grade
+    assert "drill: sent SIGKILL" in err
+
+
+def test_a_crash_rehearsal_without_periodic_saves_starts_over_and_counts_the_steps_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from preemptible.drill import Drill
+
+    monkeypatch.setenv("PREEMPTIBLE_SOURCES", "signal")
+    report = Drill([*EPOCH_LOOP, "--root", str(tmp_path / "ckpt")], kill=True, at="mid-epoch").run()
+    assert report.passed, report.render()
+    assert report.checkpoint_step is None and report.resumed_step == 0
+    assert report.steps_lost == report.moment["step"] == 12
+    text = report.render()
+    assert text.startswith("preemptible drill: crash rehearsal (SIGKILL, no notice, no emergency save)")
+    assert "none committed, so a fresh start at step 0; resumed at step 0; 12 steps lost (redone)" in text

@@ -12,14 +12,14 @@ from preemptible.cli.args import directory, fail, number, unrunnable
 
 
 def _at(value: str) -> float | str:
-    if value == "random":
+    if value in ("random", "mid-epoch"):
         return value
     try:
         seconds = float(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds or 'random', found {value!r}") from None
+        raise argparse.ArgumentTypeError(f"expected seconds, 'random' or 'mid-epoch', found {value!r}") from None
     if not math.isfinite(seconds) or not 0 <= seconds <= 86400:
-        raise argparse.ArgumentTypeError(f"expected seconds from 0 to 86400 or 'random', found {value!r}")
+        raise argparse.ArgumentTypeError(f"expected seconds from 0 to 86400, 'random' or 'mid-epoch', found {value!r}")
     return seconds
 
 
@@ -31,12 +31,21 @@ def add_parser(sub: Any) -> None:
             "Start CMD (a script that trains with preemptible.Run), deliver a notice at --at seconds into its loop "
             "(a signal, or a cloud's notice through that cloud's emulator on loopback), measure notice -> boundary "
             "-> commit -> exit against the window, restart CMD and check it resumed from that checkpoint, then stop "
-            "it with a second notice. --reference also runs CMD uninterrupted and checks the resumed run ends "
-            "bit-identical. Exit code 0 when every check passed, 1 otherwise, 2 for bad arguments."
+            "it with a second notice. --reference also runs CMD uninterrupted, stops the drilled run in the middle "
+            "of an epoch (a loop of run.epochs/run.batches), checks the resumed run ends bit-identical and names "
+            "the first step whose run.log figures differ. --kill rehearses a crash: SIGKILL instead of a notice, "
+            "then a resume from the last committed checkpoint. Exit code 0 when every check passed, 1 otherwise, "
+            "2 for bad arguments."
         ),
     )
     p.add_argument("--source", default="signal", choices=["signal", "sigint", "slurm", "aws", "gcp", "azure"])
-    p.add_argument("--at", type=_at, default=3.0, metavar="SECONDS|random", help="when to deliver (default 3 s)")
+    p.add_argument(
+        "--at",
+        type=_at,
+        default=None,
+        metavar="SECONDS|random|mid-epoch",
+        help="when to deliver (default: mid-epoch with --reference, else 3 s)",
+    )
     p.add_argument(
         "--window",
         type=number(low=0, above=True, high=86400),
@@ -47,7 +56,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--root", type=directory, default=None, help="the run's checkpoint root (default: what the run reports)"
     )
-    p.add_argument("--reference", action="store_true", help="also run CMD uninterrupted and compare final states")
+    p.add_argument(
+        "--reference",
+        action="store_true",
+        help="also run CMD uninterrupted; compare final states and the figures logged at each step",
+    )
+    p.add_argument(
+        "--kill", action="store_true", help="a crash rehearsal: SIGKILL instead of a notice (no emergency save)"
+    )
     p.add_argument(
         "--start-timeout",
         type=number(low=0, above=True, high=86400),
@@ -75,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
             window=args.window,
             root=args.root,
             reference=args.reference,
+            kill=args.kill,
             start_timeout=args.start_timeout,
             progress=lambda line: print(line, file=sys.stderr, flush=True),
         )

@@ -11,7 +11,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from preemptible.events import Event
-from preemptible.journal import Record
+from preemptible.journal import Record, records
+from preemptible.store.io import storage_for
 
 
 class Clocks(Protocol):
@@ -81,6 +82,24 @@ class Child:
 
     def events(self, event: Event) -> list[Record]:
         return [r for r in self.records() if r.event == event]
+
+    def held(self) -> Record | None:
+        """What its Run said of the drill's mid-epoch aim (`preemptible.relay.AIM_ENV`): the ``progress`` event with
+        ``held`` (True: it holds there now; False: its loop has no epochs to aim at), once it has."""
+        said = [r for r in self.events(Event.PROGRESS) if isinstance(r.get("held"), bool)]
+        return said[0] if said else None
+
+    def journal_records(self) -> list[Record]:
+        """Every event of this start's own journal file (rank 0's), read from its root after the fact."""
+        doc = self.report()
+        root, path = doc.get("root"), doc.get("journal")
+        if not isinstance(root, str) or not isinstance(path, str):
+            return []
+        name = path.replace("\\", "/").rsplit("/", 1)[-1]
+        try:
+            return [r for r in records(storage_for(root)) if r.file == name and r.rank == 0]
+        except OSError:
+            return []
 
     def entered(self) -> list[Record]:
         """Its Run's event of entering the loop (``fresh`` or ``resume``), once it has."""

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
+
+from preemptible.events import Event
+from preemptible.journal import COMMON, Record
 
 
 def final_state(root: str | None, step: int, *, written_since: float | None = None) -> dict[str, str] | None:
@@ -89,6 +94,94 @@ def explain_difference(
         lines.append(f"{len(json_diffs)} non-tensor values differ (resumed vs uninterrupted): {shown_leaves}")
     lines.append(LIKELY_CAUSES)
     return "\n".join(lines)
+
+
+Figures = Mapping[int, list[dict[str, Any]]]
+"""The figures a run logged (``run.log``), by step: one dict per ``log`` event, in the order logged."""
+
+
+def logged_figures(events: Iterable[Record]) -> dict[int, list[dict[str, Any]]]:
+    """The figures in ``events`` (one process start's journal): its ``log`` events by step, exactly as journaled."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    for r in events:
+        if r.event == Event.LOG and r.step is not None:
+            out.setdefault(r.step, []).append({k: v for k, v in r.fields.items() if k not in COMMON})
+    return out
+
+
+def spliced(before: Figures, after: Figures, at: int) -> dict[int, list[dict[str, Any]]]:
+    """One run's figures out of two process starts: the first one's before step ``at`` (where the second resumed),
+    the second one's from there on (steps the first ran past its last checkpoint were redone by the second)."""
+    return {**{s: v for s, v in before.items() if s < at}, **{s: v for s, v in after.items() if s >= at}}
+
+
+_ABSENT = object()
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first step whose logged figures differ between the drilled run and the uninterrupted one."""
+
+    step: int
+    figure: str
+    ours: Any
+    reference: Any
+    resumed_at: int
+
+    @property
+    def before_the_stop(self) -> bool:
+        return self.step < self.resumed_at
+
+    def describe(self) -> str:
+        def shown(value: Any) -> str:
+            return "not logged" if value is _ABSENT else repr(value)
+
+        where = (
+            f"step {self.step}, before the stop: the run already differs from the uninterrupted one before any "
+            "preemption, so the script is not deterministic from one run to the next (an unseeded generator, "
+            "kernels that are not deterministic: seed every generator, set torch.use_deterministic_algorithms(True)) "
+            "and the comparison cannot judge the resume"
+            if self.before_the_stop
+            else f"step {self.step}, the {_ordinal(self.step - self.resumed_at + 1)} after the resume at step "
+            f"{self.resumed_at}"
+        )
+        if self.step == self.resumed_at:
+            where += (
+                " (the very first step differs: it used something the checkpoint does not hold, such as a counter "
+                "or a generator of the script's own not given to Run, or batches in another order)"
+            )
+        return (
+            f"first differing step: {where}: {self.figure} {shown(self.ours)} in the drilled run, "
+            f"{shown(self.reference)} in the uninterrupted one"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "figure": self.figure,
+            "ours": None if self.ours is _ABSENT else self.ours,
+            "reference": None if self.reference is _ABSENT else self.reference,
+            "resumed_at": self.resumed_at,
+            "before_the_stop": self.before_the_stop,
+        }
+
+
+def _ordinal(n: int) -> str:
+    return {1: "first", 2: "second", 3: "third"}.get(n, f"{n}th")
+
+
+def first_divergence(ours: Figures, reference: Figures, *, resumed_at: int) -> Divergence | None:
+    """The first step whose figures differ (exact equality of the values as journaled: 1 and 1.0 differ), and the
+    first figure that differs there, in the order the reference run logged them; None when every step's are equal."""
+    for step in sorted(set(ours) | set(reference)):
+        a, b = ours.get(step, []), reference.get(step, [])
+        for i in range(max(len(a), len(b))):
+            x, y = (a[i] if i < len(a) else {}), (b[i] if i < len(b) else {})
+            for name in [*y, *(k for k in x if k not in y)]:
+                mine, theirs = x.get(name, _ABSENT), y.get(name, _ABSENT)
+                if mine != theirs or type(mine) is not type(theirs):
+                    return Divergence(step, name, mine, theirs, resumed_at)
+    return None
 
 
 def torch_equal(x: Any, y: Any) -> bool:

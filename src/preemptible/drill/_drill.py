@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -13,7 +14,14 @@ from typing import Any
 
 from preemptible import relay
 from preemptible.drill._child import Child, clean_exit, event_time
-from preemptible.drill._compare import MTIME_SLACK_S, explain_difference, final_state
+from preemptible.drill._compare import (
+    MTIME_SLACK_S,
+    explain_difference,
+    final_state,
+    first_divergence,
+    logged_figures,
+    spliced,
+)
 from preemptible.drill._report import DrillReport
 from preemptible.errors import PreemptibleError
 from preemptible.events import Event, ExitReason, SaveReason
@@ -29,6 +37,8 @@ ENDPOINT_ENV = {
 }
 ROOT_ENV = "PREEMPTIBLE_ROOT"
 DEFAULT_AT_S = 3.0
+MID_EPOCH = relay.MID_EPOCH
+"""``--at mid-epoch`` (the default under ``--reference``): stop where the run reports the middle of an epoch."""
 SLACK_S = 30.0  # beyond the window, how long the drill waits for an exit before it calls the run hung
 
 
@@ -49,10 +59,16 @@ class Drill:
         command: the training command (it must use `preemptible.Run`).
         source: how the notice comes: ``signal`` (SIGTERM), ``sigint``, ``slurm`` (SIGUSR1), ``aws``, ``gcp``,
             ``azure`` (through that cloud's emulator).
-        at: seconds after the loop starts to deliver the notice, or ``"random"`` (uniformly 1-10 s).
+        at: seconds after the loop starts to deliver the notice, ``"random"`` (uniformly 1-10 s), or
+            ``"mid-epoch"``: when the run holds at the middle of an epoch (`preemptible.loaders.MidEpochAim`); a loop
+            not built of ``run.epochs``/``run.batches`` falls back to `DEFAULT_AT_S`. Default: ``"mid-epoch"`` with
+            ``reference``, else `DEFAULT_AT_S`.
         window: the notice window to grade against (default: the platform's: AWS 120 s, GCP/Azure 30 s, ...).
         root: the checkpoint root, to check the commit on storage as well (default: what the run reports).
-        reference: also run the command uninterrupted and compare the final states (needs a command that ends).
+        reference: also run the command uninterrupted and compare the final states and the figures logged at
+            each step (needs a command that ends).
+        kill: a crash rehearsal: SIGKILL the command instead of a notice, and check the restart resumed from the
+            last committed checkpoint (no emergency save, no window).
         start_timeout: how long to wait for the command's `Run` to enter its loop.
         progress: called with a line of text as the drill goes.
         clock, monotonic, sleep: epoch seconds, a monotonic clock and a sleep (injected by tests).
@@ -63,10 +79,11 @@ class Drill:
         command: Sequence[str],
         *,
         source: str = "signal",
-        at: float | str = DEFAULT_AT_S,
+        at: float | str | None = None,
         window: float | None = None,
         root: str | None = None,
         reference: bool = False,
+        kill: bool = False,
         start_timeout: float = 120.0,
         finish_timeout: float = 1800.0,
         progress: Callable[[str], None] = lambda _line: None,
@@ -79,14 +96,17 @@ class Drill:
             raise PreemptibleError("expected a command after '--' (e.g. preemptible drill -- python train.py)")
         if source not in SOURCES:
             raise PreemptibleError(f"expected --source to be one of {', '.join(SOURCES)}; found {source!r}")
-        if at != "random" and (not isinstance(at, (int, float)) or at < 0):
-            raise PreemptibleError(f"expected --at to be seconds >= 0 or 'random'; found {at!r}")
+        if at is None:
+            at = MID_EPOCH if reference else DEFAULT_AT_S
+        if at not in ("random", MID_EPOCH) and (not isinstance(at, (int, float)) or at < 0):
+            raise PreemptibleError(f"expected --at to be seconds >= 0, 'random' or '{MID_EPOCH}'; found {at!r}")
         self.command = list(command)
         self.source = source
         self.at = at
         self.window = window if window is not None else default_window(source)
         self.root = root
         self.reference = reference
+        self.kill = kill
         self.start_timeout = start_timeout
         self.finish_timeout = finish_timeout
         self.progress = progress
@@ -94,15 +114,16 @@ class Drill:
         self._emulator: Any = None
         self._loop_s: float | None = None
         """How long the reference run's loop lasted (from entering it to ``done``), when it ran."""
+        self._reference_child: Child | None = None
         self._since: float | None = None
         """The drill's start on the file system's clock, less `MTIME_SLACK_S` (`files_written_aside`)."""
 
     # set-up -------------------------------------------------------------------------------------------------
     def _env(self, label: str, **extra: str) -> tuple[dict[str, str], str]:
         report_path = os.path.join(self._workdir, f"{label}.report.json")
-        env = {k: v for k, v in os.environ.items() if k not in (relay.NOTICE_FILE_ENV, ROOT_ENV)}
+        env = {k: v for k, v in os.environ.items() if k not in (relay.NOTICE_FILE_ENV, ROOT_ENV, relay.AIM_ENV)}
         env.update({relay.REPORT_FILE_ENV: report_path, "PYTHONUNBUFFERED": "1", **extra})
-        if self.source in SIGNALS or label == "reference":
+        if self.source in SIGNALS or label == "reference" or self.kill:
             env[detect.SOURCES_ENV] = "signal"
             env[detect.GRACE_ENV] = f"{self.window:g}"
         else:
@@ -122,6 +143,12 @@ class Drill:
         return Child(self.command, env, report_path, os.path.join(self._workdir, f"{label}.log"), self)
 
     def _deliver(self, child: Child) -> float:
+        if self.kill:
+            t = self.clock()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.proc.pid, signal.SIGKILL)  # the whole process group, as a machine's end takes it
+            self.progress(f"drill: sent SIGKILL to process group {child.proc.pid} (a crash: no notice)")
+            return t
         if self.source in SIGNALS:
             sig = SIGNALS[self.source]
             t = self.clock()
@@ -136,6 +163,8 @@ class Drill:
     def _delay(self) -> float:
         """Seconds from the loop's start to the notice. ``random``: 1-10 s, within the reference run's loop (its
         first fifth to four fifths) when that was shorter."""
+        if self.at == MID_EPOCH:  # a loop with no epochs to aim at
+            return DEFAULT_AT_S if self._loop_s is None else min(DEFAULT_AT_S, 0.5 * self._loop_s)
         if self.at != "random":
             return float(self.at)
         loop = self._loop_s
@@ -153,7 +182,9 @@ class Drill:
 
     # the drill ----------------------------------------------------------------------------------------------
     def run(self) -> DrillReport:
-        report = DrillReport(self.source, self.window, self.command, root=self.root)
+        report = DrillReport(
+            self.source, self.window, self.command, root=self.root, mode="kill" if self.kill else "notice"
+        )
         self._workdir = tempfile.mkdtemp(prefix="preemptible-drill-")
         self._since = time.time() - MTIME_SLACK_S  # the file system's clock: for the files the runs write
         children: list[Child] = []
@@ -174,6 +205,7 @@ class Drill:
         ref_root = os.path.join(self._workdir, "reference-root")
         child = self._start("reference", **{ROOT_ENV: ref_root})
         children.append(child)
+        self._reference_child = child
         code = child.wait(self.finish_timeout)
         done = child.events(Event.DONE)
         began = child.entered()
@@ -185,9 +217,9 @@ class Drill:
 
     def _drill(self, report: DrillReport, children: list[Child], reference_root: str | None) -> None:
         delay = self._delay()
-        if self._loop_s is not None and delay >= self._loop_s:
+        if self.at != MID_EPOCH and self._loop_s is not None and delay >= self._loop_s:
             report.check(
-                "the run is still training when the notice comes",
+                f"the run is still training when the {self._what} comes",
                 False,
                 self._too_late(delay, f"the reference run's loop ended {self._loop_s:.1f} s after it began"),
             )
@@ -195,22 +227,64 @@ class Drill:
         first = self._first_start(report, children, reference_root)
         if first is None:
             return
-        self.sleep(delay)
-        if self._loop_over(report, first, delay):
+        if not self._await_moment(report, first, delay):
             return
-        step = self._stop(report, first)
-        if step is None:
-            return
-        second = self._restart(report, children, step)
-        if reference_root is not None:
-            self._finish_and_compare(report, second, reference_root)
+        if self.kill:
+            step, completed = self._crash(report, first)
         else:
+            step, completed = self._stop(report, first), None
+            if step is None:
+                return
+        second = self._restart(report, children, step)
+        if completed is not None and report.resumed_step is not None:
+            report.steps_lost = max(0, completed - report.resumed_step)
+            report.checks[-1].detail += f"; {report.steps_lost} steps lost (redone): it had completed {completed}"
+        if reference_root is not None:
+            self._finish_and_compare(report, first, second, reference_root)
+        elif not self.kill:
             self._second_notice(report, second)
+
+    @property
+    def _what(self) -> str:
+        return "kill" if self.kill else "notice"
+
+    def _await_moment(self, report: DrillReport, first: Child, delay: float) -> bool:
+        """Waits for the moment of the notice (or kill): ``delay`` seconds into the loop, or, aiming at the middle of
+        an epoch, until the run holds there. False (a failed check) when the loop ended first."""
+        if self.at != MID_EPOCH:
+            report.moment = {"aim": "seconds", "at_s": round(delay, 3)}
+            self.sleep(delay)
+            return not self._loop_over(report, first, delay)
+        first.wait_for(lambda: first.held() is not None or bool(first.events(Event.DONE)), self.finish_timeout)
+        held = first.held()
+        if held is not None and held.get("held") is True:
+            report.moment = {
+                "aim": MID_EPOCH,
+                "step": held.step,
+                **{k: held.get(k) for k in ("epoch", "batches_done", "epoch_batches")},
+            }
+            self.progress(f"drill: the run holds at the middle of an epoch: {report.describe_moment()}")
+            return True
+        if held is not None:  # a loop of another shape: no epoch to stop in the middle of
+            why = "not a loop of run.epochs/run.batches, so no epoch to stop in the middle of"
+            report.moment = {"aim": "seconds", "at_s": round(delay, 3), "why": why}
+            self.progress(f"drill: {why}: the {self._what} comes {delay:g} s into the loop")
+            self.sleep(delay)
+            return not self._loop_over(report, first, delay)
+        done = first.events(Event.DONE)
+        ended = f"its loop ended at step {done[-1]['step']}" if done else f"it exited {first.poll()}"
+        report.check(
+            "the run reached the middle of an epoch",
+            False,
+            f"expected the run to hold in the middle of an epoch (run.epochs/run.batches, 2 batches an epoch or "
+            f"more); {ended} without reaching one. Give --at SECONDS to deliver the {self._what} at a time instead",
+        )
+        return False
 
     def _first_start(self, report: DrillReport, children: list[Child], reference_root: str | None) -> Child | None:
         """Starts the command to be drilled; it, once its Run has entered the loop (fresh, for a --reference
         drill), else None."""
-        first = self._start("first")
+        first = self._start("first", **({relay.AIM_ENV: MID_EPOCH} if self.at == MID_EPOCH else {}))
         children.append(first)
         entered = first.wait_for(lambda: bool(first.entered()), self.start_timeout)
         doc = first.report()
@@ -239,8 +313,30 @@ class Drill:
         # A loop that has ended (a process still exiting, or one that evaluates or uploads after it) has
         # nothing to stop: a signal now would only kill what comes after the loop, or find its default handler.
         ended = f"its loop ended at step {done[-1]['step']}" if done else f"it exited {first.code}"
-        report.check("the run is still training when the notice comes", False, self._too_late(delay, ended))
+        report.check(f"the run is still training when the {self._what} comes", False, self._too_late(delay, ended))
         return True
+
+    def _crash(self, report: DrillReport, first: Child) -> tuple[int | None, int | None]:
+        """SIGKILLs the run (a crash rehearsal). The newest committed checkpoint then (None: the restart starts
+        over), and the steps the run had completed when killed (from its journal; exact when it held)."""
+        self._deliver(first)
+        code = first.wait(SLACK_S)
+        report.check(
+            "the process died of SIGKILL (crash rehearsal)",
+            code == -signal.SIGKILL,
+            f"exit {code}" if code is not None else "still running after SIGKILL: a process in uninterruptible I/O",
+        )
+        committed = [e.step for e in first.events(Event.SAVE_COMMITTED) if e.step is not None]
+        on_storage = self._newest_committed(report.root)
+        step = on_storage if on_storage is not None else (max(committed) if committed else None)
+        report.checkpoint_step = step
+        held = first.held()
+        if held is not None and held.get("held") is True and held.step is not None:
+            completed: int | None = held.step
+        else:
+            steps = [r.step for r in first.journal_records() if r.step is not None]
+            completed = max(steps) if steps else None
+        return step, completed
 
     def _stop(self, report: DrillReport, first: Child) -> int | None:
         """Delivers the notice and grades the stop: the notice seen, a checkpoint committed, a clean exit within
@@ -290,8 +386,8 @@ class Drill:
         )
         return step
 
-    def _restart(self, report: DrillReport, children: list[Child], step: int) -> Child:
-        """Starts the command again and checks it resumed from ``step``."""
+    def _restart(self, report: DrillReport, children: list[Child], step: int | None) -> Child:
+        """Starts the command again and checks it resumed from ``step`` (None: no checkpoint, it starts over)."""
         second = self._start("restart")
         children.append(second)
         t0 = self.clock()
@@ -300,10 +396,16 @@ class Drill:
         report.resumed_step = resumes[0]["step"] if resumes else (0 if second.events(Event.FRESH) else None)
         if resumes:
             report.timings["restart_to_resumed_s"] = round(event_time(resumes[0]) - t0, 3)
+        if self.kill:
+            name = "the restart resumed from the last committed checkpoint"
+            expected = f"step {step}" if step is not None else "none committed, so a fresh start at step 0"
+            found = f"expected {expected}; resumed at step {report.resumed_step}"
+        else:
+            name, found = "the restart resumed from that checkpoint", f"resumed at step {report.resumed_step}"
         report.check(
-            "the restart resumed from that checkpoint",
-            resumed and report.resumed_step == step,
-            f"resumed at step {report.resumed_step}" if resumed else self._not_started(second),
+            name,
+            resumed and report.resumed_step == (step if step is not None else 0),
+            found if resumed else self._not_started(second),
         )
         return second
 
@@ -319,7 +421,7 @@ class Drill:
         ok, detail = clean_exit(code, child)
         report.check("a second notice stops the resumed run", ok, detail if code is not None else self._hung(child))
 
-    def _finish_and_compare(self, report: DrillReport, child: Child, reference_root: str) -> None:
+    def _finish_and_compare(self, report: DrillReport, first: Child, child: Child, reference_root: str) -> None:
         code = child.wait(self.finish_timeout)
         done = child.events(Event.DONE)
         if not report.check("the resumed run finished", code == 0 and bool(done), f"exit code {code}"):
@@ -332,6 +434,9 @@ class Drill:
             f"{len(ours or {}) - 1} tensor files and the JSON state equal (RNG streams, logs, timings and the names "
             "of files the runs wrote aside)"
         )
+        logged = self._compare_figures(report, first, child, reference_root)
+        if not logged:
+            detail += "; naming the first differing step needs figures logged at each step: run.log(loss=...)"
         if not same:
             detail = f"differ: {', '.join(differing) or 'missing'}"
             if ours is not None and theirs is not None:
@@ -340,11 +445,47 @@ class Drill:
                 )
         report.check("final state bit-identical to the uninterrupted run", same, detail)
 
+    def _compare_figures(self, report: DrillReport, first: Child, second: Child, reference_root: str) -> bool:
+        """Compares the figures the drilled run logged at each step (the first start's before the resume, the
+        restart's after it) with the uninterrupted run's, and names the first differing step. False when the runs
+        logged none (nothing to compare: the final states still are)."""
+        resumed = report.resumed_step or 0
+        if self._reference_child is None:
+            return False
+        theirs = logged_figures(self._reference_child.journal_records())
+        ours = spliced(logged_figures(first.journal_records()), logged_figures(second.journal_records()), resumed)
+        if not theirs and not ours:
+            return False
+        divergence = first_divergence(ours, theirs, resumed_at=resumed)
+        report.first_differing_step = divergence.to_json() if divergence is not None else None
+        names = sorted({k for figures in theirs.values() for f in figures for k in f})
+        report.check(
+            "figures logged at each step equal the uninterrupted run's",
+            divergence is None,
+            divergence.describe()
+            if divergence is not None
+            else f"{len(theirs)} steps of {', '.join(names)} equal, {len([s for s in theirs if s >= resumed])} of "
+            f"them after the resume at step {resumed}",
+        )
+        return True
+
     # helpers ------------------------------------------------------------------------------------------------
     @staticmethod
     def _final_state(root: str | None, step: int, *, written_since: float | None = None) -> dict[str, str] | None:
         """`final_state` (the comparison of a --reference drill)."""
         return final_state(root, step, written_since=written_since)
+
+    @staticmethod
+    def _newest_committed(root: str | None) -> int | None:
+        """The newest committed checkpoint's step under ``root`` (None: none, or a root that cannot be read)."""
+        if root is None:
+            return None
+        from preemptible.checkpoint import Checkpointer
+
+        try:
+            return Checkpointer(root).latest()
+        except Exception:
+            return None
 
     @staticmethod
     def _on_storage(root: str | None, step: int | None) -> bool:

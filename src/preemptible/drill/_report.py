@@ -23,6 +23,15 @@ class DrillReport:
     checkpoint_step: int | None = None
     resumed_step: int | None = None
     root: str | None = None
+    mode: str = "notice"
+    """``notice``, or ``kill`` for a crash rehearsal (SIGKILL, no notice: no emergency save, no window)."""
+    moment: dict[str, Any] = field(default_factory=dict)
+    """When the stop came: ``{"aim": "mid-epoch", "step", "epoch", "batches_done", "epoch_batches"}`` or
+    ``{"aim": "seconds", "at_s"}`` (with ``why`` when the mid-epoch aim fell back to seconds)."""
+    steps_lost: int | None = None
+    """A crash rehearsal's steps redone after the restart: completed when killed, less the step resumed at."""
+    first_differing_step: dict[str, Any] | None = None
+    """With ``--reference``: the first step whose logged figures differ (`preemptible.drill.Divergence`)."""
 
     @property
     def passed(self) -> bool:
@@ -39,12 +48,16 @@ class DrillReport:
     def to_json(self) -> dict[str, Any]:
         return {
             "passed": self.passed,
+            "mode": self.mode,
             "source": self.source,
             "window_s": self.window_s,
             "notice_to_exit_s": self.notice_to_exit_s,
             "checkpoint_step": self.checkpoint_step,
             "resumed_step": self.resumed_step,
             "root": self.root,
+            "moment": self.moment,
+            "steps_lost": self.steps_lost,
+            "first_differing_step": self.first_differing_step,
             "timings": self.timings,
             "checks": [asdict(c) for c in self.checks],
             "command": self.command,
@@ -52,7 +65,13 @@ class DrillReport:
 
     def render(self) -> str:
         width = max((len(c.name) for c in self.checks), default=10)
-        lines = [f"preemptible drill: {self.source} notice, {self.window_s:g} s window", ""]
+        if self.mode == "kill":
+            lines = ["preemptible drill: crash rehearsal (SIGKILL, no notice, no emergency save)"]
+        else:
+            lines = [f"preemptible drill: {self.source} notice, {self.window_s:g} s window"]
+        if self.moment:
+            lines.append(f"  stop: {self.describe_moment()}")
+        lines.append("")
         for c in self.checks:
             lines.append(f"  {'PASS' if c.passed else 'FAIL'}  {c.name.ljust(width)}  {c.detail}")
         lines.append("")
@@ -67,8 +86,20 @@ class DrillReport:
             if value is not None:
                 share = f"  ({100 * value / self.window_s:.0f}% of the window)" if key != "restart_to_resumed_s" else ""
                 lines.append(f"  {label:32s} {value:8.2f} s{share}")
+        if self.steps_lost is not None:
+            lines.append(f"  {'steps lost (redone)':32s} {self.steps_lost:8d}")
         lines += [
             "",
             f"{'PASSED' if self.passed else 'FAILED'}: {sum(c.passed for c in self.checks)}/{len(self.checks)} checks",
         ]
         return "\n".join(lines)
+
+    def describe_moment(self) -> str:
+        m = self.moment
+        if m.get("aim") == "mid-epoch":
+            return (
+                f"mid-epoch: epoch {m.get('epoch')}, after {m.get('batches_done')} of {m.get('epoch_batches')} "
+                f"batches (step {m.get('step')})"
+            )
+        why = f" ({m['why']})" if m.get("why") else ""
+        return f"{m.get('at_s', 0):g} s into the loop{why}"

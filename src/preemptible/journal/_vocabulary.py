@@ -72,7 +72,7 @@ FIELDS: Mapping[Event, frozenset[str]] = {
     ),
     Event.INEXACT_RESUME: frozenset({"what", "why"}),
     Event.LOG: frozenset(),  # and the figures given to `Run.log`, by their own names (`OPEN`)
-    Event.PROGRESS: frozenset(),
+    Event.PROGRESS: frozenset({"held", "epoch", "batches_done", "epoch_batches"}),  # held: `Run` under `drill`
     Event.ADVISORY: _NOTICE | {"action"},
     Event.NOTICE: _NOTICE | {"remaining_s", "waited_for_optimizer_steps"},
     Event.INFLIGHT: frozenset({"saving", "choice", "bytes_left", "remaining_s", "bandwidth_mb_s"}),
