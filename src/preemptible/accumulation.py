@@ -66,6 +66,11 @@ class OptimizerSteps:
             self._last_stepped = completed
         return stepped
 
+    @property
+    def pending(self) -> bool:
+        """Whether an optimizer stepped since the last boundary."""
+        return self.count != self._seen
+
     def accumulating(self, stepped: bool) -> bool:
         """Whether gradients of batches since the last optimizer step are held in ``.grad`` (``stepped``: what
         `boundary` returned for this boundary). Walks the parameters: asked only when a notice stops the loop."""

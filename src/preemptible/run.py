@@ -200,7 +200,6 @@ class Run:
         self.root = _root(root)
         self.save_every = save_every
         self.save_interval_s = save_interval_s
-        self.save_every_epochs = save_every_epochs
         self.exit_code = exit_code
         self.exit_on_notice = exit_on_notice
         self.async_save = async_save
@@ -656,12 +655,36 @@ class Run:
         stateful = any(loader is obj for obj in self.state.values())
         batches = length(loader) if self._aim is not None else None
         for batch in self.position.iterate(loader, stateful=stateful):
-            yield batch
+            try:
+                yield batch
+            except GeneratorExit:
+                self._left_batches()
+                raise
             self.position.batch_done()
             if self._aim is not None:
                 self._hold(self.step + 1, batches)
             if self._boundary(self.step + 1):
                 return
+
+    @property
+    def batches_done(self) -> int:
+        """The batches of the current epoch done so far, those before a resume included: the index of the next batch
+        `batches` yields. ``enumerate(run.batches(loader))`` counts from 0 again after a resume mid-epoch; code keyed
+        on the index (every-N-batches logging, sampling, evaluation) takes ``enumerate(run.batches(loader),
+        run.batches_done)`` to count on from where the interrupted run was."""
+        return self.position.done
+
+    def _left_batches(self) -> None:
+        """A ``break`` out of `batches` (a ``--dry-run`` after one batch, a step limit). When an optimizer stepped
+        since the last boundary, the batch was trained: it is counted (the step and the epoch's position), so the
+        checkpoints that follow carry the steps really taken. No save happens here (the loop may be unwinding an
+        error); the next boundary or the final save carries it."""
+        steps = self._optimizer_steps
+        if steps is None or not steps.pending or self.preempted:
+            return
+        self.position.batch_done()
+        self.step += 1
+        steps.boundary(self.step)
 
     def _hold(self, completed: int, batches: int | None) -> None:
         """Under ``preemptible drill``: at the boundary in the middle of an epoch it aims at (`MidEpochAim`), say so

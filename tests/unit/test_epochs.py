@@ -274,3 +274,51 @@ def test_an_exact_resume_journals_nothing_inexact(tmp_path: Path) -> None:
     train(tmp_path / "ckpt", stop_at=7)
     train(tmp_path / "ckpt")
     assert not [e for e in journal(tmp_path / "ckpt") if e["event"] == "inexact_resume"]
+
+
+def test_a_break_out_of_the_batches_after_the_optimizer_step_counts_that_step(tmp_path: Path) -> None:
+    """pytorch/examples' ``--dry-run``: ``break`` after one trained batch of each epoch. Each of those batches was
+    trained (its optimizer stepped), so the final checkpoint is of step 2, not 0; a break before the step counts
+    nothing."""
+    from conftest import journal
+
+    model, optimizer, _, loader = build()
+    run = preemptible.Run(tmp_path, sources=(), model=model, optimizer=optimizer)
+    with run:
+        for epoch in run.epochs(3):
+            for x, y in run.batches(loader):
+                if epoch == 2:
+                    break  # before any work: not a step
+                optimizer.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                optimizer.step()
+                break  # --dry-run
+    assert run.step == 2
+    assert [e["step"] for e in journal(tmp_path) if e["event"] == "save_committed"] == [2]
+
+
+def test_batches_done_continues_the_epoch_s_batch_index_after_a_resume(tmp_path: Path) -> None:
+    """``enumerate(run.batches(loader), run.batches_done)``: the same index for each batch as a run never stopped
+    (code keyed on it, e.g. ``if i % 100 == 0``, then runs at the same batches)."""
+
+    def indices(stop_at: int | None) -> list[tuple[int, int]]:
+        model, optimizer, _, loader = build()
+        run = preemptible.Run(tmp_path, sources=(), exit_on_notice=False, model=model, optimizer=optimizer)
+        seen = []
+        with run:
+            for epoch in run.epochs(EPOCHS):
+                for i, (x, y) in enumerate(run.batches(loader), run.batches_done):
+                    seen.append((epoch, i))
+                    optimizer.zero_grad()
+                    torch.nn.functional.mse_loss(model(x), y).backward()
+                    optimizer.step()
+                    if run.step + 1 == stop_at:
+                        run.guard.trigger(source="test")
+                if run.preempted:
+                    break
+        return seen
+
+    first = indices(stop_at=7)
+    assert first[-1] == (1, 1)  # stopped after the second batch of epoch 1
+    rest = indices(stop_at=None)
+    assert first + rest == [(e, i) for e in range(EPOCHS) for i in range(BATCHES)]

@@ -59,8 +59,12 @@ def _choose(
             f"found {attempt}"
         )
     last = len(attempts) - 1
-    if attempt == "last" or window is None or window.first is None or window.last is None:
-        return last, "--attempt last" if attempt == "last" else "the last (the logs carry no timestamps)"
+    if attempt == "last":
+        return last, "--attempt last"
+    if window is None:
+        return last, "the last (no logs given to match by time)"
+    if window.first is None or window.last is None:
+        return last, "the last (the logs carry no timestamps)"
     spans = [_span(events) for _, _, events in attempts]
     best, overlap = None, -1.0
     for i, span in enumerate(spans):

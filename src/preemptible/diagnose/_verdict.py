@@ -130,7 +130,7 @@ class Diagnosis:
                 )
             if self.steps_lost is not None:
                 qual = "" if self.steps_lost_exact else "at least "
-                lines.append(f"  steps lost: {qual}{self.steps_lost} (last step reached {ck.get('last_step')})")
+                lines.append(f"  steps lost: {qual}{self.steps_lost} (last step journaled {ck.get('last_step')})")
             lines += [f"  resume not exact: {why}" for why in ck.get("inexact_resume") or []]
         if self.initiating is not None:
             lines += ["", "initiating:", "  " + _event_line(self.initiating)]

@@ -44,7 +44,10 @@ LIKELY_CAUSES = (
     "iterator made before the restore, so its shuffle seed was drawn from the streams before they were put back; a "
     "loader whose position is not in the state: give a stateful loader to Run, or loop with run.batches); or "
     "random draws from a generator that is not saved (a torch.Generator of the script's own, a framework's private "
-    "stream). Differences within a few units in the last place, all over, instead point at kernels that are not "
+    "stream); or code keyed on the batch index (enumerate(run.batches(loader)) counts from 0 again after a resume "
+    "mid-epoch: enumerate(run.batches(loader), run.batches_done) continues the epoch's count), which then runs "
+    "its every-N-batches work (a sample, an evaluation that updates BatchNorm statistics) at other batches. "
+    "Differences within a few units in the last place, all over, instead point at kernels that are not "
     "deterministic (threads, atomics): set torch.use_deterministic_algorithms(True)."
 )
 
