@@ -19,12 +19,22 @@ What it does:
   dictionary its own resume reads: weights, optimizers, schedulers, precision plugin, callbacks (ModelCheckpoint's
   best/top-k), loop progress. Nothing is unpickled. Other paths (your own ``.ckpt`` files) go to Lightning's own
   ``CheckpointIO`` as before.
+- **Framework fallback.** After a crash (``kill -9``, an OOM kill) that left a ``ModelCheckpoint`` file newer than
+  any committed checkpoint of preemptible's, ``cb.resume_from`` names that file and Lightning loads it through its
+  own ``CheckpointIO``, which unpickles it: the one exception to "nothing is unpickled", with a warning that
+  preemptible neither wrote nor verified it and a ``framework_fallback`` journal event. The newest is picked by the
+  step in the name (``step=N``, Lightning's default), else the ``global_step`` read off the file's pickle opcodes
+  without unpickling it (``last.ckpt``); among equal steps the newer file; a file whose step cannot be read only
+  when no other has one. Never a file inside preemptible's root. The interrupted epoch's data then restart from a
+  new iterator, as Lightning's own resume does for a plain ``DataLoader`` (not bit-identical).
+  ``framework_fallback=False`` turns it off (the newer file is then named in a warning and ignored).
 - **Exact mid-epoch.** Each training ``DataLoader`` is wrapped so that Lightning sees it as resumable: a resume
   remakes the interrupted epoch's iterator as it was (the random streams and the sampler's own generator and
   epoch as at that epoch's start), skips the batches done, then puts the random streams back as they were at the
   save. Lightning does not save the global random streams; preemptible does (per rank).
-- **Checkpoints.** ``ModelCheckpoint`` goes on beside it. ``save_every`` adds preemptible's periodic saves (in
-  optimizer steps).
+- **Checkpoints.** ``ModelCheckpoint`` goes on beside it, and by default preemptible saves at the cadence of its
+  ``every_n_train_steps`` (the smallest, with several), journaled once as ``cadence``, so that a crash never loses
+  more than Lightning alone would. ``save_every=N`` sets another cadence (in optimizer steps), ``save_every=0`` none.
 """
 
 from __future__ import annotations

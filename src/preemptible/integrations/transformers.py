@@ -20,8 +20,16 @@ What it does:
   usual (it skips the batches done in the epoch and puts the random streams back after the first batch), but
   the weights, optimizer, scheduler, scaler and random streams come from preemptible's checkpoint (safetensors
   and JSON): nothing is unpickled. None on a fresh start.
-- **Checkpoints.** The Trainer's own ``save_steps`` checkpoints go on beside it. ``save_every`` adds preemptible's
-  periodic saves (in optimizer steps; written in the background unless ``async_save=False``).
+- **Checkpoints.** The Trainer's own ``save_steps`` checkpoints go on beside it, and by default preemptible saves at
+  the same cadence (``save_strategy="steps"``; ``save_steps`` below 1 is a fraction of ``max_steps``), journaled
+  once as ``cadence``, so that a crash never loses more than the Trainer alone would. ``save_every=N`` sets another
+  cadence (in optimizer steps), ``save_every=0`` none. Written in the background unless ``async_save=False``.
+- **Framework fallback.** After a crash (``kill -9``, an OOM kill) that left the Trainer's own newest
+  ``checkpoint-N`` in ``output_dir`` newer than any committed checkpoint of preemptible's, ``cb.resume_from`` names
+  that directory and the Trainer resumes from it through its own loaders, which unpickle its files: the one
+  exception to "nothing is unpickled", with a warning that preemptible neither wrote nor verified it and a
+  ``framework_fallback`` journal event. Never a directory inside preemptible's root. ``framework_fallback=False``
+  turns it off (the newer checkpoint is then named in a warning and ignored).
 
 What it needs: the Trainer's standard data loading (``accelerate``'s seedable sampler, the default), which makes
 the data order a function of the seed and the epoch. ``model_init`` (a model re-made inside ``train()``), DeepSpeed

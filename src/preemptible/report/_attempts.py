@@ -22,6 +22,7 @@ _STEP_EVENTS = frozenset(
         Event.DONE,
         Event.RESUME,
         Event.FRESH,
+        Event.FRAMEWORK_FALLBACK,
     }
 )
 
@@ -97,6 +98,8 @@ class Attempt:
     index: int = 0
     pending: dict[str, Any] | None = None
     background: set[int] = field(default_factory=set)
+    fallback: dict[str, Any] | None = None
+    """The framework's own checkpoint this attempt resumed from (a ``framework_fallback`` event), or None."""
 
     @property
     def restore_s(self) -> float:
@@ -160,6 +163,8 @@ class Reader:
             self._save_committed(a, r, t)  # counted when it started
         elif kind == Event.NOTICE:
             self._notice(a, r, t)
+        elif kind == Event.FRAMEWORK_FALLBACK:
+            a.fallback = {"framework": _text(r.get("framework")), "path": _text(r.get("path")), "step": step}
         if kind == Event.SAVE_COMMITTED and step is not None:
             _committed(a, step, t)
         if kind == Event.EXIT:
@@ -263,7 +268,7 @@ def _span(r: Record, start: float, seconds: float, *, background: bool) -> dict[
 
 def _progress(a: Attempt, kind: Event | None, step: int | None, t: float) -> None:
     """Where an attempt started training (its fresh start or resume) and how far its events say it ran."""
-    if kind in (Event.FRESH, Event.RESUME) and a.ready is None:
+    if kind in (Event.FRESH, Event.RESUME, Event.FRAMEWORK_FALLBACK) and a.ready is None:
         a.ready = t
         a.from_step = a.reached = step or 0
     if kind in _STEP_EVENTS and step is not None:

@@ -90,6 +90,7 @@ def summarize(events: Iterable[Mapping[str, Any]], *, skipped: Mapping[str, int]
             "step_s": round(a.step_s, 6) if a.step_s is not None else None,
             "saves": a.saves,
             "ended": "finished" if a.done else (a.exit or {}).get("reason") or "unknown (no exit event: killed?)",
+            "framework_fallback": a.fallback,
         }
         for i, a in enumerate(attempts)
     ]

@@ -64,6 +64,12 @@ def render(doc: Mapping[str, Any]) -> str:
             f"  attempt {r['attempt']}: steps {r['from_step']}..{r['to_step']} in {r['seconds']:.1f} s, "
             f"{r['kept_steps']} kept, {r['redone_steps']} redone, {r['saves']} save(s), ended: {r['ended']}"
         )
+        fell = r.get("framework_fallback")
+        if fell:
+            lines.append(
+                f"    resumed from {fell['framework']}'s own checkpoint {fell['path']} (step {fell['step']}), "
+                "which preemptible neither wrote nor verified (framework_fallback)"
+            )
     return "\n".join(lines + notes(doc))
 
 
