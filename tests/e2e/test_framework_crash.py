@@ -20,6 +20,7 @@ import torch
 
 from conftest import REPO, clean_env, journal
 from preemptible.checkpoint import Checkpointer
+from preemptible.cli import main as report_main
 from preemptible.events import Event
 from preemptible.state import flatten
 
@@ -107,7 +108,7 @@ def test_hf_killed_resumes_from_the_save_made_at_the_trainer_s_own_cadence_bit_i
 
 
 def test_hf_killed_without_periodic_saves_resumes_from_the_trainer_s_own_checkpoint(
-    tmp_path: Path, hf_reference: dict[str, torch.Tensor]
+    tmp_path: Path, hf_reference: dict[str, torch.Tensor], capsys: pytest.CaptureFixture[str]
 ) -> None:
     root = tmp_path / "ckpt"
     killed_at(HF, root, 20, "--save-every", "0")
@@ -123,6 +124,10 @@ def test_hf_killed_without_periodic_saves_resumes_from_the_trainer_s_own_checkpo
         16, "transformers", own, 16, None,
     )  # fmt: skip
     assert same(final(root), hf_reference) == []  # the Trainer's own resume of its own checkpoint is exact too
+    assert report_main(["report", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "attempt 2: steps 16..32" in out
+    assert f"resumed from transformers's own checkpoint {own} (step 16), which preemptible neither wrote" in out
 
 
 def test_lightning_killed_resumes_from_the_save_made_at_model_checkpoint_s_cadence_bit_identical(
@@ -155,13 +160,17 @@ def test_lightning_killed_without_periodic_saves_resumes_from_its_own_newest_fil
     # Not bit-identical: Lightning's own resume starts the interrupted epoch's data from a new iterator.
 
 
+TRIES = int(os.environ.get("ITEM3_TRIES", "1"))
+
+
+@pytest.mark.timeout(300 * TRIES)
 @pytest.mark.parametrize("notice", ["train_begin:0", "step_begin:1"])
 def test_hf_notice_at_the_first_steps_then_a_restart_ends_bit_identical(
     notice: str, tmp_path: Path, hf_reference: dict[str, torch.Tensor]
 ) -> None:
     """Issue 52 item 3 (1 run of 5, on a loaded machine, once ended with other weights): the notice from a Trainer
     hook at a chosen step. `ITEM3_TRIES` repeats it (the 50-try loop of the issue)."""
-    for attempt in range(int(os.environ.get("ITEM3_TRIES", "1"))):
+    for attempt in range(TRIES):
         root = tmp_path / f"ckpt{attempt}"
         first = run(HF, root, "--notice", notice)
         assert first.returncode == 0 and "finished" not in first.stdout, first.stderr[-3000:]
