@@ -46,6 +46,8 @@ class Event(str, Enum):
     EXIT = "exit"
     DONE = "done"
     JOURNAL_LOST = "journal_lost"
+    CADENCE = "cadence"  # an integration took the framework's checkpoint cadence for its periodic saves
+    FRAMEWORK_FALLBACK = "framework_fallback"  # an integration let its framework resume from the framework's own file
     RELAY = "relay"  # preemptible run passed a cloud's notice to its command (wrapper log lines only)
 
     def __str__(self) -> str:

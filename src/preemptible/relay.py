@@ -84,6 +84,7 @@ class ReportFile:
             Event.START,
             Event.FRESH,
             Event.RESUME,
+            Event.FRAMEWORK_FALLBACK,
             Event.FRESH_AFTER_CORRUPTION,
             Event.NOTICE,
             Event.ADVISORY,

@@ -383,7 +383,9 @@ class Run:
         assert self._start is not None
         return self._start
 
-    def _begin(self, total: int | None) -> int:
+    def _begin(self, total: int | None, resume: Callable[[], int] | None = None) -> int:
+        """Open the run, journal its start, and resume: from preemptible's checkpoint, or through ``resume`` (an
+        integration whose framework resumes from its own files instead: it journals that and returns the step)."""
         if self._start is not None:
             return self._start
         self._auto_close = not self._entered
@@ -404,7 +406,7 @@ class Run:
             sources=[s.name for s in self.guard.sources],
             argv=sys.argv,
         )
-        start = self._resume()
+        start = self._resume() if resume is None else resume()
         self.step = start
         self._start = start
         self.schedule.saved(self._monotonic())

@@ -19,26 +19,40 @@ What it does:
   dictionary its own resume reads: weights, optimizers, schedulers, precision plugin, callbacks (ModelCheckpoint's
   best/top-k), loop progress. Nothing is unpickled. Other paths (your own ``.ckpt`` files) go to Lightning's own
   ``CheckpointIO`` as before.
+- **Framework fallback.** After a crash (``kill -9``, an OOM kill) that left a ``ModelCheckpoint`` file newer than
+  any committed checkpoint of preemptible's, ``cb.resume_from`` names that file and Lightning loads it through its
+  own ``CheckpointIO``, which unpickles it: the one exception to "nothing is unpickled", with a warning that
+  preemptible neither wrote nor verified it and a ``framework_fallback`` journal event. The newest is picked by the
+  step in the name (``step=N``, Lightning's default), else the ``global_step`` read off the file's pickle opcodes
+  without unpickling it (``last.ckpt``); among equal steps the newer file; a file whose step cannot be read only
+  when no other has one. Never a file inside preemptible's root. The interrupted epoch's data then restart from a
+  new iterator, as Lightning's own resume does for a plain ``DataLoader`` (not bit-identical).
+  ``framework_fallback=False`` turns it off (the newer file is then named in a warning and ignored).
 - **Exact mid-epoch.** Each training ``DataLoader`` is wrapped so that Lightning sees it as resumable: a resume
   remakes the interrupted epoch's iterator as it was (the random streams and the sampler's own generator and
   epoch as at that epoch's start), skips the batches done, then puts the random streams back as they were at the
   save. Lightning does not save the global random streams; preemptible does (per rank).
-- **Checkpoints.** ``ModelCheckpoint`` goes on beside it. ``save_every`` adds preemptible's periodic saves (in
-  optimizer steps).
+- **Checkpoints.** ``ModelCheckpoint`` goes on beside it, and by default preemptible saves at the cadence of its
+  ``every_n_train_steps`` (the smallest, with several), journaled once as ``cadence``, so that a crash never loses
+  more than Lightning alone would. ``save_every=N`` sets another cadence (in optimizer steps), ``save_every=0`` none.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import pickletools
+import re
+import sys
+import zipfile
 from collections.abc import Iterator
 from typing import Any
 
-from lightning.pytorch import Callback
+from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from preemptible.errors import PreemptibleError
-from preemptible.integrations._common import Settings
+from preemptible.integrations._common import FrameworkCheckpoint, Settings
 from preemptible.loaders import loader_streams, put_back_loader_streams
 from preemptible.run import Run
 from preemptible.state import RNGState
@@ -94,6 +108,8 @@ class _Resumable:
         return {"completed": self.completed}  # the streams are per rank: the callback keeps them ("lightning_rank")
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self._cb.fallback is not None:
+            return  # Lightning's own file: its interrupted epoch starts a new iterator, as for a plain DataLoader
         done = int(state.get("completed", 0))
         self.streams = self._cb._epoch_streams.get(str(self._index))
         self._skip = done
@@ -163,9 +179,14 @@ class PreemptibleCallback(Callback, Settings):
 
     Args:
         root: where checkpoints and the journal live: a local path or an s3://, gs://, az:// URL.
-        save_every: also save every this many optimizer steps. None: only on a notice and at the end.
+        save_every: also save every this many optimizer steps. None (default): at the cadence of the Trainer's
+            ``ModelCheckpoint(every_n_train_steps=N)`` callbacks (the smallest N), else only on a notice and at the
+            end. 0: no periodic saves.
         exit_on_notice: True (default) ends the process after the emergency save; False makes ``fit`` return,
             with `preempted` True.
+        framework_fallback: True (default): when a ``ModelCheckpoint`` file is newer than preemptible's newest
+            committed checkpoint (after a crash or kill), ``resume_from`` names it and Lightning resumes from it
+            itself, with a warning and a ``framework_fallback`` journal event. False: ignored, with a warning.
         **options: `preemptible.Run`'s options where they apply (as for the transformers integration).
     """
 
@@ -175,9 +196,10 @@ class PreemptibleCallback(Callback, Settings):
         *,
         save_every: int | None = None,
         exit_on_notice: bool = True,
+        framework_fallback: bool = True,
         **options: Any,
     ) -> None:
-        Settings.__init__(self, root, save_every, exit_on_notice, options)
+        Settings.__init__(self, root, save_every, exit_on_notice, options, framework_fallback)
         self._held: dict[str, Any] = {}
         self._mine: dict[str, Any] = {}
         self._epoch_streams: dict[str, Any] = {}
@@ -186,15 +208,24 @@ class PreemptibleCallback(Callback, Settings):
         self._loaders: list[_Resumable] = []
         self._last_step = -1
         self._loaded = False
+        self._looked = False  # resume_from has looked at the Trainer's ModelCheckpoint files
 
     @property
     def resume_from(self) -> str | None:
         """``preemptible:<root>`` when the root holds a committed checkpoint (verified, with fallback, when Lightning
-        loads it at the start of ``fit``), else None: pass it as ``trainer.fit(..., ckpt_path=cb.resume_from)``."""
+        loads it at the start of ``fit``), else None: pass it as ``trainer.fit(..., ckpt_path=cb.resume_from)``.
+        After a crash that left a ``ModelCheckpoint`` file newer than any of preemptible's: that file's path (see
+        ``framework_fallback``; the Trainer holding this callback is found in the calling code's variables)."""
         from preemptible.checkpoint import Checkpointer
 
         root = os.environ.get("PREEMPTIBLE_ROOT", "").strip() or self.root
         found = Checkpointer(root, storage_options=self.options.get("storage_options")).latest()
+        trainer = self._trainer if self._trainer is not None else _calling_trainer(self)
+        if trainer is not None:
+            self._looked = True
+            self.choose_fallback(checkpoints(trainer), found, "lightning")
+            if self.fallback is not None:
+                return self.fallback.path
         return None if found is None else f"{SCHEME}{root}"
 
     # Lightning's hooks ---------------------------------------------------------------------------------------
@@ -223,7 +254,7 @@ class PreemptibleCallback(Callback, Settings):
         if self.run is None:
             self.run = Run(
                 self.root,
-                save_every=self.save_every,
+                save_every=self._run_save_every,
                 exit_on_notice=self.exit_on_notice,
                 per_rank=["lightning_rank"],
                 model=pl_module,
@@ -273,11 +304,31 @@ class PreemptibleCallback(Callback, Settings):
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._take_signals(trainer)
+        fallback = self.fallback
+        if fallback is not None and fallback.step is not None and trainer.global_step != fallback.step:
+            assert self.run is not None
+            self.run.close()
+            raise PreemptibleError(
+                f"expected trainer.fit(..., ckpt_path=cb.resume_from) to resume at step {fallback.step} from "
+                f"Lightning's own {fallback.path}; found Lightning at step {trainer.global_step}. Pass cb.resume_from"
+            )
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         run = self.run
         assert run is not None
-        if not self._loaded:
+        if self.fallback is not None:  # Lightning loads its own file (ckpt_path=cb.resume_from)
+            run._begin(None, resume=lambda: self.fell_back(run, "lightning"))
+        elif not self._loaded:
+            if not self._looked and trainer.ckpt_path is None:  # resume_from was not read, or found no Trainer
+                self.choose_fallback(checkpoints(trainer), run.checkpointer.latest(), "lightning")
+                fallback, self.fallback = self.fallback, None
+                if fallback is not None:
+                    run.close()
+                    raise PreemptibleError(
+                        f"expected trainer.fit(..., ckpt_path=cb.resume_from): Lightning's own {fallback.path} is "
+                        f"newer than any checkpoint under {run.root}, and fitting from step 0 would lose it. Pass "
+                        "cb.resume_from (read where the Trainer is a variable), or remove the file to start over"
+                    )
             start = run.start_step
             if run.resumed_from is not None:
                 run.close()
@@ -289,11 +340,13 @@ class PreemptibleCallback(Callback, Settings):
             writer = getattr(logger, "experiment", None) if type(logger).__name__ == "TensorBoardLogger" else None
             if writer is not None and callable(getattr(writer, "flush", None)):
                 run.trackers.add(writer)
-                if run.resumed_from is not None and hasattr(writer, "_get_file_writer"):
-                    purge_from(writer, run.resumed_from)
+                resumed = run.resumed_from if self.fallback is None else self.fallback.step
+                if resumed is not None and hasattr(writer, "_get_file_writer"):
+                    purge_from(writer, resumed)
         run.state["lightning"] = _LightningParts(trainer)
         run.state["lightning_rank"] = _RankParts(self)
         self._last_step = trainer.global_step
+        self.take_cadence(run, cadence(trainer))
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         for loader in self._loaders:
@@ -333,3 +386,97 @@ class _RankParts:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:  # never: restored into a dict
         raise NotImplementedError
+
+
+def cadence(trainer: Any) -> tuple[int, str] | None:
+    """The most frequent step cadence of the Trainer's ``ModelCheckpoint(every_n_train_steps=N)`` callbacks, and
+    where it came from; None when none saves by steps."""
+    every = [
+        n
+        for c in getattr(trainer, "checkpoint_callbacks", [])
+        if isinstance(n := getattr(c, "_every_n_train_steps", 0), int) and n > 0
+    ]
+    if not every:
+        return None
+    return min(every), f"lightning every_n_train_steps={min(every)}"
+
+
+_STEP = re.compile(r"(?:^|[^A-Za-z0-9_])step=(\d+)")
+_MAX_PICKLE = 64 * 2**20
+"""The largest ``data.pkl`` of a ``.ckpt`` whose step `pickled_step` reads (tensors are stored beside it)."""
+
+
+def checkpoints(trainer: Any) -> list[FrameworkCheckpoint]:
+    """The ``.ckpt`` files of the Trainer's ``ModelCheckpoint`` callbacks: each one's ``dirpath``, else Lightning's
+    default (``<default_root_dir>/checkpoints`` without a logger; the first logger's version directory with one,
+    which a restart finds only when the version is fixed). The step comes from the name (``step=N``, Lightning's
+    default), else from the file (`pickled_step`)."""
+    found: dict[str, FrameworkCheckpoint] = {}
+    for callback in getattr(trainer, "checkpoint_callbacks", []):
+        directory = getattr(callback, "dirpath", None) or _default_dir(trainer)
+        try:
+            entries = list(os.scandir(directory))
+        except (OSError, TypeError):
+            continue
+        for entry in entries:
+            try:
+                if not entry.name.endswith(".ckpt") or not entry.is_file() or entry.path in found:
+                    continue
+                m = _STEP.search(entry.name[: -len(".ckpt")])
+                step = int(m[1]) if m else pickled_step(entry.path)
+                found[entry.path] = FrameworkCheckpoint(path=entry.path, step=step, mtime=entry.stat().st_mtime)
+            except OSError:
+                continue
+    return list(found.values())
+
+
+def _default_dir(trainer: Any) -> str:
+    """Where a ``ModelCheckpoint`` without a ``dirpath`` saves (as Lightning resolves it in its ``setup``)."""
+    loggers = getattr(trainer, "loggers", [])
+    if loggers:
+        logger = loggers[0]
+        version = logger.version if isinstance(logger.version, str) else f"version_{logger.version}"
+        return os.path.join(str(logger.save_dir or trainer.default_root_dir), str(logger.name), version, "checkpoints")
+    return os.path.join(str(trainer.default_root_dir), "checkpoints")
+
+
+def pickled_step(path: str) -> int | None:
+    """The ``global_step`` a Lightning ``.ckpt`` (a ``torch.save`` zip) holds, read from the opcodes of its
+    ``data.pkl`` (`pickletools.genops`): nothing is unpickled, nothing built or imported. None when the file is not
+    one, or the step is not the int after the first ``"global_step"`` key."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = [n for n in z.namelist() if n == "data.pkl" or n.endswith("/data.pkl")]
+            if len(names) != 1 or z.getinfo(names[0]).file_size > _MAX_PICKLE:
+                return None
+            data = z.read(names[0])
+    except (OSError, zipfile.BadZipFile, ValueError, RuntimeError):
+        return None
+    after_key = False
+    try:
+        for op, arg, _ in pickletools.genops(data):
+            if after_key:
+                if op.name in ("BINPUT", "LONG_BINPUT", "MEMOIZE", "PUT"):
+                    continue
+                if op.name in ("BININT", "BININT1", "BININT2", "LONG1", "INT", "LONG") and isinstance(arg, int):
+                    return arg if arg >= 0 else None
+                return None
+            after_key = op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8") and arg == "global_step"
+    except (ValueError, EOFError, KeyError, IndexError, TypeError, UnicodeDecodeError):
+        return None
+    return None
+
+
+def _calling_trainer(callback: PreemptibleCallback) -> Any:
+    """The Lightning Trainer holding ``callback``, among the variables of the code reading ``cb.resume_from`` (a
+    callback is given no Trainer before ``fit``)."""
+    frame: Any = sys._getframe(2)
+    for _ in range(8):
+        if frame is None:
+            return None
+        for value in list(frame.f_locals.values()):
+            for candidate in (value, getattr(value, "trainer", None) if not isinstance(value, type) else None):
+                if isinstance(candidate, Trainer) and any(c is callback for c in getattr(candidate, "callbacks", [])):
+                    return candidate
+        frame = frame.f_back
+    return None

@@ -20,8 +20,16 @@ What it does:
   usual (it skips the batches done in the epoch and puts the random streams back after the first batch), but
   the weights, optimizer, scheduler, scaler and random streams come from preemptible's checkpoint (safetensors
   and JSON): nothing is unpickled. None on a fresh start.
-- **Checkpoints.** The Trainer's own ``save_steps`` checkpoints go on beside it. ``save_every`` adds preemptible's
-  periodic saves (in optimizer steps; written in the background unless ``async_save=False``).
+- **Checkpoints.** The Trainer's own ``save_steps`` checkpoints go on beside it, and by default preemptible saves at
+  the same cadence (``save_strategy="steps"``; ``save_steps`` below 1 is a fraction of ``max_steps``), journaled
+  once as ``cadence``, so that a crash never loses more than the Trainer alone would. ``save_every=N`` sets another
+  cadence (in optimizer steps), ``save_every=0`` none. Written in the background unless ``async_save=False``.
+- **Framework fallback.** After a crash (``kill -9``, an OOM kill) that left the Trainer's own newest
+  ``checkpoint-N`` in ``output_dir`` newer than any committed checkpoint of preemptible's, ``cb.resume_from`` names
+  that directory and the Trainer resumes from it through its own loaders, which unpickle its files: the one
+  exception to "nothing is unpickled", with a warning that preemptible neither wrote nor verified it and a
+  ``framework_fallback`` journal event. Never a directory inside preemptible's root. ``framework_fallback=False``
+  turns it off (the newer checkpoint is then named in a warning and ignored).
 
 What it needs: the Trainer's standard data loading (``accelerate``'s seedable sampler, the default), which makes
 the data order a function of the seed and the epoch. ``model_init`` (a model re-made inside ``train()``), DeepSpeed
@@ -33,7 +41,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -43,7 +53,7 @@ from typing import Any
 from transformers import Trainer, TrainerCallback
 
 from preemptible.errors import PreemptibleError
-from preemptible.integrations._common import Settings
+from preemptible.integrations._common import FrameworkCheckpoint, Settings
 from preemptible.run import Run
 from preemptible.state import RNGState
 from preemptible.trackers import purge_from
@@ -93,10 +103,15 @@ class PreemptibleCallback(TrainerCallback, Settings):
 
     Args:
         root: where checkpoints and the journal live: a local path or an s3://, gs://, az:// URL.
-        save_every: also save every this many optimizer steps (``global_step``). None: only on a notice and at the
-            end (the Trainer's own ``save_steps`` checkpoints are independent of this).
+        save_every: also save every this many optimizer steps (``global_step``). None (default): at the Trainer's
+            own cadence when it saves by steps (``save_strategy="steps"``, ``save_steps``, a fraction of
+            ``max_steps`` when below 1), else only on a notice and at the end. 0: no periodic saves.
         exit_on_notice: True (default) ends the process after the emergency save; False makes ``train()`` return,
             with `preempted` True.
+        framework_fallback: True (default): when the Trainer's own newest ``checkpoint-N`` in ``output_dir`` is newer
+            than preemptible's newest committed checkpoint (after a crash or kill), ``resume_from`` names it and the
+            Trainer resumes from it itself, with a warning and a ``framework_fallback`` journal event. False: ignored,
+            with a warning.
         **options: `preemptible.Run`'s options where they apply: ``keep``, ``sources``, ``grace``, ``exit_code``,
             ``on_advisory``, ``requeue``, ``async_save``, ``bf16_moments``, ``probe``, ``probe_rtol``,
             ``verify_after_save``, ``compress``, ``allow_fresh_start``, ``storage_options``.
@@ -108,9 +123,10 @@ class PreemptibleCallback(TrainerCallback, Settings):
         *,
         save_every: int | None = None,
         exit_on_notice: bool = True,
+        framework_fallback: bool = True,
         **options: Any,
     ) -> None:
-        Settings.__init__(self, root, save_every, exit_on_notice, options)
+        Settings.__init__(self, root, save_every, exit_on_notice, options, framework_fallback)
         self._resume_dir: str | None = None
         self._resolved = False
         self._held: dict[str, dict[str, Any]] = {}
@@ -176,10 +192,12 @@ class PreemptibleCallback(TrainerCallback, Settings):
     @property
     def resume_from(self) -> str | None:
         """What ``trainer.train(resume_from_checkpoint=...)`` needs to continue from preemptible's newest valid
-        checkpoint, or None on a fresh start. The first read restores and verifies it (see the module docs)."""
+        checkpoint, or None on a fresh start. The first read restores and verifies it (see the module docs). After a
+        crash that left the Trainer's own ``checkpoint-N`` newer than any of preemptible's: that directory (see
+        ``framework_fallback``)."""
         if not self._resolved:
             self._resolve()
-        return self._resume_dir
+        return self.fallback.path if self.fallback is not None else self._resume_dir
 
     def _resolve(self) -> None:
         if self._trainer is None:
@@ -192,7 +210,7 @@ class PreemptibleCallback(TrainerCallback, Settings):
         mine: dict[str, Any] = {}
         run = Run(
             self.root,
-            save_every=self.save_every,
+            save_every=self._run_save_every,
             exit_on_notice=self.exit_on_notice,
             per_rank=["trainer_rank"],
             model=trainer.model,
@@ -200,8 +218,12 @@ class PreemptibleCallback(TrainerCallback, Settings):
             trainer_rank=mine,
             **self.options,
         )
+        self.choose_fallback(checkpoints(trainer.args.output_dir), run.checkpointer.latest(), "transformers")
         before = RNGState().state_dict()
-        start = run.start_step  # opens the run (notice sources) and restores, verified, with fallback
+        if self.fallback is not None:  # opens the run; the Trainer loads its own checkpoint
+            start = run._begin(None, resume=lambda: self.fell_back(run, "transformers"))
+        else:
+            start = run.start_step  # opens the run (notice sources) and restores, verified, with fallback
         held.update(mine)
         held["rng"] = RNGState().state_dict()
         RNGState().load_state_dict(before)  # the Trainer puts the streams back itself, after the first batch
@@ -223,13 +245,21 @@ class PreemptibleCallback(TrainerCallback, Settings):
 
     # training ------------------------------------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if not self._resolved:
+        read = self._resolved  # resume_from was read before train()
+        if not read:
             self._resolve()
-            passed = False
-        else:
-            passed = self.run is not None and state.global_step == self.run.resumed_from
         run = self.run
         assert run is not None
+        fallback = self.fallback
+        resumed = run.resumed_from if fallback is None else fallback.step
+        if fallback is not None and not (read and state.global_step == fallback.step):
+            run.close()
+            raise PreemptibleError(
+                f"expected trainer.train(resume_from_checkpoint=cb.resume_from): the Trainer's own {fallback.path} "
+                f"is newer than any checkpoint under {run.root}, and the Trainer started at step {state.global_step} "
+                "instead. Pass cb.resume_from, or give a new output_dir and root to start over"
+            )
+        passed = read and state.global_step == run.resumed_from
         if self._resume_dir is not None:
             # The Trainer has read trainer_state.json from it by now, and calls the loaders above with its name only:
             # removed here, not left behind in the temp dir at every resume (a notice ends the process, not train()).
@@ -245,8 +275,8 @@ class PreemptibleCallback(TrainerCallback, Settings):
             writer = getattr(callback, "tb_writer", None)
             if writer is not None and callable(getattr(writer, "flush", None)):
                 run.trackers.add(writer)
-                if run.resumed_from is not None and hasattr(writer, "_get_file_writer"):
-                    purge_from(writer, run.resumed_from)
+                if resumed is not None and hasattr(writer, "_get_file_writer"):
+                    purge_from(writer, resumed)
         run.state["trainer"] = _TrainerParts(self._trainer, "shared")
         run.state["trainer_rank"] = _TrainerParts(self._trainer, "rank")
         if self._resume_dir is not None:
@@ -255,6 +285,7 @@ class PreemptibleCallback(TrainerCallback, Settings):
                 moved = saved.to(current.device) if hasattr(current, "device") and hasattr(saved, "to") else saved
                 setattr(self._trainer, name, moved)
         run.schedule.total = state.max_steps if state.max_steps and state.max_steps > 0 else None
+        self.take_cadence(run, cadence(args, state.max_steps))
         for why in _inexact(args):
             log.warning("[rank=%d] a resume will not be bit-identical: %s", run.rank, why)
 
@@ -274,6 +305,43 @@ class PreemptibleCallback(TrainerCallback, Settings):
                 run._finish(state.global_step)
         finally:
             run.close()
+
+
+def cadence(args: Any, max_steps: int | None) -> tuple[int, str] | None:
+    """The Trainer's own checkpoint cadence in optimizer steps, and where it came from; None unless it saves by
+    steps. ``save_steps`` below 1 is a fraction of ``max_steps``, rounded up, as the Trainer reads it."""
+    strategy = getattr(args.save_strategy, "value", args.save_strategy)
+    steps = getattr(args, "save_steps", None)
+    if strategy != "steps" or not isinstance(steps, (int, float)) or steps <= 0:
+        return None
+    if steps < 1:
+        if not max_steps or max_steps <= 0:
+            return None
+        return math.ceil(max_steps * steps), f"hf save_steps={steps} of max_steps={max_steps}"
+    return int(steps), f"hf save_steps={int(steps)}"
+
+
+_CHECKPOINT = re.compile(r"checkpoint-(\d+)")
+
+
+def checkpoints(output_dir: str | None) -> list[FrameworkCheckpoint]:
+    """The Trainer's own checkpoints in its ``output_dir``: ``checkpoint-N`` directories that hold the
+    ``trainer_state.json`` the Trainer writes last (one without it was cut short)."""
+    found: list[FrameworkCheckpoint] = []
+    if not output_dir:
+        return found
+    try:
+        entries = list(os.scandir(output_dir))
+    except OSError:
+        return found
+    for entry in entries:
+        m = _CHECKPOINT.fullmatch(entry.name)
+        try:
+            if m and entry.is_dir() and os.path.isfile(os.path.join(entry.path, STATE_FILE)):
+                found.append(FrameworkCheckpoint(path=entry.path, step=int(m[1]), mtime=entry.stat().st_mtime))
+        except OSError:
+            continue
+    return found
 
 
 def _inexact(args: Any) -> list[str]:

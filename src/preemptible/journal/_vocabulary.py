@@ -82,6 +82,8 @@ FIELDS: Mapping[Event, frozenset[str]] = {
     Event.EXIT: frozenset({"code", "reason", "saved", "later_notices", "remaining_s", "exit_process"}),
     Event.DONE: frozenset({"total", "already"}),
     Event.JOURNAL_LOST: frozenset({"lost_events", "why"}),
+    Event.CADENCE: frozenset({"save_every", "source"}),
+    Event.FRAMEWORK_FALLBACK: frozenset({"framework", "path", "framework_step", "preemptible_step"}),
 }
 """Each journal event's own fields. `Event.RELAY` is no journal event: it tags the wrapper's log lines only."""
 

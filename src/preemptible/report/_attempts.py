@@ -22,6 +22,7 @@ _STEP_EVENTS = frozenset(
         Event.DONE,
         Event.RESUME,
         Event.FRESH,
+        Event.FRAMEWORK_FALLBACK,
     }
 )
 
@@ -100,6 +101,8 @@ class Attempt:
     background: set[int] = field(default_factory=set)
     warnings: list[str] = field(default_factory=list)
     """What this attempt's journal says made a resume inexact (``inexact_resume``), at most `_MAX_WARNINGS`."""
+    fallback: dict[str, Any] | None = None
+    """The framework's own checkpoint this attempt resumed from (a ``framework_fallback`` event), or None."""
 
     @property
     def restore_s(self) -> float:
@@ -165,6 +168,8 @@ class Reader:
             self._notice(a, r, t)
         elif kind == Event.INEXACT_RESUME and len(a.warnings) < _MAX_WARNINGS:
             a.warnings.append(f"resume not exact ({_text(r.get('what'))}): {_text(r.get('why'))}")
+        elif kind == Event.FRAMEWORK_FALLBACK:
+            a.fallback = {"framework": _text(r.get("framework")), "path": _text(r.get("path")), "step": step}
         if kind == Event.SAVE_COMMITTED and step is not None:
             _committed(a, step, t)
         if kind == Event.EXIT:
@@ -268,7 +273,7 @@ def _span(r: Record, start: float, seconds: float, *, background: bool) -> dict[
 
 def _progress(a: Attempt, kind: Event | None, step: int | None, t: float) -> None:
     """Where an attempt started training (its fresh start or resume) and how far its events say it ran."""
-    if kind in (Event.FRESH, Event.RESUME) and a.ready is None:
+    if kind in (Event.FRESH, Event.RESUME, Event.FRAMEWORK_FALLBACK) and a.ready is None:
         a.ready = t
         a.from_step = a.reached = step or 0
     if kind in _STEP_EVENTS and step is not None:

@@ -91,6 +91,7 @@ def summarize(events: Iterable[Mapping[str, Any]], *, skipped: Mapping[str, int]
             "saves": a.saves,
             "ended": "finished" if a.done else (a.exit or {}).get("reason") or "unknown (no exit event: killed?)",
             "warnings": list(a.warnings),
+            "framework_fallback": a.fallback,
         }
         for i, a in enumerate(attempts)
     ]

@@ -65,6 +65,12 @@ def render(doc: Mapping[str, Any]) -> str:
             f"{r['kept_steps']} kept, {r['redone_steps']} redone, {r['saves']} save(s), ended: {r['ended']}"
         )
         lines += [f"    ! {w}" for w in r.get("warnings", [])]
+        fell = r.get("framework_fallback")
+        if fell:
+            lines.append(
+                f"    resumed from {fell['framework']}'s own checkpoint {fell['path']} (step {fell['step']}), "
+                "which preemptible neither wrote nor verified (framework_fallback)"
+            )
     return "\n".join(lines + notes(doc))
 
 
