@@ -91,6 +91,16 @@ def pl_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Te
     return final(root)
 
 
+def test_hf_callback_takes_save_interval_s(tmp_path: Path, hf_reference: dict[str, torch.Tensor]) -> None:
+    """Timed saves through the callback (no Trainer checkpoints, so no cadence of its own): every 5 s of a clock of
+    one second per optimizer step, the final save at 32; the weights as a run without them."""
+    root = tmp_path / "ckpt"
+    done = run(HF, root, "--save-steps", "0", "--save-interval", "5")
+    assert done.returncode == 0 and "finished at global step 32" in done.stdout, done.stderr[-3000:]
+    assert [e["step"] for e in events(root, Event.SAVE_STARTED)] == [5, 10, 15, 20, 25, 30, 32]
+    assert same(final(root), hf_reference) == []
+
+
 def test_hf_killed_resumes_from_the_save_made_at_the_trainer_s_own_cadence_bit_identical(
     tmp_path: Path, hf_reference: dict[str, torch.Tensor]
 ) -> None:
@@ -157,7 +167,10 @@ def test_lightning_killed_without_periodic_saves_resumes_from_its_own_newest_fil
     assert Path(str(fell["path"])).parent == Path(f"{root}-pl")  # step 24: the named file or last.ckpt, the newer
     assert f"resume from {fell['path']}\n" in done.stdout and "began at global step 24" in done.stdout
     assert "preemptible neither wrote nor verified that file: lightning loads it itself" in done.stderr
-    # Not bit-identical: Lightning's own resume starts the interrupted epoch's data from a new iterator.
+    # Not bit-identical: Lightning's own resume starts the interrupted epoch's data from a new iterator, and says so
+    (inexact,) = events(root, Event.INEXACT_RESUME)
+    assert inexact["what"] == "framework checkpoint" and "new iterator" in inexact["why"]
+    assert "this resume is not exact (framework checkpoint)" in done.stderr
 
 
 TRIES = int(os.environ.get("ITEM3_TRIES", "1"))

@@ -5,6 +5,7 @@
 ``--hang-at K --marker PATH``: at the end of step K (once preemptible's step ``--committed`` is committed, when
 given) it writes PATH and waits there to be killed, so a SIGKILL lands at a known step. ``--notice HOOK:K``: a
 SIGTERM to itself from the Trainer hook HOOK (``train_begin``, ``step_begin``, ``step_end``) at global step K.
+``--save-interval S``: the callback's timed saves, on an injected clock that advances one second per optimizer step.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ def main() -> None:
     parser.add_argument("--committed", type=int, default=None)
     parser.add_argument("--marker", default=None)
     parser.add_argument("--notice", default=None)
+    parser.add_argument("--save-interval", type=float, default=None, help="seconds of a clock of one second a step")
     a = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -98,7 +100,10 @@ def main() -> None:
         seed=0,
         disable_tqdm=True,
     )
-    cb = PreemptibleCallback(a.root, save_every=a.save_every, framework_fallback=not a.no_fallback)
+    timed: dict[str, Any] = {}
+    if a.save_interval:  # an injected clock: one second per optimizer step
+        timed = {"save_interval_s": a.save_interval, "monotonic": lambda: float(trainer.state.global_step)}
+    cb = PreemptibleCallback(a.root, save_every=a.save_every, framework_fallback=not a.no_fallback, **timed)
     trainer = Trainer(model=model, args=training, train_dataset=Tokens(), callbacks=[cb, Rehearse(a)])
     print(f"resume from {cb.resume_from}", flush=True)
     trainer.train(resume_from_checkpoint=cb.resume_from)

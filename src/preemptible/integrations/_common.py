@@ -22,7 +22,7 @@ OPTIONS = frozenset(
     {
         *("keep", "sources", "grace", "exit_code", "on_advisory", "requeue", "async_save", "bf16_moments"),
         *("probe", "probe_rtol", "verify_after_save", "compress", "allow_fresh_start", "storage_options", "guard"),
-        *("clock", "monotonic", "trackers"),
+        *("clock", "monotonic", "trackers", "save_interval_s"),
     }
 )
 """`preemptible.Run`'s options that a framework callback passes on."""
@@ -30,7 +30,6 @@ OPTIONS = frozenset(
 NOT_PASSED = {
     "save_every": "the callback's own argument (counted in the framework's optimizer steps)",
     "exit_on_notice": "the callback's own argument",
-    "save_interval_s": "the framework owns the loop: its own time-based checkpoints apply",
     "prestage_every": "the framework owns the loop",
     "save_every_epochs": "the framework owns the epochs: use its own per-epoch checkpoints",
     "keep_best": "the framework's metrics are not reported to the run",

@@ -317,7 +317,18 @@ class PreemptibleCallback(Callback, Settings):
         run = self.run
         assert run is not None
         if self.fallback is not None:  # Lightning loads its own file (ckpt_path=cb.resume_from)
-            run._begin(None, resume=lambda: self.fell_back(run, "lightning"))
+            path = self.fallback.path
+
+            def resume() -> int:
+                step = self.fell_back(run, "lightning")
+                run._inexact(
+                    "framework checkpoint",
+                    f"Lightning's own resume of {path} starts the interrupted epoch's data from a new iterator: its "
+                    "order and the random streams differ from the interrupted run's",
+                )
+                return step
+
+            run._begin(None, resume=resume)
         elif not self._loaded:
             if not self._looked and trainer.ckpt_path is None:  # resume_from was not read, or found no Trainer
                 self.choose_fallback(checkpoints(trainer), run.checkpointer.latest(), "lightning")

@@ -114,7 +114,8 @@ class PreemptibleCallback(TrainerCallback, Settings):
             with a warning.
         **options: `preemptible.Run`'s options where they apply: ``keep``, ``sources``, ``grace``, ``exit_code``,
             ``on_advisory``, ``requeue``, ``async_save``, ``bf16_moments``, ``probe``, ``probe_rtol``,
-            ``verify_after_save``, ``compress``, ``allow_fresh_start``, ``storage_options``.
+            ``verify_after_save``, ``compress``, ``allow_fresh_start``, ``storage_options``, ``save_interval_s``
+            (timed saves: by rank 0's clock under torchrun).
     """
 
     def __init__(
