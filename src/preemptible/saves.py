@@ -11,6 +11,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from preemptible._version import __version__
 from preemptible.checkpoint import Checkpointer, SaveHandle, SaveResult
 from preemptible.errors import PreemptibleError, SaveCancelled, StateDivergenceError, UnsupportedStateError
@@ -211,7 +213,7 @@ class Saves:
                 cadences.append(s.save_every_epochs * steps_per_epoch * step_time)
         if s.periodic and not cadences:
             return  # a cadence in steps or epochs whose seconds are not known yet: nothing to compare
-        nbytes = self.state_bytes()
+        nbytes = self.last.bytes if self.last is not None and self.last.bytes else tensor_bytes(self.state)
         advice = budget.cadence_advice(
             state_bytes=nbytes,
             bandwidth=self.checkpointer.bandwidth,
@@ -243,6 +245,19 @@ class Saves:
                 journal=self.journal,
                 rank=self.rank,
             )
+
+
+def tensor_bytes(state: dict[str, Any]) -> int:
+    """The bytes of the modules' parameters and buffers and the optimizers' state tensors, read without calling any
+    ``state_dict()``: some have side effects (the HF Trainer's parts gather FLOPs across ranks, a collective that one
+    rank alone must never start). An estimate for advice, not what a save writes."""
+    total = 0
+    for obj in state.values():
+        if isinstance(obj, torch.nn.Module):
+            total += sum(t.nbytes for t in (*obj.parameters(), *obj.buffers()))
+        elif isinstance(obj, torch.optim.Optimizer):
+            total += sum(v.nbytes for s in obj.state.values() for v in s.values() if isinstance(v, torch.Tensor))
+    return total
 
 
 def recordable(figures: dict[str, Any]) -> dict[str, Any]:

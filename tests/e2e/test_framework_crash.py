@@ -171,6 +171,13 @@ def test_lightning_killed_without_periodic_saves_resumes_from_its_own_newest_fil
     (inexact,) = events(root, Event.INEXACT_RESUME)
     assert inexact["what"] == "framework checkpoint" and "new iterator" in inexact["why"]
     assert "this resume is not exact (framework checkpoint)" in done.stderr
+    shown = subprocess.run(
+        [sys.executable, "-m", "preemptible", "diagnose", "--root", str(root)],
+        check=False,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert "resumed from lightning's own checkpoint" in shown and "resume not exact: framework checkpoint" in shown
 
 
 TRIES = int(os.environ.get("ITEM3_TRIES", "1"))

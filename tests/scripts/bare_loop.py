@@ -9,10 +9,10 @@ digest of the model and optimizer state.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import time
 
 import torch
+from _scriptkit import digest
 
 import preemptible
 import preemptible.state
@@ -26,14 +26,6 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: i
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
-
-
-def digest(state: dict[str, torch.nn.Module | torch.optim.Optimizer]) -> str:
-    h = hashlib.sha256()
-    for key, value in preemptible.state.flatten(preemptible.state.capture(state)).tensors.items():
-        h.update(key.encode())
-        h.update(value.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()[:16]
 
 
 def main() -> None:

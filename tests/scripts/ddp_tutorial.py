@@ -18,7 +18,6 @@ SIGKILL the job (a crash at a known step, never a sleep that guesses one).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import signal
 import time
@@ -26,6 +25,7 @@ import time
 import torch
 import torch.distributed as torch_dist
 import torch.nn.functional as F
+from _scriptkit import digest
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
@@ -82,14 +82,6 @@ class Trainer:
     def train(self, max_epochs: int) -> None:
         for epoch in self.run.epochs(max_epochs):
             self._run_epoch(epoch)
-
-
-def digest(state: dict[str, object]) -> str:
-    h = hashlib.sha256()
-    for key, value in preemptible.state.flatten(preemptible.state.capture(state)).tensors.items():
-        h.update(key.encode())
-        h.update(value.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()[:16]
 
 
 def main() -> None:

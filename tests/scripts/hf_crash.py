@@ -13,14 +13,12 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import time
-from pathlib import Path
 from typing import Any
 
 import torch
+from _scriptkit import hang_for_kill
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
-from preemptible.checkpoint import Checkpointer
 from preemptible.integrations.transformers import PreemptibleCallback
 
 
@@ -54,16 +52,8 @@ class Rehearse(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._notice("step_end", state.global_step)
-        if state.global_step != self.a.hang_at:
-            return
-        if self.a.committed is not None:  # preemptible's background save of that step has landed
-            for _ in range(600):
-                if (Checkpointer(self.a.root).latest() or -1) >= self.a.committed:
-                    break
-                time.sleep(0.1)
-        Path(self.a.marker).write_text(str(state.global_step))
-        while True:  # killed here
-            time.sleep(1)
+        if state.global_step == self.a.hang_at:
+            hang_for_kill(self.a.marker, state.global_step, root=self.a.root, committed=self.a.committed)
 
 
 def main() -> None:

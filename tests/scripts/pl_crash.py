@@ -9,15 +9,13 @@ given) it writes PATH and waits there to be killed, so a SIGKILL lands at a know
 from __future__ import annotations
 
 import argparse
-import time
-from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
+from _scriptkit import hang_for_kill
 from torch.utils.data import DataLoader, TensorDataset
 
-from preemptible.checkpoint import Checkpointer
 from preemptible.integrations.lightning import PreemptibleCallback
 
 
@@ -37,16 +35,8 @@ class Regressor(L.LightningModule):
         print(f"began at global step {self.global_step}", flush=True)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self.global_step != self.a.hang_at:
-            return
-        if self.a.committed is not None:  # preemptible's background save of that step has landed
-            for _ in range(600):
-                if (Checkpointer(self.a.root).latest() or -1) >= self.a.committed:
-                    break
-                time.sleep(0.1)
-        Path(self.a.marker).write_text(str(self.global_step))
-        while True:  # killed here
-            time.sleep(1)
+        if self.global_step == self.a.hang_at:
+            hang_for_kill(self.a.marker, self.global_step, root=self.a.root, committed=self.a.committed)
 
     def configure_optimizers(self) -> Any:
         optimizer = torch.optim.AdamW(self.parameters(), lr=1e-3)

@@ -218,7 +218,7 @@ def test_a_timed_save_falls_due_at_one_step_on_every_rank(server: Any, lockstep:
     import time
 
     world, interval, cap = 3, 6, 20_000
-    coords = coordinators(server, world)
+    coords = coordinators(server, world, timeout_s=60.0)  # connects on a loaded machine: not what is tested
     barrier = threading.Barrier(world)
     announced: list[int] = []
 
@@ -254,7 +254,7 @@ def test_a_timed_save_agreement_with_a_silent_rank_is_a_coordination_error(serve
     """Rank 1 never starts its agreement (it died): rank 0 is told, within the timeout, instead of hanging."""
     import time
 
-    c0, _ = coordinators(server, 2)
+    c0, _ = coordinators(server, 2, timeout_s=60.0)  # the connect; the agreement itself waits 1 s
     agreement = dist.IntervalAgreement(c0, timeout_s=1.0)
     try:
         assert agreement.due(3, False) is False  # nothing due, no traffic

@@ -28,6 +28,8 @@ class JournalFacts:
     attempt: int | None = None
     attempts: int = 0
     chosen_by: str = ""
+    fallback: str | None = None
+    """The framework's own checkpoint this attempt resumed from (``framework_fallback``), described."""
     inexact: list[str] = field(default_factory=list)
     """Why this attempt's resume (or the next one's, for a stop mid-accumulation) is not exact (``inexact_resume``)."""
 
@@ -122,6 +124,11 @@ def journal_facts(root: str, *, attempt: int | str | None = None, window: TimeWi
             facts.done = True
         elif r.event == Event.INEXACT_RESUME and len(facts.inexact) < 20:
             facts.inexact.append(f"{r.get('what')}: {r.get('why')}")
+        elif r.event == Event.FRAMEWORK_FALLBACK:
+            facts.fallback = (
+                f"{r.get('framework')}'s own checkpoint {r.get('path')} (step {r.get('framework_step')}; preemptible's "
+                f"newest: {r.get('preemptible_step')}), which preemptible neither wrote nor verified"
+            )
     if index != len(attempts) - 1:  # an earlier attempt: what it had saved by its end, not what later ones did
         facts.last_committed = max(mine) if mine else None
     return facts

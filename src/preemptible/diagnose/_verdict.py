@@ -97,6 +97,32 @@ class Diagnosis:
         doc["evidence"] = [asdict(e) for e in self.evidence]
         return doc
 
+    def _checkpoint_lines(self) -> list[str]:
+        """The ``checkpoint:`` section: what the journal says was saved, lost, and how the attempt resumed."""
+        ck = self.checkpoint
+        if not ck:
+            return ["  no journal given (--root): cannot tell what was saved or lost"]
+        if ck.get("journal") is None and ck.get("last_committed") is None:
+            return [
+                f"  nothing under {ck.get('root')}: expected journal/*.jsonl and step-*/ written by preemptible.Run; "
+                "is this the run's checkpoint root?"
+            ]
+        lines = []
+        if ck.get("attempts"):
+            lines.append(f"  attempt {ck['attempt']} of {ck['attempts']} (chosen by {ck['attempt_chosen_by']})")
+        lines.append(f"  newest committed step: {ck.get('last_committed')}")
+        if ck.get("notice_step") is not None:
+            after = ck.get("committed_after_notice")
+            saved = f"checkpoint committed at step {after}" if after is not None else "no checkpoint committed after it"
+            lines.append(f"  notice at step {ck['notice_step']}: {saved}")
+        if self.steps_lost is not None:
+            qual = "" if self.steps_lost_exact else "at least "
+            lines.append(f"  steps lost: {qual}{self.steps_lost} (last step journaled {ck.get('last_step')})")
+        if ck.get("framework_fallback"):
+            lines.append(f"  resumed from {ck['framework_fallback']}")
+        lines += [f"  resume not exact: {why}" for why in ck.get("inexact_resume") or []]
+        return lines
+
     def render(self) -> str:
         lines = [f"verdict: {self.verdict}  ({self.summary})", "", "evidence:"]
         if not self.evidence:
@@ -105,33 +131,7 @@ class Diagnosis:
             at = f"{e.where}:{e.line}" if e.line is not None else e.where
             lines.append(f"  [{e.strength:6s} {e.verdict}] {at}: {e.text}")
             lines.append(f"      {e.why}")
-        lines += ["", "checkpoint:"]
-        ck = self.checkpoint
-        if not ck:
-            lines.append("  no journal given (--root): cannot tell what was saved or lost")
-        elif ck.get("journal") is None and ck.get("last_committed") is None:
-            lines.append(
-                f"  nothing under {ck.get('root')}: expected journal/*.jsonl and step-*/ written by preemptible.Run; "
-                "is this the run's checkpoint root?"
-            )
-        else:
-            if ck.get("attempts"):
-                lines.append(f"  attempt {ck['attempt']} of {ck['attempts']} (chosen by {ck['attempt_chosen_by']})")
-            lines.append(f"  newest committed step: {ck.get('last_committed')}")
-            if ck.get("notice_step") is not None:
-                after = ck.get("committed_after_notice")
-                lines.append(
-                    f"  notice at step {ck['notice_step']}: "
-                    + (
-                        f"checkpoint committed at step {after}"
-                        if after is not None
-                        else "no checkpoint committed after it"
-                    )
-                )
-            if self.steps_lost is not None:
-                qual = "" if self.steps_lost_exact else "at least "
-                lines.append(f"  steps lost: {qual}{self.steps_lost} (last step journaled {ck.get('last_step')})")
-            lines += [f"  resume not exact: {why}" for why in ck.get("inexact_resume") or []]
+        lines += ["", "checkpoint:", *self._checkpoint_lines()]
         if self.initiating is not None:
             lines += ["", "initiating:", "  " + _event_line(self.initiating)]
             if self.collateral:
@@ -213,6 +213,7 @@ def diagnose(
             "attempts": facts.attempts,
             "attempt_chosen_by": facts.chosen_by,
             "inexact_resume": list(facts.inexact),
+            "framework_fallback": facts.fallback,
         }
         if facts.last_step is not None:
             base = facts.last_committed or 0
