@@ -1,0 +1,264 @@
+"""Several simulated nodes on one machine, each in a network namespace of its own, for multi-node tests and drills.
+
+Why namespaces: a multi-node job must be cut off, lose a node and get a replacement, with every packet kept off
+the machine's real network. A `Cluster` makes one *outer* network namespace (the test's own: a bridge and nothing
+else, no default route), and one namespace per node whose veth hangs off that bridge, with the address
+``10.77.0.<i>/24`` and its own ``lo``. Those addresses exist only inside namespaces the cluster created: the
+machine's initial namespace never sees them, has no route to them and no interface, route, firewall rule or
+sysctl of it is touched, so a packet to ``10.77.0.x`` cannot leave the test's namespaces, and a packet to any
+other address finds no route (there is none but the subnet's). ``127.0.0.1`` inside a node is that node's own
+loopback (where its metadata emulator listens), not the machine's.
+
+Each namespace is held by a tiny holder process (``unshare --net`` running a shell that waits on its stdin): the
+namespace vanishes when its holder and every process inside have ended, and a holder ends by itself when the
+cluster's process dies (its stdin closes). Processes enter a node with ``nsenter --net=/proc/<holder>/ns/net``.
+`Cluster.cut` sets the node's veth down in the outer namespace (all of its traffic stops, both ways, while its
+processes keep running); `Cluster.heal` sets it up. `Cluster.down` is the node going: every process in its
+namespace SIGKILLed, its scratch directory (its local disk) deleted; `Cluster.replace` brings a fresh node with
+the same address. Needs root, ``unshare``, ``nsenter`` and ``ip`` (iproute2); without them `NamespacesUnavailable`
+says what is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+SUBNET = ipaddress.ip_network("10.77.0.0/24")
+"""The nodes' subnet: addresses only inside the cluster's namespaces (see the module's docstring)."""
+
+TOOLS = ("unshare", "nsenter", "ip")
+
+
+class NamespacesUnavailable(RuntimeError):
+    """Network namespaces cannot be made here (not root, not Linux, or a tool missing); the reason says which."""
+
+
+def unavailable() -> str | None:
+    """Why a `Cluster` cannot be made on this machine, or None when it can (checked without making one)."""
+    if not sys.platform.startswith("linux"):
+        return f"network namespaces need Linux, found {sys.platform}"
+    if os.geteuid() != 0:
+        return "network namespaces need root (run the multi-node tests as root, as CI does)"
+    missing = [t for t in TOOLS if shutil.which(t) is None]
+    if missing:
+        return f"missing {', '.join(missing)} (Debian: util-linux and iproute2)"
+    return None
+
+
+def netns_of(pid: int) -> str:
+    """The network namespace of ``pid`` (``net:[inode]``)."""
+    return os.readlink(f"/proc/{pid}/ns/net")
+
+
+def pids_in(netns: str) -> list[int]:
+    """Every process whose network namespace is ``netns``."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{entry}/ns/net") == netns:
+                    out.append(int(entry))
+    return out
+
+
+class _Holder:
+    """A process holding a new network namespace open until it ends."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            ["unshare", "--net", "--", "sh", "-c", "echo ready; read _"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()  # printed after unshare(2): the namespace exists
+        if line.strip() != "ready":
+            err = self.proc.stderr.read() if self.proc.stderr else ""
+            self.proc.kill()
+            raise NamespacesUnavailable(f"unshare --net failed: {err.strip() or 'no output'}")
+        self.pid = self.proc.pid
+        self.netns = netns_of(self.pid)
+
+    def enter(self, argv: Sequence[str]) -> list[str]:
+        return ["nsenter", f"--net=/proc/{self.pid}/ns/net", "--", *argv]
+
+    def ip(self, commands: Sequence[str]) -> None:
+        """Run ``ip`` commands (one per line of a batch) inside this namespace."""
+        done = subprocess.run(
+            self.enter(["ip", "-batch", "-"]),
+            input="\n".join(commands) + "\n",
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise NamespacesUnavailable(f"ip -batch failed in {self.netns}: {done.stderr.strip()}")
+
+    def end(self) -> None:
+        for pid in pids_in(self.netns):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if self.proc.stdin:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+        self.proc.kill()
+        self.proc.wait()
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream:
+                stream.close()
+
+
+class Node:
+    """One simulated node: its namespace, address, interface and scratch directory (its local disk)."""
+
+    def __init__(self, cluster: Cluster, index: int, generation: int) -> None:
+        self.index = index
+        self.addr = str(SUBNET.network_address + index)
+        self.ifname = f"e{index}"  # the node's interface, inside its namespace (GLOO_SOCKET_IFNAME)
+        self.veth = f"v{index}n{generation}"  # its peer on the bridge (a replacement gets a new name)
+        self.scratch = cluster.base / f"node{index}.{generation}"
+        self.scratch.mkdir(parents=True)
+        self.holder = _Holder()
+        self.procs: list[subprocess.Popen[Any]] = []
+
+    @property
+    def netns(self) -> str:
+        return self.holder.netns
+
+    def popen(self, argv: Sequence[str], env: Mapping[str, str] | None = None, **kwargs: Any) -> subprocess.Popen[Any]:
+        """Start ``argv`` inside this node's namespace (``Popen`` keywords pass through; the pid is argv's own)."""
+        proc = subprocess.Popen(
+            self.holder.enter(argv), env=dict(env) if env is not None else None, start_new_session=True, **kwargs
+        )
+        self.procs.append(proc)
+        return proc
+
+    def run(self, argv: Sequence[str], timeout: float = 60, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` inside this node's namespace to its end, its output captured as text."""
+        return subprocess.run(
+            self.holder.enter(argv), capture_output=True, text=True, timeout=timeout, check=False, **kwargs
+        )
+
+    def free_port(self) -> int:
+        """A port free on this node's addresses now, chosen by the node's kernel (bind to port 0)."""
+        code = "import socket; s = socket.socket(); s.bind(('0.0.0.0', 0)); print(s.getsockname()[1])"
+        done = self.run([sys.executable, "-c", code])
+        if done.returncode != 0:
+            raise RuntimeError(f"no free port in node {self.index}: {done.stderr.strip()}")
+        return int(done.stdout)
+
+    def pids(self) -> list[int]:
+        """Every process now in this node's namespace (its holder included)."""
+        return pids_in(self.netns)
+
+
+class Cluster:
+    """``nodes`` simulated nodes in network namespaces of their own, on one bridge (see the module's docstring).
+
+    Args:
+        nodes: how many (1..250); node ``i`` (from 1) has the address ``10.77.0.<i>``.
+        base: a directory for the nodes' scratch directories (a test's ``tmp_path``).
+
+    Raises:
+        NamespacesUnavailable: the machine cannot make namespaces (the reason says why).
+    """
+
+    def __init__(self, nodes: int, base: Path) -> None:
+        if not 1 <= nodes <= 250:
+            raise ValueError(f"expected 1..250 nodes, found {nodes}")
+        why = unavailable()
+        if why:
+            raise NamespacesUnavailable(why)
+        self.base = Path(base)
+        self.count = nodes
+        self._nodes: dict[int, Node] = {}
+        self._generation = 0
+        self.outer = _Holder()
+        try:
+            self.outer.ip(["link set lo up", "link add br0 type bridge", "link set br0 up"])
+            for i in range(1, nodes + 1):
+                self._bring_up(i)
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def node(self, i: int) -> Node:
+        return self._nodes[i]
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self._nodes[i] for i in sorted(self._nodes))
+
+    def _bring_up(self, i: int) -> None:
+        self._generation += 1
+        node = Node(self, i, self._generation)
+        self._nodes[i] = node
+        veth = node.veth
+        self.outer.ip(
+            [
+                f"link add {veth} type veth peer name {node.ifname} netns {node.holder.pid}",
+                f"link set {veth} master br0",
+                f"link set {veth} up",
+            ]
+        )
+        node.holder.ip(
+            [
+                "link set lo up",
+                f"addr add {node.addr}/{SUBNET.prefixlen} dev {node.ifname}",
+                f"link set {node.ifname} up",
+            ]
+        )
+
+    def cut(self, i: int) -> None:
+        """Partition node ``i``: its link is down, so none of its traffic passes, either way; it keeps running."""
+        self.outer.ip([f"link set {self._nodes[i].veth} down"])
+
+    def heal(self, i: int) -> None:
+        self.outer.ip([f"link set {self._nodes[i].veth} up"])
+
+    def down(self, i: int) -> None:
+        """Node ``i`` goes: every process in it SIGKILLed, its link removed, its scratch directory deleted."""
+        node = self._nodes.pop(i)
+        node.holder.end()
+        for proc in node.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+        with contextlib.suppress(NamespacesUnavailable):
+            self.outer.ip([f"link del {node.veth}"])  # usually gone already, with its namespace
+        shutil.rmtree(node.scratch, ignore_errors=True)
+
+    def replace(self, i: int) -> Node:
+        """Node ``i`` gone (if it was not) and a fresh one in its place: new namespace, same address, empty scratch."""
+        if i in self._nodes:
+            self.down(i)
+        self._bring_up(i)
+        return self._nodes[i]
+
+    def pids(self) -> list[int]:
+        """Every process in the cluster's namespaces (holders included)."""
+        return [p for n in self for p in n.pids()] + pids_in(self.outer.netns)
+
+    def close(self) -> None:
+        """Kill everything in every node and end the namespaces."""
+        for i in list(self._nodes):
+            self.down(i)
+        self.outer.end()
