@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -58,6 +59,67 @@ def unavailable() -> str | None:
 def netns_of(pid: int) -> str:
     """The network namespace of ``pid`` (``net:[inode]``)."""
     return os.readlink(f"/proc/{pid}/ns/net")
+
+
+@dataclass(frozen=True)
+class Socket:
+    """One TCP socket of a namespace's table (``/proc/<pid>/net/tcp`` or ``tcp6``)."""
+
+    local: ipaddress.IPv4Address | ipaddress.IPv6Address
+    local_port: int
+    remote: ipaddress.IPv4Address | ipaddress.IPv6Address
+    remote_port: int
+    listening: bool
+
+    def allowed(self) -> bool:
+        """Both ends on loopback or in `SUBNET`; a socket without a peer (listening, or bound only) may have the
+        wildcard address."""
+        if self.remote.is_unspecified:
+            return self.local.is_unspecified or _inside(self.local)
+        return _inside(self.local) and _inside(self.remote)
+
+
+def _inside(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return addr.is_loopback or addr in SUBNET
+
+
+def _address(hex_addr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """An address as the kernel prints it: 32-bit words in the host's byte order."""
+    raw = bytes.fromhex(hex_addr)
+    if sys.byteorder == "little":
+        raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    return ipaddress.ip_address(raw)
+
+
+def parse_tcp(text: str) -> list[Socket]:
+    """The sockets of a ``/proc/net/tcp`` or ``tcp6`` table."""
+    out = []
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        (local, lport), (remote, rport) = (f.split(":") for f in fields[1:3])
+        out.append(
+            Socket(
+                local=_address(local),
+                local_port=int(lport, 16),
+                remote=_address(remote),
+                remote_port=int(rport, 16),
+                listening=fields[3] == "0A",
+            )
+        )
+    return out
+
+
+def sockets_of(pid: int) -> list[Socket]:
+    """Every TCP socket of the network namespace of ``pid`` (IPv4 and IPv6); empty if the process is gone."""
+    out = []
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            out += parse_tcp(Path(f"/proc/{pid}/net/{table}").read_text())
+    return out
 
 
 def pids_in(netns: str) -> list[int]:
@@ -262,3 +324,49 @@ class Cluster:
         for i in list(self._nodes):
             self.down(i)
         self.outer.end()
+
+
+def torchrun_argv(
+    node: Node,
+    *,
+    endpoint: str,
+    rdzv_id: str,
+    nnodes: str,
+    hosts_store: bool,
+    script: Sequence[str],
+    nproc: int = 1,
+    max_restarts: int = 0,
+    python: str = sys.executable,
+) -> list[str]:
+    """The command of node's torchrun agent: c10d rendezvous at ``endpoint`` (``10.77.0.<i>:<port>``), every
+    address explicit (``--local-addr``, ``is_host``), so torch derives none from the machine's host name."""
+    return [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        nnodes,
+        "--nproc-per-node",
+        str(nproc),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        endpoint,
+        "--rdzv-id",
+        rdzv_id,
+        "--rdzv-conf",
+        f"is_host={'true' if hosts_store else 'false'}",
+        "--local-addr",
+        node.addr,
+        "--max-restarts",
+        str(max_restarts),
+        *script,
+    ]
+
+
+def node_env(node: Node, base: Mapping[str, str], **extra: str) -> dict[str, str]:
+    """``base`` with the node's own network settings: gloo on the node's interface, no proxy."""
+    env = {k: v for k, v in base.items() if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
+    env.update(GLOO_SOCKET_IFNAME=node.ifname, TP_SOCKET_IFNAME=node.ifname, NO_PROXY="*")
+    env.update(extra)
+    return env

@@ -1,0 +1,264 @@
+"""Several nodes for real: one torchrun agent per simulated node (network namespaces of the test's own, see
+`preemptible.testing.nodes`), c10d rendezvous, gloo on CPU, a shared durable root.
+
+Every packet stays inside namespaces the test creates: node ``i`` is ``10.77.0.<i>`` on a bridge in the test's
+namespace, and its metadata emulator listens on the node's own loopback. Where namespaces cannot be made the tests
+skip and say why (under ``CI=true`` they fail).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import clean_env, committed_steps, final_digest
+from preemptible.testing.nodes import (
+    SUBNET,
+    Cluster,
+    NamespacesUnavailable,
+    Node,
+    Socket,
+    netns_of,
+    node_env,
+    sockets_of,
+    torchrun_argv,
+)
+from torchrunkit import EXAMPLE, journals, last
+
+STEPS = 1500  # the notice lands long before: AWS is polled once a second
+ARGS = ("--steps", str(STEPS), "--save-every", "40")
+SLOW = ("--step-time", "0.02")
+NOTICE = "import sys, urllib.request; urllib.request.urlopen(urllib.request.Request(sys.argv[1], method='POST'))"
+
+
+def cluster(nodes: int, base: Path) -> Cluster:
+    try:
+        return Cluster(nodes, base)
+    except NamespacesUnavailable as e:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the multi-node tests must run in CI, but: {e}")
+        pytest.skip(f"no network namespaces: {e}")
+
+
+class Emulator:
+    """The AWS metadata emulator of one node, on that node's own loopback."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.proc = node.popen(
+            [sys.executable, "-m", "preemptible", "emulate", "aws"],
+            env=clean_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        first = self.proc.stdout.readline()
+        assert "listening on http://127.0.0.1:" in first, first
+        self.url = first.split("listening on ", 1)[1].strip()
+
+    def notice(self) -> None:
+        done = self.node.run([sys.executable, "-c", NOTICE, f"{self.url}/_emulator/notice"], env=clean_env())
+        assert done.returncode == 0, done.stderr
+
+
+class Agent:
+    """One node's torchrun agent; its output goes to files in the node's scratch directory."""
+
+    def __init__(self, node: Node, root: Path, endpoint: str, *, hosts_store: bool, env: dict[str, str]) -> None:
+        self.node = node
+        self.out = node.scratch / "agent.out"
+        self.err = node.scratch / "agent.err"
+        argv = torchrun_argv(
+            node,
+            endpoint=endpoint,
+            rdzv_id="job",
+            nnodes="1:2",
+            hosts_store=hosts_store,
+            max_restarts=3,
+            script=[str(EXAMPLE), "--root", str(root), *ARGS, *env.pop("_args", "").split()],
+        )
+        with self.out.open("w") as out, self.err.open("w") as err:
+            self.proc = node.popen(argv, env=node_env(node, clean_env(**env)), stdout=out, stderr=err)
+
+    def wait(self, timeout: float = 180) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def stdout(self) -> str:
+        return self.out.read_text()
+
+    def stderr(self) -> str:
+        return self.err.read_text()
+
+
+def launch(c: Cluster, root: Path, *, slow: bool, sources: dict[int, Emulator] | None = None) -> list[Agent]:
+    """Both nodes' agents, node 1 hosting the c10d store."""
+    endpoint = f"{c.node(1).addr}:{c.node(1).free_port()}"
+    agents = []
+    for node in c:
+        env = {"MASTER_ADDR": c.node(1).addr}
+        if sources:
+            env.update(PREEMPTIBLE_SOURCES="signal,aws", PREEMPTIBLE_AWS_ENDPOINT=sources[node.index].url)
+        if slow:
+            env["_args"] = " ".join(SLOW)
+        agents.append(Agent(node, root, endpoint, hosts_store=node.index == 1, env=env))
+    return agents
+
+
+def finals(agents: list[Agent]) -> list[str]:
+    return [final_digest(a.stdout()) for a in agents if "final " in a.stdout()]
+
+
+class Audit:
+    """Every TCP socket of every harness process seen while it ran (`preemptible.testing.nodes.sockets_of`)."""
+
+    def __init__(self) -> None:
+        self.initial = netns_of(os.getpid())
+        self.netns: set[str] = set()
+        self.sockets: set[Socket] = set()
+        self.pids: set[int] = set()
+
+    def sample(self, c: Cluster) -> None:
+        for pid in c.pids():
+            try:
+                ns = netns_of(pid)
+            except OSError:
+                continue  # ended meanwhile
+            self.pids.add(pid)
+            self.netns.add(ns)
+            self.sockets.update(sockets_of(pid))
+
+    def until_done(self, c: Cluster, agents: list[Agent]) -> None:
+        while any(a.proc.poll() is None for a in agents):
+            self.sample(c)
+            time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Audit]:
+    """The final digest of an uninterrupted 2-node run, and the sockets its processes had."""
+    base = tmp_path_factory.mktemp("nodes-ref")
+    audit = Audit()
+    with cluster(2, base) as c:
+        agents = launch(c, base / "ckpt", slow=False)
+        audit.until_done(c, agents)
+        codes = [a.wait() for a in agents]
+        assert codes == [0, 0], [a.stderr()[-3000:] for a in agents]
+        (digest,) = finals(agents)
+    return digest, audit
+
+
+def wait_for(predicate: Any, what: str, timeout: float = 120) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = predicate()
+        if got:
+            return got
+        time.sleep(0.01)
+    raise AssertionError(f"never: {what}")
+
+
+def test_every_socket_of_a_two_node_run_stays_on_loopback_or_in_the_test_namespaces(
+    reference: tuple[str, Audit],
+) -> None:
+    _, audit = reference
+    initial = {audit.initial}  # the test's own namespace, the machine's initial one unless pid 1 says otherwise
+    with contextlib.suppress(OSError):
+        initial.add(netns_of(1))  # unreadable in some containers
+    assert audit.pids and not initial & audit.netns  # no harness process in the machine's namespace
+    outside = [s for s in audit.sockets if not s.allowed()]
+    assert not outside, outside
+    # not vacuous: the rendezvous store and gloo ran between the nodes' addresses
+    across = {(s.local, s.remote) for s in audit.sockets if s.local in SUBNET and s.remote in SUBNET}
+    assert {(ipaddress.ip_address("10.77.0.2"), ipaddress.ip_address("10.77.0.1"))} <= across, audit.sockets
+
+
+def test_a_cut_node_is_unreachable_both_ways_until_healed(tmp_path: Path) -> None:
+    server = (
+        "import socket, sys\n"
+        "s = socket.create_server((sys.argv[1], 0)); print(s.getsockname()[1], flush=True)\n"
+        "while True:\n    c, _ = s.accept(); c.sendall(b'up'); c.close()\n"
+    )
+    client = (
+        "import socket, sys\n"
+        "try:\n    print(socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2).recv(2).decode())\n"
+        "except OSError as e:\n    print(type(e).__name__)\n"
+    )
+    with cluster(2, tmp_path) as c:
+        ports = {}
+        for n in c:
+            proc = n.popen([sys.executable, "-c", server, n.addr], stdout=subprocess.PIPE, text=True)
+            assert proc.stdout is not None
+            ports[n.index] = proc.stdout.readline().strip()
+
+        def reach(src: int, dst: int) -> str:
+            done = c.node(src).run([sys.executable, "-c", client, c.node(dst).addr, ports[dst]])
+            return done.stdout.strip()
+
+        assert (reach(1, 2), reach(2, 1)) == ("up", "up")
+        c.cut(2)
+        assert (reach(1, 2), reach(2, 1)) == ("TimeoutError", "TimeoutError")
+        assert reach(2, 2) == "up"  # the node itself keeps running
+        c.heal(2)
+        assert (reach(1, 2), reach(2, 1)) == ("up", "up")
+
+
+def test_one_node_reclaimed_with_notice_stops_every_rank_at_one_step_and_a_replacement_resumes_exactly(
+    tmp_path: Path, reference: tuple[str, Audit]
+) -> None:
+    root = tmp_path / "ckpt"
+    with cluster(2, tmp_path) as c:
+        emulators = {n.index: Emulator(n) for n in c}
+        agents = launch(c, root, slow=True, sources=emulators)
+        wait_for(lambda: committed_steps(root), "the first periodic save")
+        emulators[2].notice()  # node 2 only, which does not host the store
+        codes = [a.wait() for a in agents]
+        errs = [a.stderr()[-3000:] for a in agents]
+        # every worker exited 0 after the commit, so both agents report the job succeeded: torchrun restarts nothing
+        assert codes == [0, 0], errs
+        ranks = journals(root)
+        assert sorted(ranks) == [0, 1], errs
+        exits = {r: last(ev, "exit") for r, ev in ranks.items()}
+        stop = exits[0]["step"]
+        assert stop < STEPS
+        assert all((e["step"], e["code"], e["reason"], e["saved"]) == (stop, 0, "notice", True) for e in exits.values())
+        notices = {r: last(ev, "notice") for r, ev in ranks.items()}
+        assert {n["source"] for n in notices.values()} == {"aws"}
+        # the rank on node 2 saw it on its own metadata service; the other only through the store
+        assert notices[1]["detail"].endswith("Z") and notices[0]["detail"].endswith("(seen by rank 1)")
+        emergency = [
+            e for ev in ranks.values() for e in ev if e["event"] == "save_committed" and e["reason"] == "emergency"
+        ]
+        assert sorted(e["rank"] for e in emergency) == [0, 1] and {e["step"] for e in emergency} == {stop}
+        assert committed_steps(root)[-1] == stop
+        assert json.loads((root / f"step-{stop:012d}" / "COMMIT.json").read_text())["world_size"] == 2
+        print(f"stopped at {stop}, exit codes {codes}")
+
+        # the VM goes; a replacement node comes up empty at the same address, and the job is launched again
+        old_scratch = c.node(2).scratch
+        c.replace(2)
+        assert not old_scratch.exists()
+        agents = launch(c, root, slow=False)
+        codes = [a.wait() for a in agents]
+        assert codes == [0, 0], [a.stderr()[-3000:] for a in agents]
+        out = "".join(a.stdout() for a in agents)
+        assert f"resumed_from={stop}" in out
+        assert finals(agents) == [reference[0]]
+
+    from preemptible import report
+    from preemptible.store.io import storage_for
+
+    doc = report.report(storage_for(str(root)))
+    assert doc["attempts"] == 2 and doc["finished"] is True
+    (p,) = doc["preemptions"]
+    assert (p["step"], p["resumed_from"], p["steps_lost"]) == (stop, stop, 0)
+    print(f"notice to commit {p['notice_to_commit_s']:.3f} s, steps lost {p['steps_lost']}")
