@@ -245,3 +245,56 @@ def test_save_every_0_turns_periodic_saves_off_and_framework_fallback_off_warns(
     assert on.fallback is None  # preemptible's own is as new
     on.choose_fallback([_ck(str(tmp_path / "out" / "checkpoint-8"), 8)], 4, "transformers")
     assert on.fallback is not None and on.fallback.step == 8
+
+
+def test_the_step_read_off_a_hostile_ckpt_runs_nothing_and_is_bounded(tmp_path: Path) -> None:
+    """`pickled_step` reads opcodes, never unpickles: a ``.ckpt`` whose pickle would run code when loaded (a
+    ``__reduce__`` calling a builtin that writes a file) yields its step or None, and the code never runs; a cut
+    pickle, a pickle beyond the size bound and random bytes give None, never a traceback."""
+    import pickle
+    import zipfile
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from preemptible.integrations.lightning import pickled_step
+
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self) -> tuple[object, tuple[str, str]]:
+            return (open, (str(marker), "w"))
+
+    def ckpt(name: str, data: bytes) -> str:
+        path = tmp_path / name
+        with zipfile.ZipFile(path, "w") as z:
+            z.writestr("archive/data.pkl", data)
+        return str(path)
+
+    hostile = pickle.dumps({"global_step": 12, "hook": Payload()}, protocol=2)
+    assert pickled_step(ckpt("hostile.ckpt", hostile)) == 12
+    assert pickled_step(ckpt("first.ckpt", pickle.dumps({"hook": Payload(), "global_step": 5}))) == 5
+    assert not marker.exists()
+    assert pickled_step(ckpt("cut.ckpt", hostile[: len(hostile) // 2])) in (None, 12)
+    assert pickled_step(ckpt("negative.ckpt", pickle.dumps({"global_step": -3}))) is None
+    assert not marker.exists()
+
+    import preemptible.integrations.lightning as pl_integration
+
+    bound = pl_integration._MAX_PICKLE
+    pl_integration._MAX_PICKLE = len(hostile) - 1
+    try:
+        assert pickled_step(ckpt("large.ckpt", hostile)) is None  # beyond the bound: not read at all
+    finally:
+        pl_integration._MAX_PICKLE = bound
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.binary(max_size=512))
+    def garbage(data: bytes) -> None:
+        for path in (ckpt("garbage.ckpt", data), str(tmp_path / "raw.ckpt")):
+            (tmp_path / "raw.ckpt").write_bytes(data)
+            step = pickled_step(path)
+            assert step is None or (isinstance(step, int) and step >= 0)
+
+    garbage()
+    assert not marker.exists()
