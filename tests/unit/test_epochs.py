@@ -29,6 +29,11 @@ def build() -> tuple[torch.nn.Module, torch.optim.Optimizer, Any, DataLoader[Any
     return model, optimizer, scheduler, DataLoader(data, batch_size=4, shuffle=True)
 
 
+def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> None:
+    """One training step on a batch: forward, backward, the optimizer's step."""
+    optimizer_step(model, optimizer, x, y)
+
+
 def train(root: Path, stop_at: int | None = None) -> tuple[dict[str, Any], list[tuple[int, float]], preemptible.Run]:
     """One process's life: returns the final state, the (epoch, first value) of every batch trained on, the run."""
     model, optimizer, scheduler, loader = build()
@@ -38,10 +43,7 @@ def train(root: Path, stop_at: int | None = None) -> tuple[dict[str, Any], list[
         for epoch in run.epochs(EPOCHS):
             for x, y in run.batches(loader):
                 seen.append((epoch, float(x[0, 0])))
-                loss = torch.nn.functional.mse_loss(model(x), y)
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
+                optimizer_step(model, optimizer, x, y)
                 if stop_at is not None and run.step + 1 == stop_at:
                     run.guard.trigger(source="test")
             if run.preempted:
@@ -149,10 +151,7 @@ def train_with_draws(root: Path, stop_at: int | None = None) -> tuple[dict[str, 
             kept["peeked"] += float(next(iter(loader))[0].sum())  # a draw before run.batches
             for x, y in run.batches(loader):
                 noisy = x + 0.01 * torch.randn_like(x)  # a draw between boundaries
-                loss = torch.nn.functional.mse_loss(model(noisy), y)
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
+                optimizer_step(model, optimizer, noisy, y)
                 if stop_at is not None and run.step + 1 == stop_at:
                     run.guard.trigger(source="test")
             if run.preempted:
@@ -196,10 +195,7 @@ def test_save_every_epochs_saves_after_each_epoch_s_end_work_and_resumes_into_th
                 for x, y in run.batches(loader):
                     if epoch == crash_in_epoch:
                         break  # as a SIGKILL would: nothing saved from here
-                    loss = torch.nn.functional.mse_loss(model(x), y)
-                    optimizer.zero_grad()
-                    loss.backward()
-                    optimizer.step()
+                    optimizer_step(model, optimizer, x, y)
                 if epoch == crash_in_epoch:
                     break
                 scheduler.step()
@@ -229,9 +225,7 @@ def test_a_resume_whose_loader_changed_length_says_it_is_not_exact(
     with run:
         for _ in run.epochs(EPOCHS):
             for x, y in run.batches(loader):
-                optimizer.zero_grad()
-                torch.nn.functional.mse_loss(model(x), y).backward()
-                optimizer.step()
+                optimizer_step(model, optimizer, x, y)
                 if run.step + 1 == 3:
                     run.guard.trigger(source="test")
             if run.preempted:
@@ -289,9 +283,7 @@ def test_a_break_out_of_the_batches_after_the_optimizer_step_counts_that_step(tm
             for x, y in run.batches(loader):
                 if epoch == 2:
                     break  # before any work: not a step
-                optimizer.zero_grad()
-                torch.nn.functional.mse_loss(model(x), y).backward()
-                optimizer.step()
+                optimizer_step(model, optimizer, x, y)
                 break  # --dry-run
     assert run.step == 2
     assert [e["step"] for e in journal(tmp_path) if e["event"] == "save_committed"] == [2]
@@ -309,9 +301,7 @@ def test_batches_done_continues_the_epoch_s_batch_index_after_a_resume(tmp_path:
             for epoch in run.epochs(EPOCHS):
                 for i, (x, y) in enumerate(run.batches(loader), run.batches_done):
                     seen.append((epoch, i))
-                    optimizer.zero_grad()
-                    torch.nn.functional.mse_loss(model(x), y).backward()
-                    optimizer.step()
+                    optimizer_step(model, optimizer, x, y)
                     if run.step + 1 == stop_at:
                         run.guard.trigger(source="test")
                 if run.preempted:
