@@ -528,15 +528,8 @@ class StoreAgreement:
             self._known.set()
 
     def _watch_with(self, store: StoreClient) -> None:
-        while not self._closed.is_set():
-            try:
-                store.wait([self._mine], timedelta(seconds=WATCH_S))  # blocks: no requests while it waits
-                break
-            except Exception:
-                if self._closed.is_set():
-                    return
-        doc = json.loads(read(store, self._mine))
-        if doc.get("closed"):
+        doc = _wait_own_key(store, self._mine, self._closed)
+        if doc is None:
             return  # close() woke us
         if doc.get("rank") != self.coord.rank and self._local_notice() is None:
             self._record(_notice_from(doc))
@@ -580,6 +573,21 @@ class StoreAgreement:
             self._announcer.join(self.timeout_s + 5)  # announcing, at worst: a bounded store request
         self.coord.release()
         _LIVE.discard(self)
+
+
+def _wait_own_key(store: StoreClient, key: str, closed: threading.Event) -> dict[str, Any] | None:
+    """A background thread's wait on its own key: one blocking wait (no requests while it waits), renewed every
+    `WATCH_S`; the key's JSON once set, or None when ``close()`` ended the wait (the key set to ``{"closed": true}``,
+    or the connection gone after ``closed`` was set)."""
+    while True:
+        try:
+            store.wait([key], timedelta(seconds=WATCH_S))
+            break
+        except Exception:
+            if closed.is_set():
+                return None
+    doc: dict[str, Any] = json.loads(read(store, key))
+    return None if doc.get("closed") else doc
 
 
 class IntervalAgreement:
@@ -628,16 +636,8 @@ class IntervalAgreement:
             self._known.set()
 
     def _one_round(self, store: StoreClient) -> bool:
-        mine = self._key(self.round, self.coord.rank)
-        while True:
-            try:
-                store.wait([mine], timedelta(seconds=WATCH_S))  # blocks: no requests while it waits
-                break
-            except Exception:
-                if self._closed.is_set():
-                    return False
-        if json.loads(read(store, mine)).get("closed"):
-            return False
+        if _wait_own_key(store, self._key(self.round, self.coord.rank), self._closed) is None:
+            return False  # close() woke us
         self._woken.set()  # IMPORTANT: the flag first, the step after (see due())
         step = self.coord.reduce(
             store, f"interval-step/{self.round}", str(self._completed),
