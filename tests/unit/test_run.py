@@ -240,6 +240,8 @@ def test_bad_arguments_are_clear(tmp_path: Path) -> None:
         ({"save_interval_s": float("nan")}, "finite number of seconds"),
         ({"save_interval_s": float("inf")}, "finite number of seconds"),
         ({"prestage_every": 0}, "prestage_every"),
+        ({"save_every_epochs": 0}, "expected save_every_epochs to be a whole number >= 1 or None, found 0"),
+        ({"save_every_epochs": 1.5}, "save_every_epochs"),
         ({"on_advisory": "maybe"}, "on_advisory"),
         ({"exit_code": "0"}, "exit_code"),
         ({"per_rank": ["nope"]}, r"per_rank names \['nope'\], which are not state entries"),
@@ -531,3 +533,20 @@ def test_leaving_the_loop_early_is_journaled_saves_nothing_and_a_rerun_resumes(t
     rerun = Run(tmp_path, **parts(seed=1))
     assert rerun.start_step == (6 if how == "epochs" else 3)
     rerun.close()
+
+
+def test_a_bad_mtbf_for_the_save_advice_is_refused_at_start_and_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``$PREEMPTIBLE_MTBF_HOURS`` feeds the Young/Daly advice: a value that is not hours > 0 is an error when the run
+    starts (not after its first step), saying what was expected and found; ``plan`` exits 2 with the same words."""
+    from preemptible.cli import main
+
+    monkeypatch.setenv("PREEMPTIBLE_MTBF_HOURS", "-4")
+    run = Run(tmp_path / "ckpt", model=torch.nn.Linear(2, 1), sources=())
+    with pytest.raises(ValueError, match=r"expected \$PREEMPTIBLE_MTBF_HOURS to be a number of hours > 0, found '-4'"):
+        _ = run.start_step
+    run.close()
+    assert not list((tmp_path / "ckpt").glob("step-*"))
+    assert main(["plan", str(tmp_path), "--params", "1e6", "--bandwidth", "1e8", "--window", "30"]) == 2
+    assert "found '-4'; unset it or fix it" in capsys.readouterr().err
