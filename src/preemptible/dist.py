@@ -87,6 +87,56 @@ def local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
+def node() -> int | None:
+    """This process's node in a multi-node torchrun job (its agent's ``GROUP_RANK`` in the current rendezvous
+    round), or None outside one (one process, or one node: ``GROUP_WORLD_SIZE`` of 1 or unset)."""
+    try:
+        if int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1:
+            return int(os.environ["GROUP_RANK"])
+    except (KeyError, ValueError):
+        pass
+    return None
+
+
+AGENT_NAMES = ("torch.distributed.run", "torchrun", "torch.distributed.launch", "torch/distributed/run.py")
+"""What the command line of torchrun's agent contains (``python -m torch.distributed.run``, the ``torchrun``
+script, the deprecated ``launch``)."""
+
+
+def agent_pid() -> int | None:
+    """The pid of this worker's torchrun agent (its parent, when the parent's command line is torchrun's), or
+    None: not under torchrun, or started some other way."""
+    if not os.environ.get("TORCHELASTIC_RUN_ID"):
+        return None
+    parent = os.getppid()
+    try:
+        with open(f"/proc/{parent}/cmdline", "rb") as f:
+            argv = f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    return parent if any(name in arg for arg in argv[:4] for name in AGENT_NAMES) else None
+
+
+def leave_rendezvous() -> bool:
+    """End this node's torchrun agent with SIGTERM, as the reclaimed VM would: an agent that ends on a signal
+    leaves the rendezvous open for the other nodes' elastic restart, while one whose workers all exited 0 closes
+    it for everyone (torch's ``launch_agent`` shuts the rendezvous down after a success). True when signalled.
+
+    Only for a node whose own notice stopped the job (`Emergency.respond`), after its save has committed and its
+    journal is synced; the agent then stops this worker (which ignores late signals by then) and exits."""
+    import signal
+
+    pid = agent_pid()
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except OSError as e:
+        log.warning("could not signal torchrun's agent (pid %d) to leave the rendezvous: %s", pid, e)
+        return False
+    return True
+
+
 def store_address() -> tuple[str, int] | None:
     """The c10d store torchrun (or an env:// launch) provides: ``MASTER_ADDR``/``MASTER_PORT``."""
     host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
@@ -115,12 +165,30 @@ class StoreClient(Protocol):
     def multi_set(self, keys: list[str], values: list[str]) -> None: ...
 
 
+def _attempt() -> str | None:
+    """A name for this launch of the job's ranks that every rank shares and no earlier launch had: rank 0's
+    random token, broadcast over the job's process group. ``TORCHELASTIC_RESTART_COUNT`` is not one: a node that
+    joins an elastic restart (a replacement) counts from 0 while the nodes that stayed count their restarts, and
+    keys of the store (which outlives the rounds, on the store host's agent) would then not meet. None (the
+    restart count is used) without an initialised process group or off the main thread (the broadcast is a
+    collective: every rank makes it in lockstep, when its `Run` starts)."""
+    if not _dist_ready() or threading.current_thread() is not threading.main_thread():
+        return None
+    import secrets
+
+    import torch.distributed as tdist
+
+    box: list[Any] = [secrets.token_hex(6) if rank() == 0 else None]
+    tdist.broadcast_object_list(box, src=0)
+    return f"a-{box[0]}"
+
+
 class Coordinator:
     """Namespaced access to the job's c10d store, one client connection per user (thread).
 
-    Every key lives under ``preemptible/<run id>/<restart>/``, so a torchrun restart never reads the previous
-    attempt's keys. Clients are separate TCP connections: a blocking ``wait`` in one thread never holds up
-    another thread's request. One per process: `coordinator()`.
+    Every key lives under ``preemptible/<run id>/<attempt>/`` (`_attempt`: a token rank 0 broadcasts, else the
+    restart count), so a torchrun restart never reads the previous attempt's keys. Clients are separate TCP
+    connections: a blocking ``wait`` in one thread never holds up another thread's request. One per process: `coordinator()`.
 
     IMPORTANT (lockstep): the save commit, the replicated-state check, the restore agreement and the shared-root
     check are rounds of `exchange` named by `round`, whose counter is per process. Every rank must open the same
@@ -128,13 +196,15 @@ class Coordinator:
     skipped one would wait on keys no one writes, until the timeout turns it into a `CoordinationError`.
     """
 
-    def __init__(self, *, rank_: int, world: int, address: tuple[str, int], timeout_s: float = 60.0) -> None:
+    def __init__(
+        self, *, rank_: int, world: int, address: tuple[str, int], timeout_s: float = 60.0, attempt: str | None = None
+    ) -> None:
         self.rank = rank_
         self.world = world
         self.address = address
         self.timeout_s = timeout_s
         run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
-        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        restart = attempt if attempt is not None else os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         self.prefix = f"preemptible/{run_id}/{restart}"
         self._rounds: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -159,7 +229,7 @@ class Coordinator:
             return None
         if timeout_s is None:
             timeout_s = float(os.environ.get("PREEMPTIBLE_COORD_TIMEOUT", "60"))
-        return cls(rank_=rank(), world=world, address=address, timeout_s=timeout_s)
+        return cls(rank_=rank(), world=world, address=address, timeout_s=timeout_s, attempt=_attempt())
 
     def client(self) -> StoreClient:
         """A new store client of the caller's own (the protocols borrow pooled ones: `borrow`)."""
@@ -478,6 +548,7 @@ class StoreAgreement:
         self.timeout_s = timeout_s
         self._completed = 0
         self._stop_step: int | None = None
+        self.announcement: dict[str, Any] | None = None  # the winning announcement once known (rank, node, notice)
         self._noticed = threading.Event()
         self._known = threading.Event()
         self._closed = threading.Event()
@@ -503,7 +574,7 @@ class StoreAgreement:
             if self._announced:
                 return
             self._announced = True
-        doc = json.dumps({**notice.to_json(), "rank": self.coord.rank})
+        doc = json.dumps({**notice.to_json(), "rank": self.coord.rank, "node": node()})
         winner = bytes(store.compare_set("notice", "", doc)).decode()  # the first announcement wins
         world = self.coord.world
         store.multi_set([f"notice/{r}" for r in range(world)], [winner] * world)  # wakes every rank at once
@@ -531,6 +602,7 @@ class StoreAgreement:
         doc = _wait_own_key(store, self._mine, self._closed)
         if doc is None:
             return  # close() woke us
+        self.announcement = doc
         if doc.get("rank") != self.coord.rank and self._local_notice() is None:
             self._record(_notice_from(doc))
         self._noticed.set()

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
+from preemptible import dist
 from preemptible.errors import PreemptibleError
 from preemptible.events import Event, ExitReason, SaveReason, tag
 from preemptible.sources import slurm
@@ -36,6 +37,27 @@ EXIT_SAVE_FAILED = 75
 """Exit code when the emergency save failed (EX_TEMPFAIL): nothing new committed, the previous checkpoint is
 intact, restart the job."""
 EXIT_CODE_ENV = "PREEMPTIBLE_EXIT_CODE"
+EXIT_PEER_NODE = 76
+"""Exit code of the ranks of a multi-node job whose node did not get the notice, after the committed save: another
+node is going away, so this one must start again with the nodes that remain or replace it. Torchrun's elastic
+restart (``--max-restarts``) and a scheduler's restart policy act on a nonzero code; the reclaimed node's own
+ranks exit with the platform's code and leave the rendezvous (`preemptible.dist.leave_rendezvous`)."""
+
+
+class NodeRole(str, Enum):
+    """What a notice means for this rank's node in a multi-node torchrun job (journaled with the exit)."""
+
+    RECLAIMED = "reclaimed"  # this node got the notice: it goes; its agent leaves the rendezvous
+    SURVIVOR = "survivor"  # another node got it: this one restarts (`EXIT_PEER_NODE`)
+
+
+def node_role(announcement: dict[str, Any] | None, node: int | None) -> NodeRole | None:
+    """This node's role once a notice has stopped a multi-node job; None outside one (``node`` None) or when
+    the announcement does not say which node saw it."""
+    if node is None or announcement is None or announcement.get("node") is None:
+        return None
+    return NodeRole.RECLAIMED if announcement.get("node") == node else NodeRole.SURVIVOR
+
 
 SAFETY_MARGIN = 0.8
 """Plan to use at most this share of the time left: bandwidth drifts, and steps vary."""
@@ -183,6 +205,7 @@ class Emergency:
         self.rank = rank
         self.journal: Journal | None = None
         self.watcher: PrestageWatcher | None = None
+        self.role: NodeRole | None = None  # in a multi-node job, once a notice has stopped it
 
     def attach(self, journal: Journal) -> None:
         """The run's journal, once the run has started."""
@@ -221,6 +244,14 @@ class Emergency:
         self._journal_notice(completed, waited)
         code = self.policy.code_after_notice(self.guard.platform.exit_code)
         saved = self._save_what_can_land(completed, resumed_from)
+        self.role = node_role(getattr(self.guard, "announcement", None), dist.node())
+        extra: dict[str, Any] = {}
+        if self.role is not None:
+            extra = {"node": dist.node(), "role": self.role.value}
+            if self.role is NodeRole.RECLAIMED and self.exit_process:
+                extra["agent_pid"] = dist.agent_pid()  # signalled once the run has closed (`Run._stop`)
+            if self.role is NodeRole.SURVIVOR:
+                code = EXIT_PEER_NODE
         if not saved:
             code = EXIT_SAVE_FAILED
         if saved and self.rank == 0 and self.guard.platform.scheduler == "slurm":
@@ -237,6 +268,7 @@ class Emergency:
             later_notices=len(self.guard.notices) - 1,
             remaining_s=self.guard.remaining(),
             exit_process=self.exit_process,
+            **extra,
         )
         self.events.sync()
         return code

@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Iterable
 from types import TracebackType
+from typing import Any
 
 from preemptible import dist, relay
 from preemptible.errors import NoticeSourceError
@@ -159,6 +160,12 @@ class Guard:
     def stop_step(self) -> int | None:
         """The agreed stop step once known."""
         return self._agreement.stop_step
+
+    @property
+    def announcement(self) -> dict[str, Any] | None:
+        """The notice that stopped the job as its announcing rank published it (with that rank's ``rank`` and
+        ``node``), once the agreement knows it; None in one process or before any notice."""
+        return getattr(self._agreement, "announcement", None)
 
     def remaining(self) -> float | None:
         """Seconds until the notice's deadline (negative once past); None without a notice or a deadline."""

@@ -28,7 +28,7 @@ from preemptible import budget, dist
 from preemptible._version import __version__
 from preemptible.accumulation import OptimizerSteps
 from preemptible.checkpoint import Checkpointer, SaveResult
-from preemptible.emergency import Emergency, wait_fits
+from preemptible.emergency import Emergency, NodeRole, wait_fits
 from preemptible.errors import (
     CheckpointCorruptError,
     PreemptibleError,
@@ -836,6 +836,8 @@ class Run:
         if self.exit_on_notice:
             _ignore_late_notices()  # before close(): it then leaves these alone (it restores only its own handlers)
             self.close()
+            if self.emergency.role is NodeRole.RECLAIMED:
+                dist.leave_rendezvous()  # this node goes: its agent must not close the rendezvous behind it
             # Interpreter teardown with torch loaded spends 1-1.5 s in the final garbage collection; freezing
             # the heap skips that walk (atexit handlers and finally blocks still run) and cuts it to ~0.3 s.
             gc.freeze()

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from conftest import clean_env, committed_steps, final_digest
+from preemptible.emergency import EXIT_PEER_NODE
 from preemptible.testing.nodes import (
     SUBNET,
     Cluster,
@@ -74,21 +75,35 @@ class Emulator:
 class Agent:
     """One node's torchrun agent; its output goes to files in the node's scratch directory."""
 
-    def __init__(self, node: Node, root: Path, endpoint: str, *, hosts_store: bool, env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        node: Node,
+        root: Path,
+        endpoint: str,
+        *,
+        hosts_store: bool,
+        env: dict[str, str],
+        nnodes: str = "1:2",
+        max_restarts: int = 3,
+        name: str = "agent",
+    ) -> None:
         self.node = node
-        self.out = node.scratch / "agent.out"
-        self.err = node.scratch / "agent.err"
+        logs = node.scratch.parent / "logs"  # kept when the node goes (its scratch directory does not survive it)
+        logs.mkdir(exist_ok=True)
+        self.out = logs / f"node{node.index}.{name}.out"
+        self.err = logs / f"node{node.index}.{name}.err"
         argv = torchrun_argv(
             node,
             endpoint=endpoint,
             rdzv_id="job",
-            nnodes="1:2",
+            nnodes=nnodes,
             hosts_store=hosts_store,
-            max_restarts=3,
+            max_restarts=max_restarts,
             script=[str(EXAMPLE), "--root", str(root), *ARGS, *env.pop("_args", "").split()],
         )
         with self.out.open("w") as out, self.err.open("w") as err:
             self.proc = node.popen(argv, env=node_env(node, clean_env(**env)), stdout=out, stderr=err)
+        self.endpoint = endpoint
 
     def wait(self, timeout: float = 180) -> int:
         return self.proc.wait(timeout=timeout)
@@ -100,17 +115,30 @@ class Agent:
         return self.err.read_text()
 
 
-def launch(c: Cluster, root: Path, *, slow: bool, sources: dict[int, Emulator] | None = None) -> list[Agent]:
-    """Both nodes' agents, node 1 hosting the c10d store."""
-    endpoint = f"{c.node(1).addr}:{c.node(1).free_port()}"
+def launch(
+    c: Cluster,
+    root: Path,
+    *,
+    slow: bool,
+    sources: dict[int, Emulator] | None = None,
+    host: int = 1,
+    only: list[int] | None = None,
+    endpoint: str | None = None,
+    **agent: Any,
+) -> list[Agent]:
+    """The nodes' agents (``only`` those), node ``host`` hosting the c10d store at ``endpoint`` (a new port on
+    it by default)."""
+    endpoint = endpoint or f"{c.node(host).addr}:{c.node(host).free_port()}"
     agents = []
     for node in c:
-        env = {"MASTER_ADDR": c.node(1).addr}
+        if only is not None and node.index not in only:
+            continue
+        env = {"MASTER_ADDR": c.node(host).addr, "LOGLEVEL": "INFO"}
         if sources:
             env.update(PREEMPTIBLE_SOURCES="signal,aws", PREEMPTIBLE_AWS_ENDPOINT=sources[node.index].url)
         if slow:
             env["_args"] = " ".join(SLOW)
-        agents.append(Agent(node, root, endpoint, hosts_store=node.index == 1, env=env))
+        agents.append(Agent(node, root, endpoint, hosts_store=node.index == host, env=env, **agent))
     return agents
 
 
@@ -212,28 +240,33 @@ def test_a_cut_node_is_unreachable_both_ways_until_healed(tmp_path: Path) -> Non
         assert (reach(1, 2), reach(2, 1)) == ("up", "up")
 
 
-def test_one_node_reclaimed_with_notice_stops_every_rank_at_one_step_and_a_replacement_resumes_exactly(
+def test_one_node_reclaimed_with_notice_stops_every_rank_at_one_step_and_the_job_restarts_itself_with_a_replacement(
     tmp_path: Path, reference: tuple[str, Audit]
 ) -> None:
+    """Scenario 1: an AWS notice served only to node 2 (not the store host). Every rank stops at one step and the
+    save commits once; node 2's rank exits with the platform's code (0 on AWS) and its agent leaves the
+    rendezvous; node 1's rank exits `EXIT_PEER_NODE`, so its agent restarts on its own (torchrun's elastic
+    restart), waits in the rendezvous for a replacement node, and the job resumes bit-identically at world 2."""
     root = tmp_path / "ckpt"
     with cluster(2, tmp_path) as c:
         emulators = {n.index: Emulator(n) for n in c}
-        agents = launch(c, root, slow=True, sources=emulators)
+        agents = launch(c, root, slow=True, sources=emulators, nnodes="2:2")
         wait_for(lambda: committed_steps(root), "the first periodic save")
         emulators[2].notice()  # node 2 only, which does not host the store
-        codes = [a.wait() for a in agents]
-        errs = [a.stderr()[-3000:] for a in agents]
-        # every worker exited 0 after the commit, so both agents report the job succeeded: torchrun restarts nothing
-        assert codes == [0, 0], errs
+        reclaimed = agents[1].wait()
         ranks = journals(root)
-        assert sorted(ranks) == [0, 1], errs
+        assert sorted(ranks) == [0, 1], agents[1].stderr()[-3000:]
         exits = {r: last(ev, "exit") for r, ev in ranks.items()}
         stop = exits[0]["step"]
         assert stop < STEPS
-        assert all((e["step"], e["code"], e["reason"], e["saved"]) == (stop, 0, "notice", True) for e in exits.values())
+        assert all((e["step"], e["reason"], e["saved"]) == (stop, "notice", True) for e in exits.values())
+        # the rank on node 2 (group rank 1) leaves with AWS's code; node 1's restarts
+        assert (exits[1]["code"], exits[1]["role"], exits[1]["node"]) == (0, "reclaimed", 1), exits
+        assert (exits[0]["code"], exits[0]["role"], exits[0]["node"]) == (EXIT_PEER_NODE, "survivor", 0), exits
+        assert exits[1]["agent_pid"] == agents[1].proc.pid  # nsenter execs torchrun: the same process
+        assert reclaimed != 0  # the agent ended on the signal: it did not close the rendezvous
         notices = {r: last(ev, "notice") for r, ev in ranks.items()}
         assert {n["source"] for n in notices.values()} == {"aws"}
-        # the rank on node 2 saw it on its own metadata service; the other only through the store
         assert notices[1]["detail"].endswith("Z") and notices[0]["detail"].endswith("(seen by rank 1)")
         emergency = [
             e for ev in ranks.values() for e in ev if e["event"] == "save_committed" and e["reason"] == "emergency"
@@ -241,22 +274,20 @@ def test_one_node_reclaimed_with_notice_stops_every_rank_at_one_step_and_a_repla
         assert sorted(e["rank"] for e in emergency) == [0, 1] and {e["step"] for e in emergency} == {stop}
         assert committed_steps(root)[-1] == stop
         assert json.loads((root / f"step-{stop:012d}" / "COMMIT.json").read_text())["world_size"] == 2
-        print(f"stopped at {stop}, exit codes {codes}")
+        assert agents[0].proc.poll() is None  # node 1's agent stays, restarting: nobody relaunches it
 
-        # the VM goes; a replacement node comes up empty at the same address, and the job is launched again, as a
-        # scheduler would. IMPORTANT: with exit 0 torchrun's agents end as SUCCEEDED and restart nothing; with a
-        # nonzero code (PREEMPTIBLE_EXIT_CODE) node 1's agent restarts, but the reclaimed node's agent restarts too
-        # and joins the next round before its VM ends, and that round then hangs on its missing rank (seen: a
-        # DistStoreError after 60 s in _assign_worker_ranks). Elastic self-restart needs the reclaimed node kept out.
+        # the VM goes; a replacement comes up empty at the same address and joins the same rendezvous
         old_scratch = c.node(2).scratch
         c.replace(2)
         assert not old_scratch.exists()
-        agents = launch(c, root, slow=False)
-        codes = [a.wait() for a in agents]
-        assert codes == [0, 0], [a.stderr()[-3000:] for a in agents]
-        out = "".join(a.stdout() for a in agents)
+        endpoint = agents[0].endpoint
+        (replacement,) = launch(c, root, slow=False, only=[2], endpoint=endpoint, nnodes="2:2", name="replacement")
+        codes = [agents[0].wait(), replacement.wait()]
+        assert codes == [0, 0], [agents[0].stderr()[-3000:], replacement.stderr()[-3000:]]
+        out = agents[0].stdout()
         assert f"resumed_from={stop}" in out
-        assert finals(agents) == [reference[0]]
+        assert finals([agents[0]]) == [reference[0]]
+        assert "restart" in agents[0].stderr().lower()  # torchrun's own elastic restart, not a relaunch
 
     from preemptible import report
     from preemptible.store.io import storage_for
@@ -265,4 +296,4 @@ def test_one_node_reclaimed_with_notice_stops_every_rank_at_one_step_and_a_repla
     assert doc["attempts"] == 2 and doc["finished"] is True
     (p,) = doc["preemptions"]
     assert (p["step"], p["resumed_from"], p["steps_lost"]) == (stop, stop, 0)
-    print(f"notice to commit {p['notice_to_commit_s']:.3f} s, steps lost {p['steps_lost']}")
+    print(f"stopped at {stop}; notice to commit {p['notice_to_commit_s']:.3f} s, steps lost {p['steps_lost']}")

@@ -365,8 +365,16 @@ def torchrun_argv(
 
 
 def node_env(node: Node, base: Mapping[str, str], **extra: str) -> dict[str, str]:
-    """``base`` with the node's own network settings: gloo on the node's interface, no proxy."""
+    """``base`` with the node's own network settings: gloo on the node's interface, no proxy, and the workers'
+    store of each rendezvous round its own (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``).
+
+    Why the last: by default the workers share the store of the agent that hosts the rendezvous, and the agent
+    that stays rank 0 across an elastic restart keeps the store address of the first round without publishing it
+    in the new one, so a replacement node waits for it forever (seen: ``wait timeout ... keys:
+    /torch.rendezvous.job.1/MASTER_ADDR``). With the variable set, rank 0 of every round publishes a fresh store
+    for that round's workers: a replacement joins, and no key of an earlier round is ever read."""
     env = {k: v for k, v in base.items() if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
     env.update(GLOO_SOCKET_IFNAME=node.ifname, TP_SOCKET_IFNAME=node.ifname, NO_PROXY="*")
+    env.update(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     env.update(extra)
     return env
