@@ -188,7 +188,8 @@ class Coordinator:
 
     Every key lives under ``preemptible/<run id>/<attempt>/`` (`_attempt`: a token rank 0 broadcasts, else the
     restart count), so a torchrun restart never reads the previous attempt's keys. Clients are separate TCP
-    connections: a blocking ``wait`` in one thread never holds up another thread's request. One per process: `coordinator()`.
+    connections: a blocking ``wait`` in one thread never holds up another thread's request. One per process:
+    `coordinator()`.
 
     IMPORTANT (lockstep): the save commit, the replicated-state check, the restore agreement and the shared-root
     check are rounds of `exchange` named by `round`, whose counter is per process. Every rank must open the same
