@@ -648,17 +648,33 @@ class StoreAgreement:
         _LIVE.discard(self)
 
 
+OWN_KEY_FAILURES = 30
+"""Consecutive failed waits (a second apart) after which a background wait on its own key gives up: the store is
+gone."""
+
+
 def _wait_own_key(store: StoreClient, key: str, closed: threading.Event) -> dict[str, Any] | None:
     """A background thread's wait on its own key: one blocking wait (no requests while it waits), renewed every
     `WATCH_S`; the key's JSON once set, or None when ``close()`` ended the wait (the key set to ``{"closed": true}``,
     or the connection gone after ``closed`` was set)."""
+    import time
+
+    failures = 0
     while True:
+        began = time.monotonic()
         try:
             store.wait([key], timedelta(seconds=WATCH_S))
             break
         except Exception:
             if closed.is_set():
                 return None
+            if time.monotonic() - began > 1.0:
+                failures = 0  # the wait's own timeout, renewed: not a failure
+                continue
+            failures += 1  # a store that is gone fails each wait at once: no busy loop, and an end
+            if failures >= OWN_KEY_FAILURES:
+                raise
+            closed.wait(1.0)
     doc: dict[str, Any] = json.loads(read(store, key))
     return None if doc.get("closed") else doc
 
@@ -794,3 +810,179 @@ def _notice_from(doc: dict[str, Any]) -> Any:
     from preemptible.notice import Notice
 
     return Notice.from_json({**doc, "detail": f"{doc.get('detail', '')} (seen by rank {doc.get('rank')})"})
+
+
+PEER_TIMEOUT_ENV = "PREEMPTIBLE_PEER_TIMEOUT_S"
+DEFAULT_PEER_TIMEOUT_S = 300.0
+"""A node lost without notice is detected within this (`PeerWatch`), not the backends' own timeouts (30 minutes
+for gloo, 10 for NCCL) that a collective with a vanished peer otherwise waits out."""
+
+
+def peer_timeout(value: float | None) -> float:
+    """The peer timeout in seconds: ``value`` (`Run(peer_timeout_s=...)`), else ``$PREEMPTIBLE_PEER_TIMEOUT_S``,
+    else `DEFAULT_PEER_TIMEOUT_S`; 0 turns the watch off.
+
+    Raises:
+        ValueError: not a finite number of seconds >= 0 (says what was found, and where).
+    """
+    where = "peer_timeout_s"
+    if value is None:
+        raw = os.environ.get(PEER_TIMEOUT_ENV, "").strip()
+        if not raw:
+            return DEFAULT_PEER_TIMEOUT_S
+        where = f"${PEER_TIMEOUT_ENV}"
+        try:
+            value = float(raw)
+        except ValueError:
+            value = None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < float("inf")
+    if not ok:
+        raise ValueError(
+            f"expected {where} to be a finite number of seconds >= 0 (0 turns the watch off; default "
+            f"{DEFAULT_PEER_TIMEOUT_S:.0f}), found {value if where == 'peer_timeout_s' else raw!r}"
+        )
+    assert value is not None
+    return float(value)
+
+
+class PeerWatch:
+    """Detects a peer that is gone without a word (its node lost without notice, or cut off), within
+    ``timeout_s``: a collective with a vanished peer otherwise waits out the backend's own timeout.
+
+    Without a stall there is no store traffic: the ``preemptible-peers`` thread reads a local clock once a second,
+    and the ``preemptible-peers-answer`` thread sits in one blocking wait on its own key. When this rank has not
+    reached a step boundary (`beat`) for half the timeout, it asks every rank whether it is alive: one ``add``
+    names the round, one ``multi_set`` wakes every rank's answering thread, which answers from the background
+    (so a rank blocked in a collective, or busy in a long evaluation, still answers). All answer within the other
+    half: the job is slow, not broken, and the watch waits again. Some do not, or the store itself does not
+    answer (its host is the lost node): ``on_lost`` gets what was found (the missing ranks, the timeout, how long
+    this rank had stalled), then the process ends with ``exit_code``; its main thread, blocked in the collective,
+    cannot be unwound. Torchrun's elastic restart, or the scheduler, acts on that code.
+
+    Args:
+        coordinator: store access.
+        timeout_s: the detection bound (> 0).
+        on_lost: journals and logs the loss (`Run`), before the exit.
+        exit_code: the process's exit code after a loss (`preemptible.emergency.EXIT_PEER_NODE`).
+        monotonic: the clock of stalls.
+        exit: ends the process (``os._exit``; a test passes its own).
+    """
+
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        *,
+        timeout_s: float,
+        on_lost: Callable[[dict[str, Any]], None],
+        exit_code: int,
+        monotonic: Callable[[], float] | None = None,
+        exit: Callable[[int], None] = os._exit,
+    ) -> None:
+        import time
+
+        assert timeout_s > 0, timeout_s
+        self.coord = coordinator
+        self.timeout_s = timeout_s
+        self.on_lost = on_lost
+        self.exit_code = exit_code
+        self._monotonic = monotonic or time.monotonic
+        self._exit = exit
+        self._last = self._monotonic()
+        self._closed = threading.Event()
+        self._waiting_on: str | None = None  # the answering thread's current key (close() wakes it there)
+        self.probes = 0  # rounds this rank opened (each one a stall that turned out to be a slow job, or the loss)
+        self.lost: dict[str, Any] | None = None
+        self._asking: threading.Thread | None = None
+        self._thread = threading.Thread(target=self._watch, name="preemptible-peers", daemon=True)
+        self._answerer = threading.Thread(target=self._answer, name="preemptible-peers-answer", daemon=True)
+        self._answerer.start()
+        self._thread.start()
+
+    def beat(self) -> None:
+        """This rank reached a step boundary (cheap: one clock read)."""
+        self._last = self._monotonic()
+
+    def _answer(self) -> None:
+        rank, world = self.coord.rank, self.coord.world
+        n = 1
+        try:
+            with self.coord.borrow() as store:
+                while not self._closed.is_set():
+                    self._waiting_on = f"peers/ask/{n}/{rank}"
+                    doc = _wait_own_key(store, self._waiting_on, self._closed)
+                    if doc is None:
+                        return
+                    store.set(f"peers/alive/{n}/{rank}", "1")
+                    if store.add(f"peers/alive/{n}/count", 1) == world:
+                        store.set(f"peers/alive/{n}/all", "1")
+                    n += 1
+        except Exception as e:  # the store is gone: this rank's own watch finds that out when it asks
+            log.debug("[rank=%d] the peer watch stopped answering: %s", rank, e)
+
+    def _watch(self) -> None:
+        half = self.timeout_s / 2
+        while not self._closed.wait(min(1.0, half / 4)):
+            stalled = self._monotonic() - self._last
+            if stalled < half:
+                continue
+            found = self._ask(half)
+            if self._closed.is_set():
+                return
+            if found is None:
+                self._last = self._monotonic()  # every rank answered: slow, not broken
+                continue
+            self.lost = {**found, "timeout_s": self.timeout_s, "stalled_s": round(stalled, 3)}
+            try:
+                self.on_lost(self.lost)
+            finally:
+                self._exit(self.exit_code)
+            return
+
+    def _ask(self, within_s: float) -> dict[str, Any] | None:
+        """One round: None when every rank answered within ``within_s``, else what was found."""
+        self.probes += 1
+        box: dict[str, Any] = {}
+
+        def ask() -> None:
+            try:
+                with self.coord.borrow() as store:
+                    n = store.add("peers/round", 1)
+                    world = self.coord.world
+                    store.multi_set(
+                        [f"peers/ask/{n}/{r}" for r in range(world)], [json.dumps({"by": self.coord.rank})] * world
+                    )
+                    try:
+                        store.wait([f"peers/alive/{n}/all"], timedelta(seconds=within_s))
+                        box["ok"] = True
+                    except Exception:
+                        box["missing"] = [r for r in range(world) if not _has(store, f"peers/alive/{n}/{r}")]
+            except Exception as e:
+                box["store_error"] = f"{type(e).__name__}: {e}"
+
+        t = threading.Thread(target=ask, name="preemptible-peers-ask", daemon=True)
+        self._asking = t
+        t.start()
+        t.join(within_s + 5)  # a store that does not answer at all (its host cut off) ends the wait here
+        if box.get("ok") or box.get("missing") == []:  # all answered (the last ones just after the wait)
+            return None
+        if box.get("missing"):
+            return {"missing": box["missing"], "how": f"ranks {box['missing']} did not answer within {within_s:.0f} s"}
+        host, port = self.coord.address
+        why = box.get("store_error") or f"no answer within {within_s + 5:.0f} s"
+        return {"missing": [], "how": f"the job's store at {host}:{port} is unreachable ({why})"}
+
+    def close(self) -> None:
+        """Stop both threads (the answering one woken on its key); never waits long on a store that is gone."""
+        self._closed.set()
+        key = self._waiting_on
+        if key is not None and self._answerer.is_alive():
+            try:
+                with self.coord.borrow() as store:
+                    store.set(key, json.dumps({"closed": True}))
+            except Exception as e:
+                log.debug("could not wake the peer watch: %s", e)
+        for t in (self._thread, self._answerer):
+            if t is not threading.current_thread():
+                t.join(5)
+        if self._asking is not None:  # a question to a store that is gone ends with its connect timeout
+            self._asking.join(self.coord.timeout_s + 5)

@@ -247,9 +247,9 @@ class Emergency:
         self.role = node_role(getattr(self.guard, "announcement", None), dist.node())
         extra: dict[str, Any] = {}
         if self.role is not None:
-            extra = {"node": dist.node(), "role": self.role.value}
-            if self.role is NodeRole.RECLAIMED and self.exit_process:
-                extra["agent_pid"] = dist.agent_pid()  # signalled once the run has closed (`Run._stop`)
+            # agent_pid: the reclaimed node's torchrun agent, signalled once the run has closed (`Run._stop`)
+            leaving = self.role is NodeRole.RECLAIMED and self.exit_process
+            extra = {"node": dist.node(), "role": self.role.value, "agent_pid": dist.agent_pid() if leaving else None}
             if self.role is NodeRole.SURVIVOR:
                 code = EXIT_PEER_NODE
         if not saved:

@@ -44,6 +44,9 @@ class Event(str, Enum):
     REQUEUE = "requeue"
     TRACKERS = "trackers"
     EXIT = "exit"
+    PEER_LOST = (
+        "peer_lost"  # a peer (its node lost without notice, or cut off) or the store did not answer (`dist.PeerWatch`)
+    )
     DONE = "done"
     JOURNAL_LOST = "journal_lost"
     CADENCE = "cadence"  # an integration took the framework's checkpoint cadence for its periodic saves

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any
 
@@ -60,6 +60,8 @@ class Guard:
         self.coordinator = dist.coordinator() if agreement is None else None
         """The job's store coordinator under torchrun (None in one process): notices travel through it."""
         self._started: list[NoticeSource] = []
+        self.beat: Callable[[], None] | None = None
+        """Called at every step boundary (`should_stop`): the run's peer watch (`preemptible.dist.PeerWatch`)."""
         relay_path = os.environ.get(relay.NOTICE_FILE_ENV, "").strip() or None
         if relay_path is not None:  # under `preemptible run`: a signal stands for the notice it relays
             self.sources = [RelayedSource(s, relay_path) if s.name == "signal" else s for s in self.sources]
@@ -154,6 +156,8 @@ class Guard:
 
         Cheap without a notice (a flag read). Every rank that gets True gets it at the same ``step``.
         """
+        if self.beat is not None:
+            self.beat()
         return self._agreement.should_stop(step, self.board.event.is_set())
 
     @property

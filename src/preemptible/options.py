@@ -11,6 +11,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from preemptible import dist
 from preemptible.emergency import ExitPolicy
 from preemptible.events import Advisory
 from preemptible.validate import DEFAULT_RTOL
@@ -38,8 +39,10 @@ class RunOptions:
     requeue: bool | None = None
     per_rank: tuple[str, ...] = ()
     probe_rtol: float = DEFAULT_RTOL
+    peer_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
+        dist.peer_timeout(self.peer_timeout_s)  # a bad value (or environment variable) is an error here
         _whole("save_every", self.save_every, 1)
         _whole("save_every_epochs", self.save_every_epochs, 1)
         _whole("prestage_every", self.prestage_every, 1)
@@ -81,6 +84,11 @@ class RunOptions:
         if on_advisory not in {a.value for a in Advisory}:
             raise ValueError(f"expected on_advisory to be 'save', 'stop' or 'ignore', found {on_advisory!r}")
         return cls(per_rank=tuple(names), on_advisory=Advisory(on_advisory), **kw)
+
+    @property
+    def peer_timeout(self) -> float:
+        """The peer watch's timeout in seconds (0: off), resolved as `preemptible.dist.peer_timeout` says."""
+        return dist.peer_timeout(self.peer_timeout_s)
 
     @property
     def exit_policy(self) -> ExitPolicy:

@@ -28,13 +28,13 @@ from preemptible import budget, dist
 from preemptible._version import __version__
 from preemptible.accumulation import OptimizerSteps
 from preemptible.checkpoint import Checkpointer, SaveResult
-from preemptible.emergency import Emergency, NodeRole, wait_fits
+from preemptible.emergency import EXIT_PEER_NODE, Emergency, NodeRole, wait_fits
 from preemptible.errors import (
     CheckpointCorruptError,
     PreemptibleError,
     UnsupportedStateError,
 )
-from preemptible.events import Advisory, Event, ExitReason, SaveReason
+from preemptible.events import Advisory, Event, ExitReason, SaveReason, tag
 from preemptible.guard import Guard
 from preemptible.journal import Journal, clean, user_fields
 from preemptible.loaders import LoopPosition, MidEpochAim, length
@@ -133,6 +133,12 @@ class Run:
             instead and leaves ``run.notice`` set, for loops that must do more before exiting.
         guard: a ready `Guard` to use instead of building one from ``sources``/``grace``.
         clock: epoch seconds; monotonic: a monotonic clock (both injected by tests).
+        peer_timeout_s: in a multi-node torchrun job, a rank or node gone without notice (or cut off) is detected
+            within this many seconds (`preemptible.dist.PeerWatch`: a stall at the step boundaries, then a check of
+            which ranks answer through the store); the survivors journal ``peer_lost`` and exit 76 so torchrun's
+            elastic restart (or the scheduler) restarts them from the newest committed checkpoint. None:
+            ``$PREEMPTIBLE_PEER_TIMEOUT_S``, else 300; 0 turns it off. Set it above your longest stretch without
+            a step boundary that some ranks wait out in a collective (evaluation on one rank, a slow save).
         **state: what to checkpoint: modules, optimizers, schedulers, GradScaler, stateful data loaders (anything
             with ``state_dict``/``load_state_dict``) and plain dicts (updated in place on restore). RNG streams
             are added automatically. Names must not start with ``_`` nor be one of `RESERVED` (this class's own
@@ -142,6 +148,8 @@ class Run:
         UnsupportedStateError: a state entry that cannot be checkpointed (checked here, leaf by leaf), naming it.
         ValueError: an option out of its range.
     """
+
+    _peers: dist.PeerWatch | None = None  # multi-node jobs: `_open` starts it
 
     def __init__(
         self,
@@ -173,6 +181,7 @@ class Run:
         monotonic: Callable[[], float] = time.monotonic,
         per_rank: Iterable[str] = (),
         trackers: Iterable[Any] = (),
+        peer_timeout_s: float | None = None,
         **state: Any,
     ) -> None:
         _check_names(state)
@@ -190,6 +199,7 @@ class Run:
             exit_code=exit_code,
             requeue=requeue,
             probe_rtol=probe_rtol,
+            peer_timeout_s=peer_timeout_s,
         )
         if save_on_best and keep_best is None:
             raise ValueError(
@@ -331,8 +341,42 @@ class Run:
                 self._interval = dist.IntervalAgreement(coord)
                 self.schedule.agreed = self._interval.due
         self.guard.start()
+        if coord is not None and dist.node() is not None and self.options.peer_timeout > 0:
+            self._peers = dist.PeerWatch(
+                coord, timeout_s=self.options.peer_timeout, on_lost=self._peer_lost, exit_code=EXIT_PEER_NODE
+            )
+            self.guard.beat = self._peers.beat
         self.emergency.start()
         self._entered = True
+
+    def _peer_lost(self, found: dict[str, Any]) -> None:
+        """The peer watch found a rank or the store gone (`dist.PeerWatch`): say so; the watch then ends the
+        process with `EXIT_PEER_NODE`."""
+        log.error(
+            "[rank=%d] %s: %s after %.0f s without a step boundary (peer timeout %.0f s); exiting %d so the job "
+            "restarts with the nodes that remain (torchrun's elastic restart or the scheduler) from the newest "
+            "committed checkpoint",
+            self.rank,
+            tag(Event.PEER_LOST),
+            found["how"],
+            found["stalled_s"],
+            found["timeout_s"],
+            EXIT_PEER_NODE,
+        )
+        if self.journal is not None:
+            self.journal.event(
+                Event.PEER_LOST,
+                self.step,
+                missing=found["missing"],
+                how=found["how"],
+                timeout_s=found["timeout_s"],
+                stalled_s=found["stalled_s"],
+                node=dist.node(),
+                code=EXIT_PEER_NODE,
+            )
+            self.journal.sync()
+        sys.stdout.flush()
+        sys.stderr.flush()
 
     def _warn_if_ephemeral(self, journal: Journal) -> None:
         reason = ephemeral_reason(self.checkpointer.storage)
@@ -353,6 +397,10 @@ class Run:
         if self._optimizer_steps is not None:
             self._optimizer_steps.close()
             self._optimizer_steps = None
+        if self._peers is not None:
+            self._peers.close()
+            self._peers = None
+            self.guard.beat = None
         self.guard.close()
         if self._interval is not None:
             self._interval.close()

@@ -20,7 +20,7 @@ PACKAGE = "preemptible"
 
 FLOORS: list[tuple[str, ...]] = [
     # 0: words every floor uses
-    ("preemptible._version", "preemptible.errors", "preemptible.events", "preemptible.notice"),
+    ("preemptible._version", "preemptible.errors", "preemptible.events", "preemptible.notice", "preemptible.phases"),
     # 1: bytes on storage
     ("preemptible.store",),
     # 2: the state and one checkpoint: what to save, how to save and read it, across ranks

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from preemptible import dist
+from preemptible import dist, phases
 from preemptible.checkpoint.handle import SaveResult
 from preemptible.errors import AlreadyCommittedError, RankFailures, SaveError
 from preemptible.store import checksum, direct, layout
@@ -214,13 +214,17 @@ class Committer:
             job.timings["io"] = busiest(io)
         world = 1
         if store is not None and coord is not None:
+            phases.reached("written", job.step, coord.rank)
             # IMPORTANT: the commit barrier. Every rank reports its files as durable; rank 0 commits only if all
             # did, within the timeout; everyone learns the outcome. A dead rank means no commit.
             gathered = dist.commit_barrier(
                 coord, store, f"{job.key}/report", json.dumps({"files": _records_doc(records)})
             )
             if coord.rank != 0:
-                outcome = coord.collect_one(store, f"{job.key}/outcome")
+                try:
+                    outcome = coord.collect_one(store, f"{job.key}/outcome")
+                except Exception as e:  # the store went (its host's node with it): the storage has the answer
+                    outcome = self._outcome_on_storage(job, records, e)
                 if outcome != COMMITTED:
                     raise not_committed(job, dist.failures_from(outcome))
                 job.timings["total"] = self._monotonic() - job.start
@@ -241,6 +245,31 @@ class Committer:
                 records.update(_records_from(x["files"]))
             world = coord.world
         return self._publish(job, records, world, store, t_write)
+
+    def _outcome_on_storage(self, job: Job, records: Mapping[str, FileRecord], error: BaseException) -> str:
+        """Rank 0's outcome when the store cannot tell it any more (its host went right after the commit, or
+        before): `COMMITTED` if the step's ``COMMIT.json`` names this rank's files with their checksums (this very
+        attempt committed), else the store's error as this round's failure."""
+        where = self.storage.join(job.path, layout.COMMIT)
+        try:
+            manifest = Manifest.from_json(self.storage.read_bytes(where, 64 << 20), where=where, expect_step=job.step)
+        except Exception as e:
+            log.warning(
+                "the store failed (%s) before step %d's outcome was known, and %s: %s", error, job.step, where, e
+            )
+            return dist.failures_doc([(0, f"the store failed before the outcome was known: {error}")])
+        mine = manifest.prefix == self.protocol.prefix(job) and all(
+            name in manifest.files and manifest.files[name].checksum == rec.checksum for name, rec in records.items()
+        )
+        if not mine:
+            return dist.failures_doc([(0, f"the store failed ({error}) and {where} is another attempt's commit")])
+        log.warning(
+            "the store failed before rank 0 could say step %d committed (%s); its COMMIT.json names this rank's "
+            "files: committed",
+            job.step,
+            error,
+        )
+        return COMMITTED
 
     def _publish(
         self, job: Job, records: dict[str, FileRecord], world: int, store: dist.StoreClient | None, t_write: float
@@ -267,6 +296,7 @@ class Committer:
             if store is not None:
                 store.set(f"{job.key}/outcome", dist.failures_doc([(0, f"could not commit: {e}")]))
             raise
+        phases.reached("committed", job.step, self.coord.rank if self.coord is not None else 0)
         if store is not None:
             store.set(f"{job.key}/outcome", COMMITTED)
         end = self._monotonic()

@@ -79,7 +79,10 @@ FIELDS: Mapping[Event, frozenset[str]] = {
     Event.PRESTAGED_FLUSH: frozenset({"landed", "instead_of", "why", "steps_lost"}),
     Event.REQUEUE: frozenset({"ok", "why"}),
     Event.TRACKERS: frozenset({"flushed", "wandb"}),
-    Event.EXIT: frozenset({"code", "reason", "saved", "later_notices", "remaining_s", "exit_process"}),
+    Event.EXIT: frozenset(
+        {"code", "reason", "saved", "later_notices", "remaining_s", "exit_process", "node", "role", "agent_pid"}
+    ),
+    Event.PEER_LOST: frozenset({"missing", "how", "timeout_s", "stalled_s", "node", "code"}),
     Event.DONE: frozenset({"total", "already"}),
     Event.JOURNAL_LOST: frozenset({"lost_events", "why"}),
     Event.CADENCE: frozenset({"save_every", "source"}),
