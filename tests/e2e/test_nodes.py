@@ -86,6 +86,9 @@ class Agent:
         nnodes: str = "1:2",
         max_restarts: int = 3,
         name: str = "agent",
+        script: Path = EXAMPLE,
+        args: tuple[str, ...] = ARGS,
+        rdzv_conf: dict[str, str] | None = None,
     ) -> None:
         self.node = node
         logs = node.scratch.parent / "logs"  # kept when the node goes (its scratch directory does not survive it)
@@ -99,7 +102,8 @@ class Agent:
             nnodes=nnodes,
             hosts_store=hosts_store,
             max_restarts=max_restarts,
-            script=[str(EXAMPLE), "--root", str(root), *ARGS, *env.pop("_args", "").split()],
+            script=[str(script), "--root", str(root), *args, *env.pop("_args", "").split()],
+            rdzv_conf=rdzv_conf,
         )
         with self.out.open("w") as out, self.err.open("w") as err:
             self.proc = node.popen(argv, env=node_env(node, clean_env(**env)), stdout=out, stderr=err)
@@ -124,6 +128,7 @@ def launch(
     host: int = 1,
     only: list[int] | None = None,
     endpoint: str | None = None,
+    env: dict[str, str] | None = None,
     **agent: Any,
 ) -> list[Agent]:
     """The nodes' agents (``only`` those), node ``host`` hosting the c10d store at ``endpoint`` (a new port on
@@ -133,12 +138,12 @@ def launch(
     for node in c:
         if only is not None and node.index not in only:
             continue
-        env = {"MASTER_ADDR": c.node(host).addr, "LOGLEVEL": "INFO"}
+        env_ = {"MASTER_ADDR": c.node(host).addr, "LOGLEVEL": "INFO", **(env or {})}
         if sources:
-            env.update(PREEMPTIBLE_SOURCES="signal,aws", PREEMPTIBLE_AWS_ENDPOINT=sources[node.index].url)
+            env_.update(PREEMPTIBLE_SOURCES="signal,aws", PREEMPTIBLE_AWS_ENDPOINT=sources[node.index].url)
         if slow:
-            env["_args"] = " ".join(SLOW)
-        agents.append(Agent(node, root, endpoint, hosts_store=node.index == host, env=env, **agent))
+            env_["_args"] = " ".join(SLOW)
+        agents.append(Agent(node, root, endpoint, hosts_store=node.index == host, env=env_, **agent))
     return agents
 
 
@@ -297,3 +302,54 @@ def test_one_node_reclaimed_with_notice_stops_every_rank_at_one_step_and_the_job
     (p,) = doc["preemptions"]
     assert (p["step"], p["resumed_from"], p["steps_lost"]) == (stop, stop, 0)
     print(f"stopped at {stop}; notice to commit {p['notice_to_commit_s']:.3f} s, steps lost {p['steps_lost']}")
+
+
+def test_the_reclaimed_node_hosts_the_store_and_goes_right_after_the_commit(
+    tmp_path: Path, reference: tuple[str, Audit]
+) -> None:
+    """Scenario 2: the notice goes to node 1, which hosts the rendezvous store (and rank 0, the workers' store).
+    Rank 0 holds at the ``committed`` phase of the emergency save (COMMIT.json durable, the other ranks not yet
+    told) while the harness takes node 1 away. The survivor neither hangs nor loses the commit: it reads the
+    outcome off the storage, exits 76, and its agent ends (its rendezvous is gone). The test relaunches every node
+    with a new endpoint, as a scheduler would, and the job resumes bit-identically."""
+    root = tmp_path / "ckpt"
+    phases_dir = tmp_path / "phases"
+    phases_dir.mkdir()
+    with cluster(2, tmp_path) as c:
+        emulators = {n.index: Emulator(n) for n in c}
+        agents = launch(
+            c, root, slow=True, sources=emulators, nnodes="2:2", env={"PREEMPTIBLE_PHASE_DIR": str(phases_dir)}
+        )
+        wait_for(lambda: committed_steps(root), "the first periodic save")
+        (phases_dir / "hold.rank0.committed").write_text("emergency")  # rank 0 stops at the emergency commit
+        emulators[1].notice()  # node 1 only: the store's host
+        marker = phases_dir / "rank0.committed"
+        wait_for(lambda: marker.exists() and "emergency" in marker.read_text(), "rank 0 holds at the emergency commit")
+        held = int((phases_dir / "rank0.committed").read_text().split()[0])
+        c.down(1)  # the VM goes right after the commit, its store with it
+        survivor = agents[1].wait(timeout=300)  # it ends: no hang on the store that is gone
+        ranks = journals(root)
+        exit1 = last(ranks[1], "exit")
+        assert exit1 is not None, agents[1].stderr()[-3000:]
+        stop = exit1["step"]
+        assert (exit1["code"], exit1["role"], exit1["saved"], exit1["reason"]) == (
+            EXIT_PEER_NODE,
+            "survivor",
+            True,
+            "notice",
+        )
+        emergency1 = [e for e in ranks[1] if e["event"] == "save_committed" and e["reason"] == "emergency"]
+        assert [e["step"] for e in emergency1] == [stop]
+        assert held == stop
+        assert "its COMMIT.json names this rank's files: committed" in agents[1].stderr()
+        assert committed_steps(root)[-1] == stop  # the commit landed and stays
+        assert survivor != 0, "the survivor's agent restarted into a rendezvous whose store is gone, and failed"
+        print(f"stop {stop}; held at the commit of step {held}; survivor agent exit {survivor}")
+
+        c.replace(1)
+        agents = launch(c, root, slow=False, nnodes="2:2", host=2)  # a new endpoint: node 2 hosts it now
+        codes = [a.wait() for a in agents]
+        assert codes == [0, 0], [a.stderr()[-3000:] for a in agents]
+        out = "".join(a.stdout() for a in agents)
+        assert f"resumed_from={stop}" in out
+        assert finals(agents) == [reference[0]]

@@ -19,6 +19,7 @@ import errno
 import json
 import logging
 import shutil
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,9 @@ from preemptible.store.layout import FileRecord, Manifest
 from preemptible.writer import FileSpec, Progress, write_bytes, write_files
 
 log = logging.getLogger("preemptible")
+
+OUTCOME_POLL_S = 5.0
+"""A rank waiting for rank 0's outcome of a save looks at the storage this often while the store says nothing."""
 
 
 @dataclass
@@ -214,17 +218,14 @@ class Committer:
             job.timings["io"] = busiest(io)
         world = 1
         if store is not None and coord is not None:
-            phases.reached("written", job.step, coord.rank)
+            phases.reached("written", job.step, coord.rank, job.reason)
             # IMPORTANT: the commit barrier. Every rank reports its files as durable; rank 0 commits only if all
             # did, within the timeout; everyone learns the outcome. A dead rank means no commit.
             gathered = dist.commit_barrier(
                 coord, store, f"{job.key}/report", json.dumps({"files": _records_doc(records)})
             )
             if coord.rank != 0:
-                try:
-                    outcome = coord.collect_one(store, f"{job.key}/outcome")
-                except Exception as e:  # the store went (its host's node with it): the storage has the answer
-                    outcome = self._outcome_on_storage(job, records, e)
+                outcome = self._await_outcome(job, records, coord, store)
                 if outcome != COMMITTED:
                     raise not_committed(job, dist.failures_from(outcome))
                 job.timings["total"] = self._monotonic() - job.start
@@ -246,30 +247,47 @@ class Committer:
             world = coord.world
         return self._publish(job, records, world, store, t_write)
 
-    def _outcome_on_storage(self, job: Job, records: Mapping[str, FileRecord], error: BaseException) -> str:
-        """Rank 0's outcome when the store cannot tell it any more (its host went right after the commit, or
-        before): `COMMITTED` if the step's ``COMMIT.json`` names this rank's files with their checksums (this very
-        attempt committed), else the store's error as this round's failure."""
+    def _await_outcome(
+        self, job: Job, records: Mapping[str, FileRecord], coord: dist.Coordinator, store: dist.StoreClient
+    ) -> str:
+        """Rank 0's outcome of this save, from the store; or from the storage when the store cannot tell it (its
+        host went right after the commit, or before, and a node that vanishes closes no connection): every
+        `OUTCOME_POLL_S` without an answer, `COMMITTED` if the step's ``COMMIT.json`` names this rank's files.
+        After the coordinator's timeout with neither, the failure of this round."""
+        key = f"{job.key}/outcome"
+        deadline = self._monotonic() + coord.timeout_s
+        while True:
+            began = self._monotonic()
+            try:
+                return coord.collect_one(store, key, timeout_s=max(0.1, min(OUTCOME_POLL_S, deadline - began)))
+            except Exception as e:
+                if self._committed_on_storage(job, records):
+                    log.warning(
+                        "the store did not say whether step %d committed (%s); its COMMIT.json names this rank's "
+                        "files: committed",
+                        job.step,
+                        e,
+                    )
+                    return COMMITTED
+                if self._monotonic() >= deadline:
+                    return dist.failures_doc([(0, f"no outcome within {coord.timeout_s:.0f} s: {e}")])
+                if self._monotonic() - began < 0.5:  # a store that is gone fails at once: no busy loop
+                    time.sleep(0.5)
+
+    def _committed_on_storage(self, job: Job, records: Mapping[str, FileRecord]) -> bool:
+        """Whether the step's ``COMMIT.json`` is this very attempt's: it names this rank's files, with their
+        checksums, under this attempt's prefix."""
         where = self.storage.join(job.path, layout.COMMIT)
         try:
+            if not self.storage.exists(where):
+                return False
             manifest = Manifest.from_json(self.storage.read_bytes(where, 64 << 20), where=where, expect_step=job.step)
         except Exception as e:
-            log.warning(
-                "the store failed (%s) before step %d's outcome was known, and %s: %s", error, job.step, where, e
-            )
-            return dist.failures_doc([(0, f"the store failed before the outcome was known: {error}")])
-        mine = manifest.prefix == self.protocol.prefix(job) and all(
+            log.debug("could not read %s: %s", where, e)
+            return False
+        return manifest.prefix == self.protocol.prefix(job) and all(
             name in manifest.files and manifest.files[name].checksum == rec.checksum for name, rec in records.items()
         )
-        if not mine:
-            return dist.failures_doc([(0, f"the store failed ({error}) and {where} is another attempt's commit")])
-        log.warning(
-            "the store failed before rank 0 could say step %d committed (%s); its COMMIT.json names this rank's "
-            "files: committed",
-            job.step,
-            error,
-        )
-        return COMMITTED
 
     def _publish(
         self, job: Job, records: dict[str, FileRecord], world: int, store: dist.StoreClient | None, t_write: float
@@ -296,7 +314,7 @@ class Committer:
             if store is not None:
                 store.set(f"{job.key}/outcome", dist.failures_doc([(0, f"could not commit: {e}")]))
             raise
-        phases.reached("committed", job.step, self.coord.rank if self.coord is not None else 0)
+        phases.reached("committed", job.step, self.coord.rank if self.coord is not None else 0, job.reason)
         if store is not None:
             store.set(f"{job.key}/outcome", COMMITTED)
         end = self._monotonic()

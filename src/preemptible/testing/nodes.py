@@ -337,9 +337,11 @@ def torchrun_argv(
     nproc: int = 1,
     max_restarts: int = 0,
     python: str = sys.executable,
+    rdzv_conf: Mapping[str, str] | None = None,
 ) -> list[str]:
     """The command of node's torchrun agent: c10d rendezvous at ``endpoint`` (``10.77.0.<i>:<port>``), every
-    address explicit (``--local-addr``, ``is_host``), so torch derives none from the machine's host name."""
+    address explicit (``--local-addr``, ``is_host``), so torch derives none from the machine's host name.
+    ``rdzv_conf`` adds rendezvous settings (``join_timeout``, ``last_call_timeout``, ``read_timeout``)."""
     return [
         python,
         "-m",
@@ -355,7 +357,9 @@ def torchrun_argv(
         "--rdzv-id",
         rdzv_id,
         "--rdzv-conf",
-        f"is_host={'true' if hosts_store else 'false'}",
+        ",".join(
+            [f"is_host={'true' if hosts_store else 'false'}", *(f"{k}={v}" for k, v in (rdzv_conf or {}).items())]
+        ),
         "--local-addr",
         node.addr,
         "--max-restarts",
