@@ -12,6 +12,7 @@ import contextlib
 import ipaddress
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -33,11 +34,12 @@ from preemptible.testing.nodes import (
     sockets_of,
     torchrun_argv,
 )
-from torchrunkit import EXAMPLE, journals, last
+from torchrunkit import EXAMPLE, FSDP, journals, last
 
 STEPS = 1500  # the notice lands long before: AWS is polled once a second
 ARGS = ("--steps", str(STEPS), "--save-every", "40")
 SLOW = ("--step-time", "0.02")
+PEER_TIMEOUT_S = 20.0  # scenario 3's detection bound: generous for a loaded machine, far below gloo's 30 minutes
 NOTICE = "import sys, urllib.request; urllib.request.urlopen(urllib.request.Request(sys.argv[1], method='POST'))"
 
 
@@ -353,3 +355,59 @@ def test_the_reclaimed_node_hosts_the_store_and_goes_right_after_the_commit(
         out = "".join(a.stdout() for a in agents)
         assert f"resumed_from={stop}" in out
         assert finals(agents) == [reference[0]]
+
+
+def commit_doc(root: Path, step: int) -> dict[str, Any]:
+    return json.loads((root / f"step-{step:012d}" / "COMMIT.json").read_text())
+
+
+def test_a_node_lost_without_notice_is_detected_the_rest_goes_on_resharded_and_grows_back(tmp_path: Path) -> None:
+    """Scenarios 3 and 5, FSDP2 (``fully_shard``) on gloo. Node 2 vanishes without notice (cut off, then its
+    processes SIGKILLed and its scratch directory deleted: no FIN reaches anyone). Node 1's rank finds it within
+    the configured peer timeout (journal: ``peer_lost``), exits 76, and its agent restarts on its own into a
+    rendezvous of one node (``--nnodes 1:2``): the job resumes alone, resharded, from the newest committed
+    checkpoint. Then node 1 is stopped by a notice at world 1, and the job is relaunched on 2 nodes (a
+    replacement for node 2): it resumes resharded at world 2 (elastic growth) and finishes."""
+    root = tmp_path / "ckpt"
+    fsdp = dict(script=FSDP, args=("--steps", "3000", "--save-every", "40"))
+    env = {"PREEMPTIBLE_PEER_TIMEOUT_S": str(PEER_TIMEOUT_S), "PREEMPTIBLE_SOURCES": "signal"}
+    with cluster(2, tmp_path) as c:
+        agents = launch(c, root, slow=True, nnodes="1:2", env=env, **fsdp)
+        wait_for(lambda: committed_steps(root), "the first periodic save", timeout=180)
+        lost_scratch = c.node(2).scratch
+        c.cut(2)  # the VM vanishes: not a packet more, not even a FIN
+        c.down(2)
+        assert not lost_scratch.exists()
+        # node 1 alone: it detects, restarts by itself at world 1 and saves there
+        wait_for(
+            lambda: any(commit_doc(root, s)["world_size"] == 1 for s in committed_steps(root)),
+            "a save at world 1",
+            timeout=300,
+        )
+        ranks = journals(root)
+        (lost,) = [e for e in ranks[0] if e["event"] == "peer_lost"]
+        assert (lost["missing"], lost["timeout_s"], lost["code"]) == ([1], PEER_TIMEOUT_S, EXIT_PEER_NODE), lost
+        assert lost["stalled_s"] >= PEER_TIMEOUT_S / 2
+        before = [s for s in committed_steps(root) if commit_doc(root, s)["world_size"] == 2]
+        restored = [e for e in ranks[0] if e["event"] == "restored"]
+        assert restored and restored[-1]["step"] == before[-1]  # the newest committed before the loss, nothing older
+        changed = last(ranks[0], "world_changed")
+        assert (changed["saved_world"], changed["world"]) == (2, 1), changed
+        assert not [e for e in ranks[0] if e["event"] == "checkpoint_invalid"]  # nothing torn was tried
+        assert agents[0].proc.poll() is None  # the same agent: torchrun's elastic restart, nobody relaunched it
+
+        # a notice at world 1 (the agent forwards SIGTERM to its worker), then the job comes back on 2 nodes
+        agents[0].proc.send_signal(signal.SIGTERM)
+        agents[0].wait()
+        stop = last(journals(root)[0], "exit")
+        assert (stop["reason"], stop["saved"]) == ("notice", True), stop
+        assert commit_doc(root, stop["step"])["world_size"] == 1
+        c.replace(2)
+        agents = launch(c, root, slow=False, nnodes="2:2", env=env, **fsdp)
+        codes = [a.wait(timeout=300) for a in agents]
+        assert codes == [0, 0], [a.stderr()[-3000:] for a in agents]
+        assert f"resumed_from={stop['step']}" in agents[0].stdout()
+        grown = last(journals(root)[1], "world_changed")
+        assert (grown["saved_world"], grown["world"]) == (1, 2), grown
+        assert commit_doc(root, committed_steps(root)[-1])["world_size"] == 2
+        print(f"lost after step {before[-1]}; peer_lost after {lost['stalled_s']} s stalled; stopped at {stop['step']}")
