@@ -247,6 +247,7 @@ def test_a_cut_node_is_unreachable_both_ways_until_healed(tmp_path: Path) -> Non
         assert (reach(1, 2), reach(2, 1)) == ("up", "up")
 
 
+@pytest.mark.timeout(600)  # a detector for a hang, not a speed assertion
 def test_one_node_reclaimed_with_notice_stops_every_rank_at_one_step_and_the_job_restarts_itself_with_a_replacement(
     tmp_path: Path, reference: tuple[str, Audit]
 ) -> None:
@@ -306,6 +307,7 @@ def test_one_node_reclaimed_with_notice_stops_every_rank_at_one_step_and_the_job
     print(f"stopped at {stop}; notice to commit {p['notice_to_commit_s']:.3f} s, steps lost {p['steps_lost']}")
 
 
+@pytest.mark.timeout(600)  # a detector for a hang, not a speed assertion
 def test_the_reclaimed_node_hosts_the_store_and_goes_right_after_the_commit(
     tmp_path: Path, reference: tuple[str, Audit]
 ) -> None:
@@ -361,6 +363,7 @@ def commit_doc(root: Path, step: int) -> dict[str, Any]:
     return json.loads((root / f"step-{step:012d}" / "COMMIT.json").read_text())
 
 
+@pytest.mark.timeout(600)  # a detector for a hang, not a speed assertion
 def test_a_node_lost_without_notice_is_detected_the_rest_goes_on_resharded_and_grows_back(tmp_path: Path) -> None:
     """Scenarios 3 and 5, FSDP2 (``fully_shard``) on gloo. Node 2 vanishes without notice (cut off, then its
     processes SIGKILLed and its scratch directory deleted: no FIN reaches anyone). Node 1's rank finds it within
@@ -411,3 +414,58 @@ def test_a_node_lost_without_notice_is_detected_the_rest_goes_on_resharded_and_g
         assert (grown["saved_world"], grown["world"]) == (1, 2), grown
         assert commit_doc(root, committed_steps(root)[-1])["world_size"] == 2
         print(f"lost after step {before[-1]}; peer_lost after {lost['stalled_s']} s stalled; stopped at {stop['step']}")
+
+
+@pytest.mark.timeout(600)  # a detector for a hang, not a speed assertion
+def test_a_node_cut_off_mid_save_never_leaves_a_torn_step_to_restore(
+    tmp_path: Path, reference: tuple[str, Audit]
+) -> None:
+    """Scenario 4, DDP. Node 2's rank holds at the ``written`` phase of a periodic save (its files durable, its
+    report to the commit barrier not yet sent) and the harness cuts node 2 off there, then lets it go on: its
+    report never arrives, so rank 0 commits nothing; both sides find the other gone within the peer timeout
+    (rank 0: rank 1 does not answer; rank 1: the store is unreachable) and exit 76. Healed and relaunched, the job
+    restores the newest checkpoint that verifies, the one before the cut save, and ends bit-identical."""
+    root = tmp_path / "ckpt"
+    phases_dir = tmp_path / "phases"
+    phases_dir.mkdir()
+    env = {
+        "PREEMPTIBLE_PEER_TIMEOUT_S": str(PEER_TIMEOUT_S),
+        "PREEMPTIBLE_COORD_TIMEOUT": "15",
+        "PREEMPTIBLE_SOURCES": "signal",
+        "PREEMPTIBLE_PHASE_DIR": str(phases_dir),
+    }
+    with cluster(2, tmp_path) as c:
+        agents = launch(c, root, slow=True, nnodes="2:2", max_restarts=0, env=env)
+        wait_for(lambda: committed_steps(root), "the first periodic save")
+        before = committed_steps(root)[-1]
+        (phases_dir / "hold.rank1.written").write_text("periodic")  # the next periodic save of rank 1 stops there
+        marker = phases_dir / "rank1.written"
+        wait_for(lambda: marker.exists() and int(marker.read_text().split()[0]) > before, "rank 1 holds mid-save")
+        cut = int(marker.read_text().split()[0])
+        c.cut(2)
+        (phases_dir / "hold.rank1.written").unlink()  # it goes on, into a network that is not there
+
+        def both_lost() -> bool:
+            return all(any(e["event"] == "peer_lost" for e in ev) for ev in journals(root).values())
+
+        wait_for(both_lost, "each side finds the other gone", timeout=180)
+        c.heal(2)  # the partition ends: the agents (max_restarts 0) end too, and the scheduler relaunches
+        cut_codes = [a.wait(timeout=300) for a in agents]
+        assert all(code != 0 for code in cut_codes), cut_codes
+        ranks = journals(root)
+        lost = {r: last(ev, "peer_lost") for r, ev in ranks.items()}
+        assert lost[0]["missing"] == [1] and lost[0]["timeout_s"] == PEER_TIMEOUT_S, lost[0]
+        assert "unreachable" in lost[1]["how"] and lost[1]["timeout_s"] == PEER_TIMEOUT_S, lost[1]
+        assert cut not in committed_steps(root)  # no commit without every rank's report
+        assert committed_steps(root)[-1] == before
+        failed = last(ranks[0], "save_failed")
+        assert failed["step"] == cut, failed  # rank 0 heard nothing from rank 1 within the commit timeout
+
+        agents = launch(c, root, slow=False, nnodes="2:2", max_restarts=0, env={"PREEMPTIBLE_SOURCES": "signal"})
+        codes = [a.wait(timeout=300) for a in agents]
+        assert codes == [0, 0], [a.stderr()[-3000:] for a in agents]
+        assert f"resumed_from={before}" in agents[0].stdout()
+        assert finals(agents) == [reference[0]]
+        restored = [e for e in journals(root)[0] if e["event"] == "restored"]
+        assert restored[-1]["step"] == before
+        print(f"cut mid-save of step {cut}; resumed from {before}; agents' codes after the cut {cut_codes}")
