@@ -210,6 +210,9 @@ class Coordinator:
         self._rounds: dict[str, int] = {}
         self._lock = threading.Lock()
         self._idle: list[StoreClient] = []
+        self._abandoned: set[int] = set()
+        self.gone: str | None = None
+        """Why the store is known not to answer any more (`abandon`), or None."""
         self.wrap: Callable[[StoreClient], StoreClient] | None = None
         """Optional: called with each new store client, returns what to use instead (the coordination simulator
         counts and delays requests this way: benchmarks/coord_sim.py)."""
@@ -250,7 +253,18 @@ class Coordinator:
             yield client
         finally:
             with self._lock:
-                self._idle.append(client)
+                if id(client) in self._abandoned:
+                    self._abandoned.discard(id(client))
+                else:
+                    self._idle.append(client)
+
+    def abandon(self, client: StoreClient, why: str) -> None:
+        """``client`` is left to a thread blocked on a store that no longer answers (its host gone without a
+        word: a TCPStore call on such a connection can outlast its own timeout): it is not returned to the pool,
+        and `gone` says why, so the closing wake-ups skip the store instead of waiting on it."""
+        with self._lock:
+            self._abandoned.add(id(client))
+            self.gone = why
 
     def release(self) -> None:
         """Close the idle pooled clients now (before interpreter exit); busy ones go when their user is done."""
@@ -634,16 +648,18 @@ class StoreAgreement:
     def close(self) -> None:
         """Wake and join both threads, and release this process's store clients (before interpreter exit)."""
         self._closed.set()
+        join_s = 0.5 if self.coord.gone else self.timeout_s + 5  # a store that is gone: leave the daemon threads
         if self._thread.is_alive() and self._thread is not threading.current_thread():
-            try:  # wake our own blocking wait; nobody else reads this key
-                with self.coord.borrow() as store:
-                    store.set(self._mine, json.dumps({"closed": True}))
-            except Exception as e:  # the store is gone (the launcher exited): the wait ends with the connection
-                log.debug("could not wake the agreement thread: %s", e)
-            self._thread.join(self.timeout_s + 5)
+            if self.coord.gone is None:
+                try:  # wake our own blocking wait; nobody else reads this key
+                    with self.coord.borrow() as store:
+                        store.set(self._mine, json.dumps({"closed": True}))
+                except Exception as e:  # the store is gone (the launcher exited): the wait ends with the connection
+                    log.debug("could not wake the agreement thread: %s", e)
+            self._thread.join(join_s)
         self._local_event.wake()
         if self._announcer is not threading.current_thread():
-            self._announcer.join(self.timeout_s + 5)  # announcing, at worst: a bounded store request
+            self._announcer.join(join_s)  # announcing, at worst: a bounded store request
         self.coord.release()
         _LIVE.discard(self)
 
@@ -776,13 +792,14 @@ class IntervalAgreement:
         """Wake and join the thread (before interpreter exit)."""
         self._closed.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
-            try:  # wake our own blocking wait on this round's key; nobody else reads it
-                with self.coord.borrow() as store:
-                    store.set(self._key(self.round, self.coord.rank), json.dumps({"closed": True}))
-            except Exception as e:  # the store is gone: the wait ends with the connection
-                log.debug("could not wake the interval thread: %s", e)
+            if self.coord.gone is None:
+                try:  # wake our own blocking wait on this round's key; nobody else reads it
+                    with self.coord.borrow() as store:
+                        store.set(self._key(self.round, self.coord.rank), json.dumps({"closed": True}))
+                except Exception as e:  # the store is gone: the wait ends with the connection
+                    log.debug("could not wake the interval thread: %s", e)
             self._consumed.set()
-            self._thread.join(self.timeout_s + 5)
+            self._thread.join(0.5 if self.coord.gone else self.timeout_s + 5)
         self.coord.release()
         _LIVE.discard(self)
 
@@ -975,14 +992,15 @@ class PeerWatch:
         """Stop both threads (the answering one woken on its key); never waits long on a store that is gone."""
         self._closed.set()
         key = self._waiting_on
-        if key is not None and self._answerer.is_alive():
+        if key is not None and self._answerer.is_alive() and self.coord.gone is None:
             try:
                 with self.coord.borrow() as store:
                     store.set(key, json.dumps({"closed": True}))
             except Exception as e:
                 log.debug("could not wake the peer watch: %s", e)
+        gone = self.coord.gone is not None
         for t in (self._thread, self._answerer):
             if t is not threading.current_thread():
-                t.join(5)
+                t.join(0.5 if gone else 5)
         if self._asking is not None:  # a question to a store that is gone ends with its connect timeout
-            self._asking.join(self.coord.timeout_s + 5)
+            self._asking.join(0.5 if gone else self.coord.timeout_s + 5)

@@ -19,6 +19,7 @@ import errno
 import json
 import logging
 import shutil
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -250,29 +251,49 @@ class Committer:
     def _await_outcome(
         self, job: Job, records: Mapping[str, FileRecord], coord: dist.Coordinator, store: dist.StoreClient
     ) -> str:
-        """Rank 0's outcome of this save, from the store; or from the storage when the store cannot tell it (its
-        host went right after the commit, or before, and a node that vanishes closes no connection): every
-        `OUTCOME_POLL_S` without an answer, `COMMITTED` if the step's ``COMMIT.json`` names this rank's files.
-        After the coordinator's timeout with neither, the failure of this round."""
+        """Rank 0's outcome of this save, from the store; or from the storage when the store cannot tell it.
+
+        The store's host may go right after the commit (or before), and a node that vanishes closes no connection:
+        a TCPStore call on such a connection can outlast its own timeout. So the wait runs in a thread of its own,
+        and every `OUTCOME_POLL_S` without an answer this rank looks at the step's ``COMMIT.json``: if it names
+        this rank's files, the save committed (and the blocked client is abandoned: `Coordinator.abandon`). After
+        the coordinator's timeout with neither, the failure of this round."""
         key = f"{job.key}/outcome"
-        deadline = self._monotonic() + coord.timeout_s
-        while True:
-            began = self._monotonic()
+        box: dict[str, Any] = {}
+
+        def wait() -> None:
             try:
-                return coord.collect_one(store, key, timeout_s=max(0.1, min(OUTCOME_POLL_S, deadline - began)))
+                box["outcome"] = coord.collect_one(store, key)
             except Exception as e:
-                if self._committed_on_storage(job, records):
-                    log.warning(
-                        "the store did not say whether step %d committed (%s); its COMMIT.json names this rank's "
-                        "files: committed",
-                        job.step,
-                        e,
-                    )
-                    return COMMITTED
-                if self._monotonic() >= deadline:
-                    return dist.failures_doc([(0, f"no outcome within {coord.timeout_s:.0f} s: {e}")])
-                if self._monotonic() - began < 0.5:  # a store that is gone fails at once: no busy loop
-                    time.sleep(0.5)
+                box["error"] = e
+
+        waiter = threading.Thread(target=wait, name="preemptible-outcome", daemon=True)
+        waiter.start()
+        deadline = time.monotonic() + coord.timeout_s
+        while True:
+            waiter.join(OUTCOME_POLL_S)
+            if "outcome" in box:
+                return str(box["outcome"])
+            if self._committed_on_storage(job, records):
+                why = box.get("error") or f"no answer in {OUTCOME_POLL_S:.0f} s"
+                log.warning(
+                    "the store did not say whether step %d committed (%s); its COMMIT.json names this rank's "
+                    "files: committed",
+                    job.step,
+                    why,
+                )
+                if waiter.is_alive():
+                    coord.abandon(store, f"no answer to the outcome of step {job.step} ({why})")
+                return COMMITTED
+            if "error" in box and not box.get("rechecked"):
+                box["rechecked"] = True  # a connection that failed at once: give rank 0's commit one more look
+                time.sleep(OUTCOME_POLL_S)
+                continue
+            if "error" in box or time.monotonic() >= deadline:
+                if waiter.is_alive():
+                    coord.abandon(store, f"no answer to the outcome of step {job.step} in {coord.timeout_s:.0f} s")
+                why = box.get("error") or f"no answer within {coord.timeout_s:.0f} s"
+                return dist.failures_doc([(0, f"rank 0's outcome never came: {why}")])
 
     def _committed_on_storage(self, job: Job, records: Mapping[str, FileRecord]) -> bool:
         """Whether the step's ``COMMIT.json`` is this very attempt's: it names this rank's files, with their
