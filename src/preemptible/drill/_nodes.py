@@ -725,13 +725,13 @@ class NodesDrill:
             )
         report.check("the job resumed from the emergency checkpoint with the replacement", ok, detail)
         relaunched = [i for i, a in self.agents.items() if i != self.n and a.poll() is not None]
-        survivors = ", ".join(str(i) for i in range(1, self.n))
+        survivors = ("node " if self.n == 2 else "nodes ") + ", ".join(str(i) for i in range(1, self.n))
         if relaunched:
             detail = f"node {', '.join(map(str, relaunched))}'s agent exited; expected it to restart its ranks itself"
         elif not ranks:
-            detail = f"no resumed ranks; the agents of node {survivors} are still running"
+            detail = f"no resumed ranks; the agents of {survivors} are still running"
         else:
-            detail = f"the agents of node {survivors}, never relaunched, ran the resumed ranks"
+            detail = f"the agents of {survivors}, never relaunched, ran the resumed ranks"
         report.check(
             "the surviving agents restarted the job themselves",
             not relaunched and last.poll() is None and bool(ranks),
