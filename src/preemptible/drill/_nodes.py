@@ -526,11 +526,21 @@ class NodesDrill:
         )
         return False
 
+    def _notice(self, report: DrillReport, node: int, check: str) -> bool:
+        """Has node ``node``'s emulator announce the notice; False (a failed ``check``) when it would not."""
+        try:
+            self.emulators[node].notice()
+        except (RuntimeError, subprocess.SubprocessError) as e:
+            report.check(check, False, f"{e}; the agents' output:\n{self._tails()}")
+            return False
+        return True
+
     def _reclaim(self, report: DrillReport, cluster: Cluster, last: int) -> int | None:
         """Serves the notice to node ``last`` and grades the stop; the emergency checkpoint's step, or None."""
         d = self.d
         t_notice = d.clock()
-        self.emulators[last].notice()
+        if not self._notice(report, last, "the notice reached every rank"):
+            return None
         d.progress(f"drill: node {last}'s {d.source} emulator now announces the notice (node {last} only)")
         reclaimed = self.agents[last]
         self._wait(lambda: reclaimed.poll() is not None, d.window + SLACK_S)
@@ -761,7 +771,8 @@ class NodesDrill:
             report.check(name, set(ended.values()) == {0}, f"it had already ended: agents exited {ended}")
             return
         t_notice = d.clock()
-        self.emulators[last].notice()
+        if not self._notice(report, last, name):
+            return
         d.progress(f"drill: node {last}'s {d.source} emulator announces a second notice")
         self._wait(lambda: _Stop(self._journal(t_restart)).all_exited(), d.window + SLACK_S)
         stopped = _Stop(self._journal(t_restart))
