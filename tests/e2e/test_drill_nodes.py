@@ -7,10 +7,13 @@ Where namespaces cannot be made (not root) the drills skip and say why; under ``
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,7 @@ import pytest
 
 from conftest import clean_env
 from preemptible.emergency import EXIT_PEER_NODE
-from preemptible.testing.nodes import unavailable
+from preemptible.testing.nodes import SUBNET, Socket, netns_of, sockets_of, unavailable
 from torchrunkit import EXAMPLE
 
 STEPS = 1500
@@ -54,9 +57,9 @@ def as_json(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     return doc
 
 
-def leftovers(marker: str) -> list[str]:
-    """Command lines of processes still running that name ``marker`` (the drill must end all it started)."""
-    found = []
+def naming(marker: str) -> dict[int, str]:
+    """The processes running now whose command line names ``marker`` (pid: command line), this one aside."""
+    found = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) != os.getpid():
             try:
@@ -64,17 +67,49 @@ def leftovers(marker: str) -> list[str]:
             except OSError:
                 continue
             if any(marker in a for a in argv):
-                found.append(" ".join(argv))
+                found[int(entry)] = " ".join(argv)
     return found
+
+
+def leftovers(marker: str) -> list[str]:
+    """Command lines of processes still running that name ``marker`` (the drill must end all it started)."""
+    return list(naming(marker).values())
+
+
+class Audit(threading.Thread):
+    """While the drill runs: the network namespace and TCP sockets of every process naming ``marker`` (its agents
+    and ranks), the drill itself aside (it runs here, and reaches the nodes only through their processes)."""
+
+    def __init__(self, marker: str) -> None:
+        super().__init__(name="drill-socket-audit", daemon=True)
+        self.marker = marker
+        self.netns: set[str] = set()
+        self.sockets: set[Socket] = set()
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.1):
+            for pid, argv in naming(self.marker).items():
+                if " -m preemptible drill " in argv:
+                    continue
+                with contextlib.suppress(OSError):
+                    self.netns.add(netns_of(pid))
+                    self.sockets.update(sockets_of(pid))
 
 
 @pytest.mark.timeout(200)
 def test_a_two_node_drill_reclaims_the_last_node_and_the_job_resumes_with_a_replacement(tmp_path: Path) -> None:
     need_namespaces()
     root = tmp_path / "ckpt"
-    proc = drill(
-        "--json", "--nodes", "2", "--source", "aws", "--", sys.executable, str(EXAMPLE), "--root", str(root), *TRAIN
-    )
+    audit = Audit(str(root))
+    audit.start()
+    try:
+        proc = drill(
+            "--json", "--nodes", "2", "--source", "aws", "--", sys.executable, str(EXAMPLE), "--root", str(root), *TRAIN
+        )
+    finally:
+        audit.stop.set()
+        audit.join()
     doc = as_json(proc)
     assert proc.returncode == 0 and doc["passed"], json.dumps(doc, indent=1) + proc.stderr
     assert [c["name"] for c in doc["checks"]] == [
@@ -121,6 +156,13 @@ def test_a_two_node_drill_reclaims_the_last_node_and_the_job_resumes_with_a_repl
     assert (first["step"], first["resumed_from"], first["steps_lost"], first["source"]) == (stop, stop, 0, "aws")
     assert second["step"] > stop and summary["attempts"] == 2
     assert not leftovers(str(root))  # every agent, rank and emulator ended with the drill
+
+    # every packet on loopback or inside the drill's namespaces: no agent or rank in this test's own namespace, and
+    # not vacuous: the rendezvous and gloo ran between the nodes' addresses
+    assert audit.netns and netns_of(os.getpid()) not in audit.netns
+    assert not [s for s in audit.sockets if not s.allowed()]
+    across = {(s.local, s.remote) for s in audit.sockets if s.local in SUBNET and s.remote in SUBNET}
+    assert (ipaddress.ip_address("10.77.0.2"), ipaddress.ip_address("10.77.0.1")) in across, audit.sockets
 
 
 def test_a_multi_node_drill_of_a_command_without_a_run_fails_and_ends_everything(tmp_path: Path) -> None:
