@@ -8,7 +8,7 @@ import math
 import sys
 from typing import Any
 
-from preemptible.cli.args import directory, fail, number, unrunnable
+from preemptible.cli.args import directory, fail, integer, number, unrunnable
 
 
 def _at(value: str) -> float | str:
@@ -34,8 +34,14 @@ def add_parser(sub: Any) -> None:
             "it with a second notice. --reference also runs CMD uninterrupted, stops the drilled run in the middle "
             "of an epoch (a loop of run.epochs/run.batches), checks the resumed run ends bit-identical and names "
             "the first step whose run.log figures differ. --kill rehearses a crash: SIGKILL instead of a notice, "
-            "then a resume from the last committed checkpoint. Exit code 0 when every check passed, 1 otherwise, "
-            "2 for bad arguments."
+            "then a resume from the last committed checkpoint. --nodes N (2-4, --source aws, as root) rehearses "
+            "one node of a multi-node job reclaimed: N simulated nodes in network namespaces of the drill's own "
+            "(10.77.0.1..N, nothing leaves loopback or them), an emulator and a torchrun agent per node running CMD "
+            "(python SCRIPT ARGS: torchrun runs SCRIPT ARGS under that python), the notice to the last node only "
+            "once the first checkpoint commits; it checks every rank stopped at one step with one commit, the "
+            "reclaimed node's ranks exit with the platform's code and the others' 76 while their agents restart, "
+            "replaces the node, checks the job resumed from that step with nothing lost, and stops it with a second "
+            "notice. Exit code 0 when every check passed, 1 otherwise, 2 for bad arguments."
         ),
     )
     p.add_argument("--source", default="signal", choices=["signal", "sigint", "slurm", "aws", "gcp", "azure"])
@@ -44,7 +50,7 @@ def add_parser(sub: Any) -> None:
         type=_at,
         default=None,
         metavar="SECONDS|random|mid-epoch",
-        help="when to deliver (default: mid-epoch with --reference, else 3 s)",
+        help="when to deliver (default: mid-epoch with --reference, the first checkpoint with --nodes, else 3 s)",
     )
     p.add_argument(
         "--window",
@@ -63,6 +69,13 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--kill", action="store_true", help="a crash rehearsal: SIGKILL instead of a notice (no emergency save)"
+    )
+    p.add_argument(
+        "--nodes",
+        type=integer(),
+        default=None,
+        metavar="N",
+        help="simulate N nodes (2-4) of a torchrun job and reclaim the last one (--source aws; root, namespaces)",
     )
     p.add_argument(
         "--start-timeout",
@@ -92,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
             root=args.root,
             reference=args.reference,
             kill=args.kill,
+            nodes=args.nodes,
             start_timeout=args.start_timeout,
             progress=lambda line: print(line, file=sys.stderr, flush=True),
         )

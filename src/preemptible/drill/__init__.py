@@ -23,9 +23,14 @@
 The drill follows the command's `Run` through ``$PREEMPTIBLE_REPORT_FILE`` (which `Run` honours); ``--root`` only
 adds a check of the checkpoint on storage. ``$PREEMPTIBLE_ROOT`` gives the reference run its own root.
 
+With ``nodes`` (``--nodes N``, 2-4, ``--source aws``, as root) the drill rehearses scenario 1 of a multi-node job
+instead: N simulated nodes in network namespaces of its own (`preemptible.testing.nodes`, the tests' harness), an
+emulator and a torchrun agent per node running the command, the notice to the last node only once the first
+checkpoint commits, its replacement, the resume from the emergency step, then a second notice (`_nodes` says how).
+
 The parts, each a private module: `_drill` (the drill's steps), `_child` (one start of the command, followed
-through its report file), `_report` (the checks and timings) and `_compare` (the figures step by step, the final
-states, and why they differ).
+through its report file), `_report` (the checks and timings), `_compare` (the figures step by step, the final
+states, and why they differ) and `_nodes` (the multi-node drill).
 """
 
 from preemptible.drill._compare import (

@@ -69,6 +69,9 @@ class Drill:
             each step (needs a command that ends).
         kill: a crash rehearsal: SIGKILL the command instead of a notice, and check the restart resumed from the
             last committed checkpoint (no emergency save, no window).
+        nodes: rehearse scenario 1 of a multi-node job on this many simulated nodes (2-4, ``source="aws"``; needs
+            root and network namespaces): the notice to the last node only, a replacement for it, the resume
+            (`preemptible.drill._nodes`). ``at`` then defaults to the first committed checkpoint.
         start_timeout: how long to wait for the command's `Run` to enter its loop.
         progress: called with a line of text as the drill goes.
         clock, monotonic, sleep: epoch seconds, a monotonic clock and a sleep (injected by tests).
@@ -84,6 +87,7 @@ class Drill:
         root: str | None = None,
         reference: bool = False,
         kill: bool = False,
+        nodes: int | None = None,
         start_timeout: float = 120.0,
         finish_timeout: float = 1800.0,
         progress: Callable[[str], None] = lambda _line: None,
@@ -96,10 +100,19 @@ class Drill:
             raise PreemptibleError("expected a command after '--' (e.g. preemptible drill -- python train.py)")
         if source not in SOURCES:
             raise PreemptibleError(f"expected --source to be one of {', '.join(SOURCES)}; found {source!r}")
-        if at is None:
-            at = MID_EPOCH if reference else DEFAULT_AT_S
-        if at not in ("random", MID_EPOCH) and (not isinstance(at, (int, float)) or at < 0):
+        if at is not None and at not in ("random", MID_EPOCH) and (not isinstance(at, (int, float)) or at < 0):
             raise PreemptibleError(f"expected --at to be seconds >= 0, 'random' or '{MID_EPOCH}'; found {at!r}")
+        if nodes is not None:
+            from preemptible.drill._nodes import namespaces_problem, nodes_problem, torchrun_parts
+
+            problem = nodes_problem(nodes, source=source, reference=reference, kill=kill, at=at, root=root)
+            if problem is None:
+                torchrun_parts(command)  # raises for a command torchrun cannot take
+                problem = namespaces_problem()
+            if problem is not None:
+                raise PreemptibleError(problem)
+        elif at is None:
+            at = MID_EPOCH if reference else DEFAULT_AT_S
         self.command = list(command)
         self.source = source
         self.at = at
@@ -107,6 +120,7 @@ class Drill:
         self.root = root
         self.reference = reference
         self.kill = kill
+        self.nodes = nodes
         self.start_timeout = start_timeout
         self.finish_timeout = finish_timeout
         self.progress = progress
@@ -165,7 +179,7 @@ class Drill:
         first fifth to four fifths) when that was shorter."""
         if self.at == MID_EPOCH:  # a loop with no epochs to aim at
             return DEFAULT_AT_S if self._loop_s is None else min(DEFAULT_AT_S, 0.5 * self._loop_s)
-        if self.at != "random":
+        if isinstance(self.at, (int, float)):
             return float(self.at)
         loop = self._loop_s
         if loop is not None and loop < 12.5:
@@ -182,6 +196,10 @@ class Drill:
 
     # the drill ----------------------------------------------------------------------------------------------
     def run(self) -> DrillReport:
+        if self.nodes is not None:
+            from preemptible.drill._nodes import NodesDrill
+
+            return NodesDrill(self).run()
         report = DrillReport(
             self.source, self.window, self.command, root=self.root, mode="kill" if self.kill else "notice"
         )

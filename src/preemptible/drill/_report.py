@@ -32,6 +32,12 @@ class DrillReport:
     """A crash rehearsal's steps redone after the restart: completed when killed, less the step resumed at."""
     first_differing_step: dict[str, Any] | None = None
     """With ``--reference``: the first step whose logged figures differ (`preemptible.drill.Divergence`)."""
+    node_count: int | None = None
+    """With ``--nodes``: how many simulated nodes; the notice went to the last one."""
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    """With ``--nodes``: each node's exits at the notice: ``node``, ``addr``, ``hosts_store``, ``role``
+    (``reclaimed``/``survivor``), ``ranks`` (``rank``, ``code``), ``agent_exit`` (the reclaimed node's agent),
+    ``replaced``, ``detail``."""
 
     @property
     def passed(self) -> bool:
@@ -58,6 +64,8 @@ class DrillReport:
             "moment": self.moment,
             "steps_lost": self.steps_lost,
             "first_differing_step": self.first_differing_step,
+            "node_count": self.node_count,
+            "nodes": self.nodes,
             "timings": self.timings,
             "checks": [asdict(c) for c in self.checks],
             "command": self.command,
@@ -67,6 +75,11 @@ class DrillReport:
         width = max((len(c.name) for c in self.checks), default=10)
         if self.mode == "kill":
             lines = ["preemptible drill: crash rehearsal (SIGKILL, no notice, no emergency save)"]
+        elif self.node_count is not None:
+            lines = [
+                f"preemptible drill: {self.source} notice to node {self.node_count} of {self.node_count} simulated "
+                f"nodes, {self.window_s:g} s window"
+            ]
         else:
             lines = [f"preemptible drill: {self.source} notice, {self.window_s:g} s window"]
         if self.moment:
@@ -88,6 +101,13 @@ class DrillReport:
                 lines.append(f"  {label:32s} {value:8.2f} s{share}")
         if self.steps_lost is not None:
             lines.append(f"  {'steps lost (redone)':32s} {self.steps_lost:8d}")
+        if self.nodes:
+            lines += ["", "  exit codes at the notice, node by node:"]
+            for n in self.nodes:
+                store = "store host" if n.get("hosts_store") else ""
+                lines.append(
+                    f"    node {n['node']}  {n['addr']:10s}  {store:10s}  {n.get('role') or '?':9s}  {n['detail']}"
+                )
         lines += [
             "",
             f"{'PASSED' if self.passed else 'FAILED'}: {sum(c.passed for c in self.checks)}/{len(self.checks)} checks",
@@ -101,5 +121,7 @@ class DrillReport:
                 f"mid-epoch: epoch {m.get('epoch')}, after {m.get('batches_done')} of {m.get('epoch_batches')} "
                 f"batches (step {m.get('step')})"
             )
+        if m.get("aim") == "first-save":
+            return f"once the first checkpoint committed (step {m.get('step')})"
         why = f" ({m['why']})" if m.get("why") else ""
         return f"{m.get('at_s', 0):g} s into the loop{why}"

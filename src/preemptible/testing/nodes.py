@@ -326,6 +326,62 @@ class Cluster:
         self.outer.end()
 
 
+class NodeEmulator:
+    """A cloud's metadata emulator (``python -m preemptible emulate CLOUD``) inside one node, listening on that
+    node's own loopback: only the node's processes reach it, as only a VM reaches its own metadata service.
+
+    Args:
+        node: where it runs.
+        cloud: ``aws``, ``gcp`` or ``azure``.
+        env: its environment (default: this process's).
+
+    Raises:
+        RuntimeError: it did not say where it listens (its first line of output names the URL).
+    """
+
+    def __init__(self, node: Node, cloud: str = "aws", env: Mapping[str, str] | None = None) -> None:
+        self.node = node
+        self.cloud = cloud
+        self.env = dict(env) if env is not None else None
+        err_path = node.scratch / f"emulator-{cloud}.err"
+        with err_path.open("w") as err:
+            self.proc = node.popen(
+                [sys.executable, "-m", "preemptible", "emulate", cloud],
+                env=self.env,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+            )
+        assert self.proc.stdout is not None
+        first = self.proc.stdout.readline()
+        if "listening on http://127.0.0.1:" not in first:
+            self.proc.kill()
+            self.proc.wait()
+            said = err_path.read_text().strip()[-500:] or "nothing on stderr"
+            raise RuntimeError(
+                f"expected the {cloud} emulator in node {node.index} to print 'listening on http://127.0.0.1:PORT'; "
+                f"found {first.strip()!r} (exit {self.proc.returncode}: {said})"
+            )
+        self.url = first.split("listening on ", 1)[1].strip()
+        """Its address as the node's processes reach it (the node's own ``127.0.0.1``)."""
+
+    def notice(self) -> None:
+        """Serve the cloud's termination notice from now on (a POST to its control path, made inside the node).
+
+        Raises:
+            RuntimeError: the emulator did not take it (its answer, or the error, says why).
+        """
+        done = self.node.run([sys.executable, "-c", _POST, f"{self.url}/_emulator/notice"], env=self.env)
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"expected the {self.cloud} emulator of node {self.node.index} to take the notice; found: "
+                f"{done.stderr.strip()[-500:]}"
+            )
+
+
+_POST = "import sys, urllib.request; urllib.request.urlopen(urllib.request.Request(sys.argv[1], method='POST'))"
+
+
 def torchrun_argv(
     node: Node,
     *,
@@ -338,10 +394,12 @@ def torchrun_argv(
     max_restarts: int = 0,
     python: str = sys.executable,
     rdzv_conf: Mapping[str, str] | None = None,
+    options: Sequence[str] = (),
 ) -> list[str]:
     """The command of node's torchrun agent: c10d rendezvous at ``endpoint`` (``10.77.0.<i>:<port>``), every
     address explicit (``--local-addr``, ``is_host``), so torch derives none from the machine's host name.
-    ``rdzv_conf`` adds rendezvous settings (``join_timeout``, ``last_call_timeout``, ``read_timeout``)."""
+    ``rdzv_conf`` adds rendezvous settings (``join_timeout``, ``last_call_timeout``, ``read_timeout``);
+    ``options``: more of torchrun's own options, put before the script (``--no-python``, ``--module``)."""
     return [
         python,
         "-m",
@@ -364,6 +422,7 @@ def torchrun_argv(
         node.addr,
         "--max-restarts",
         str(max_restarts),
+        *options,
         *script,
     ]
 
