@@ -178,9 +178,38 @@ class Audit:
             time.sleep(0.05)
 
 
+SCRIPTS = {"ddp": EXAMPLE, "fsdp": FSDP}
+FULL = os.environ.get("PREEMPTIBLE_NODES_MATRIX", "").strip() == "full"
+"""``PREEMPTIBLE_NODES_MATRIX=full``: every scenario under both wrappers (DDP, FSDP2) and with 2, 3 and 4 nodes
+(scenario 2 and 4: 2 and 3). CI runs each once, with 2 nodes: DDP for 1, 2 and 4; FSDP2 for 3 and 5."""
+
+
+def matrix(ci: tuple[str, int], nodes: tuple[int, ...] = (2, 3, 4)) -> list[Any]:
+    cases = [(w, n) for w in SCRIPTS for n in nodes] if FULL else [ci]
+    return [pytest.param(w, n, id=f"{w}-{n}nodes") for w, n in cases]
+
+
+_REFERENCES: dict[tuple[str, int], str] = {}
+
+
+def reference_digest(wrapper: str, n: int, base: Path) -> str:
+    """The final digest of an uninterrupted ``n``-node run of ``wrapper``'s script (made once per session)."""
+    if (wrapper, n) not in _REFERENCES:
+        with cluster(n, base / f"ref-{wrapper}-{n}") as c:
+            agents = launch(c, base / f"ref-{wrapper}-{n}" / "ckpt", slow=False, nnodes=f"{n}:{n}", **script(wrapper))
+            codes = [a.wait(timeout=300) for a in agents]
+            assert codes == [0] * n, [a.stderr()[-3000:] for a in agents]
+            (_REFERENCES[wrapper, n],) = finals(agents)
+    return _REFERENCES[wrapper, n]
+
+
+def script(wrapper: str) -> dict[str, Any]:
+    return {"script": SCRIPTS[wrapper], "args": ARGS}
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Audit]:
-    """The final digest of an uninterrupted 2-node run, and the sockets its processes had."""
+    """The final digest of an uninterrupted 2-node DDP run, and the sockets its processes had."""
     base = tmp_path_factory.mktemp("nodes-ref")
     audit = Audit()
     with cluster(2, base) as c:
@@ -189,7 +218,14 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Audit]:
         codes = [a.wait() for a in agents]
         assert codes == [0, 0], [a.stderr()[-3000:] for a in agents]
         (digest,) = finals(agents)
+    _REFERENCES["ddp", 2] = digest
     return digest, audit
+
+
+@pytest.fixture(scope="module")
+def refs(tmp_path_factory: pytest.TempPathFactory, reference: tuple[str, Audit]) -> Any:
+    base = tmp_path_factory.mktemp("nodes-refs")
+    return lambda wrapper, n: reference_digest(wrapper, n, base)
 
 
 def wait_for(predicate: Any, what: str, timeout: float = 120) -> Any:
@@ -247,225 +283,246 @@ def test_a_cut_node_is_unreachable_both_ways_until_healed(tmp_path: Path) -> Non
         assert (reach(1, 2), reach(2, 1)) == ("up", "up")
 
 
-@pytest.mark.timeout(600)  # a detector for a hang, not a speed assertion
+@pytest.mark.timeout(900)  # a detector for a hang, not a speed assertion
+@pytest.mark.parametrize(("wrapper", "n"), matrix(("ddp", 2)))
 def test_one_node_reclaimed_with_notice_stops_every_rank_at_one_step_and_the_job_restarts_itself_with_a_replacement(
-    tmp_path: Path, reference: tuple[str, Audit]
+    tmp_path: Path, refs: Any, wrapper: str, n: int
 ) -> None:
-    """Scenario 1: an AWS notice served only to node 2 (not the store host). Every rank stops at one step and the
-    save commits once; node 2's rank exits with the platform's code (0 on AWS) and its agent leaves the
-    rendezvous; node 1's rank exits `EXIT_PEER_NODE`, so its agent restarts on its own (torchrun's elastic
-    restart), waits in the rendezvous for a replacement node, and the job resumes bit-identically at world 2."""
+    """Scenario 1: an AWS notice served only to the last node (not the store host). Every rank stops at one step
+    and the save commits once; the reclaimed node's rank exits with the platform's code (0 on AWS) and its agent
+    leaves the rendezvous; every other rank exits `EXIT_PEER_NODE`, so their agents restart on their own
+    (torchrun's elastic restart) and wait in the rendezvous for a replacement node; the job resumes
+    bit-identically at the same world size."""
     root = tmp_path / "ckpt"
-    with cluster(2, tmp_path) as c:
-        emulators = {n.index: Emulator(n) for n in c}
-        agents = launch(c, root, slow=True, sources=emulators, nnodes="2:2")
-        wait_for(lambda: committed_steps(root), "the first periodic save")
-        emulators[2].notice()  # node 2 only, which does not host the store
-        reclaimed = agents[1].wait()
+    expected = refs(wrapper, n)
+    last_rank = n - 1  # one rank per node: node i is group rank i - 1
+    with cluster(n, tmp_path) as c:
+        emulators = {node.index: Emulator(node) for node in c}
+        agents = launch(c, root, slow=True, sources=emulators, nnodes=f"{n}:{n}", **script(wrapper))
+        wait_for(lambda: committed_steps(root), "the first periodic save", timeout=240)
+        emulators[n].notice()  # the last node only, which does not host the store
+        reclaimed = agents[-1].wait(timeout=300)
         ranks = journals(root)
-        assert sorted(ranks) == [0, 1], agents[1].stderr()[-3000:]
+        assert sorted(ranks) == list(range(n)), agents[-1].stderr()[-3000:]
         exits = {r: last(ev, "exit") for r, ev in ranks.items()}
         stop = exits[0]["step"]
         assert stop < STEPS
         assert all((e["step"], e["reason"], e["saved"]) == (stop, "notice", True) for e in exits.values())
-        # the rank on node 2 (group rank 1) leaves with AWS's code; node 1's restarts
-        assert (exits[1]["code"], exits[1]["role"], exits[1]["node"]) == (0, "reclaimed", 1), exits
-        assert (exits[0]["code"], exits[0]["role"], exits[0]["node"]) == (EXIT_PEER_NODE, "survivor", 0), exits
-        assert exits[1]["agent_pid"] == agents[1].proc.pid  # nsenter execs torchrun: the same process
+        # the reclaimed node's rank leaves with AWS's code; every other node's restarts
+        assert (exits[last_rank]["code"], exits[last_rank]["role"], exits[last_rank]["node"]) == (
+            0,
+            "reclaimed",
+            last_rank,
+        ), exits
+        for r in range(last_rank):
+            assert (exits[r]["code"], exits[r]["role"], exits[r]["node"]) == (EXIT_PEER_NODE, "survivor", r), exits
+        assert exits[last_rank]["agent_pid"] == agents[-1].proc.pid  # nsenter execs torchrun: the same process
         assert reclaimed != 0  # the agent ended on the signal: it did not close the rendezvous
         notices = {r: last(ev, "notice") for r, ev in ranks.items()}
-        assert {n["source"] for n in notices.values()} == {"aws"}
-        assert notices[1]["detail"].endswith("Z") and notices[0]["detail"].endswith("(seen by rank 1)")
+        assert {x["source"] for x in notices.values()} == {"aws"}
+        assert notices[last_rank]["detail"].endswith("Z")
+        assert all(notices[r]["detail"].endswith(f"(seen by rank {last_rank})") for r in range(last_rank))
         emergency = [
             e for ev in ranks.values() for e in ev if e["event"] == "save_committed" and e["reason"] == "emergency"
         ]
-        assert sorted(e["rank"] for e in emergency) == [0, 1] and {e["step"] for e in emergency} == {stop}
+        assert sorted(e["rank"] for e in emergency) == list(range(n)) and {e["step"] for e in emergency} == {stop}
         assert committed_steps(root)[-1] == stop
-        assert json.loads((root / f"step-{stop:012d}" / "COMMIT.json").read_text())["world_size"] == 2
-        assert agents[0].proc.poll() is None  # node 1's agent stays, restarting: nobody relaunches it
+        assert commit_doc(root, stop)["world_size"] == n
+        assert all(a.proc.poll() is None for a in agents[:-1])  # the other agents stay, restarting
 
         # the VM goes; a replacement comes up empty at the same address and joins the same rendezvous
-        old_scratch = c.node(2).scratch
-        c.replace(2)
+        old_scratch = c.node(n).scratch
+        c.replace(n)
         assert not old_scratch.exists()
-        endpoint = agents[0].endpoint
-        (replacement,) = launch(c, root, slow=False, only=[2], endpoint=endpoint, nnodes="2:2", name="replacement")
-        codes = [agents[0].wait(), replacement.wait()]
-        assert codes == [0, 0], [agents[0].stderr()[-3000:], replacement.stderr()[-3000:]]
-        out = agents[0].stdout()
-        assert f"resumed_from={stop}" in out
-        assert finals([agents[0]]) == [reference[0]]
-        assert "restart" in agents[0].stderr().lower()  # torchrun's own elastic restart, not a relaunch
+        (replacement,) = launch(
+            c, root, slow=False, only=[n], endpoint=agents[0].endpoint, nnodes=f"{n}:{n}", name="replacement",
+            **script(wrapper),
+        )  # fmt: skip
+        stayed = agents[:-1]
+        codes = [a.wait(timeout=300) for a in stayed] + [replacement.wait(timeout=300)]
+        assert codes == [0] * n, [a.stderr()[-3000:] for a in [*stayed, replacement]]
+        assert f"resumed_from={stop}" in agents[0].stdout()
+        assert finals([agents[0]]) == [expected]
+        assert all("will restart worker group" in a.stderr() for a in stayed)  # torchrun's own elastic restart
 
     from preemptible import report
     from preemptible.store.io import storage_for
 
     doc = report.report(storage_for(str(root)))
-    assert doc["attempts"] == 2 and doc["finished"] is True
+    assert doc["finished"] is True
     (p,) = doc["preemptions"]
     assert (p["step"], p["resumed_from"], p["steps_lost"]) == (stop, stop, 0)
-    print(f"stopped at {stop}; notice to commit {p['notice_to_commit_s']:.3f} s, steps lost {p['steps_lost']}")
+    print(f"{wrapper} {n} nodes: stopped at {stop}; notice to commit {p['notice_to_commit_s']:.3f} s, steps lost 0")
 
 
-@pytest.mark.timeout(600)  # a detector for a hang, not a speed assertion
+@pytest.mark.timeout(900)  # a detector for a hang, not a speed assertion
+@pytest.mark.parametrize(("wrapper", "n"), matrix(("ddp", 2), nodes=(2, 3)))
 def test_the_reclaimed_node_hosts_the_store_and_goes_right_after_the_commit(
-    tmp_path: Path, reference: tuple[str, Audit]
+    tmp_path: Path, refs: Any, wrapper: str, n: int
 ) -> None:
     """Scenario 2: the notice goes to node 1, which hosts the rendezvous store (and rank 0, the workers' store).
     Rank 0 holds at the ``committed`` phase of the emergency save (COMMIT.json durable, the other ranks not yet
-    told) while the harness takes node 1 away. The survivor neither hangs nor loses the commit: it reads the
-    outcome off the storage, exits 76, and its agent ends (its rendezvous is gone). The test relaunches every node
-    with a new endpoint, as a scheduler would, and the job resumes bit-identically."""
+    told) while the harness takes node 1 away. The survivors neither hang nor lose the commit: they read the
+    outcome off the storage, exit 76, and their agents end (their rendezvous is gone). The test relaunches every
+    node with a new endpoint, as a scheduler would, and the job resumes bit-identically."""
     root = tmp_path / "ckpt"
+    expected = refs(wrapper, n)
     phases_dir = tmp_path / "phases"
     phases_dir.mkdir()
-    with cluster(2, tmp_path) as c:
-        emulators = {n.index: Emulator(n) for n in c}
-        agents = launch(
-            c, root, slow=True, sources=emulators, nnodes="2:2", env={"PREEMPTIBLE_PHASE_DIR": str(phases_dir)}
-        )
-        wait_for(lambda: committed_steps(root), "the first periodic save")
+    with cluster(n, tmp_path) as c:
+        emulators = {node.index: Emulator(node) for node in c}
+        env = {"PREEMPTIBLE_PHASE_DIR": str(phases_dir)}
+        agents = launch(c, root, slow=True, sources=emulators, nnodes=f"{n}:{n}", env=env, **script(wrapper))
+        wait_for(lambda: committed_steps(root), "the first periodic save", timeout=240)
         (phases_dir / "hold.rank0.committed").write_text("emergency")  # rank 0 stops at the emergency commit
         emulators[1].notice()  # node 1 only: the store's host
         marker = phases_dir / "rank0.committed"
         wait_for(lambda: marker.exists() and "emergency" in marker.read_text(), "rank 0 holds at the emergency commit")
-        held = int((phases_dir / "rank0.committed").read_text().split()[0])
+        held = int(marker.read_text().split()[0])
         c.down(1)  # the VM goes right after the commit, its store with it
-        survivor = agents[1].wait(timeout=300)  # it ends: no hang on the store that is gone
+        survivors = [a.wait(timeout=300) for a in agents[1:]]  # they end: no hang on the store that is gone
         ranks = journals(root)
-        exit1 = last(ranks[1], "exit")
-        assert exit1 is not None, agents[1].stderr()[-3000:]
-        stop = exit1["step"]
-        assert (exit1["code"], exit1["role"], exit1["saved"], exit1["reason"]) == (
-            EXIT_PEER_NODE,
-            "survivor",
-            True,
-            "notice",
-        )
-        emergency1 = [e for e in ranks[1] if e["event"] == "save_committed" and e["reason"] == "emergency"]
-        assert [e["step"] for e in emergency1] == [stop]
-        assert held == stop
+        for r in range(1, n):
+            e = last(ranks[r], "exit")
+            assert (e["step"], e["code"], e["role"], e["saved"]) == (held, EXIT_PEER_NODE, "survivor", True), e
+            emergency = [x for x in ranks[r] if x["event"] == "save_committed" and x["reason"] == "emergency"]
+            assert [x["step"] for x in emergency] == [held]
         assert "its COMMIT.json names this rank's files: committed" in agents[1].stderr()
-        assert committed_steps(root)[-1] == stop  # the commit landed and stays
-        assert survivor != 0, "the survivor's agent restarted into a rendezvous whose store is gone, and failed"
-        print(f"stop {stop}; held at the commit of step {held}; survivor agent exit {survivor}")
+        assert committed_steps(root)[-1] == held  # the commit landed and stays
+        assert all(code != 0 for code in survivors), survivors  # restarted into a rendezvous that is gone: failed
 
         c.replace(1)
-        agents = launch(c, root, slow=False, nnodes="2:2", host=2)  # a new endpoint: node 2 hosts it now
-        codes = [a.wait() for a in agents]
-        assert codes == [0, 0], [a.stderr()[-3000:] for a in agents]
+        agents = launch(c, root, slow=False, nnodes=f"{n}:{n}", host=2, **script(wrapper))  # a new endpoint
+        codes = [a.wait(timeout=300) for a in agents]
+        assert codes == [0] * n, [a.stderr()[-3000:] for a in agents]
         out = "".join(a.stdout() for a in agents)
-        assert f"resumed_from={stop}" in out
-        assert finals(agents) == [reference[0]]
+        assert f"resumed_from={held}" in out
+        assert finals(agents) == [expected]
+        print(f"{wrapper} {n} nodes: held at the commit of step {held}; survivors' agents {survivors}")
 
 
 def commit_doc(root: Path, step: int) -> dict[str, Any]:
     return json.loads((root / f"step-{step:012d}" / "COMMIT.json").read_text())
 
 
-@pytest.mark.timeout(600)  # a detector for a hang, not a speed assertion
-def test_a_node_lost_without_notice_is_detected_the_rest_goes_on_resharded_and_grows_back(tmp_path: Path) -> None:
-    """Scenarios 3 and 5, FSDP2 (``fully_shard``) on gloo. Node 2 vanishes without notice (cut off, then its
-    processes SIGKILLed and its scratch directory deleted: no FIN reaches anyone). Node 1's rank finds it within
-    the configured peer timeout (journal: ``peer_lost``), exits 76, and its agent restarts on its own into a
-    rendezvous of one node (``--nnodes 1:2``): the job resumes alone, resharded, from the newest committed
-    checkpoint. Then node 1 is stopped by a notice at world 1, and the job is relaunched on 2 nodes (a
-    replacement for node 2): it resumes resharded at world 2 (elastic growth) and finishes."""
+@pytest.mark.timeout(900)  # a detector for a hang, not a speed assertion
+@pytest.mark.parametrize(("wrapper", "n"), matrix(("fsdp", 2)))
+def test_a_node_lost_without_notice_is_detected_the_rest_goes_on_resharded_and_grows_back(
+    tmp_path: Path, wrapper: str, n: int
+) -> None:
+    """Scenarios 3 and 5. The last node vanishes without notice (cut off, then its processes SIGKILLed and its
+    scratch directory deleted: no FIN reaches anyone). The other ranks find it within the configured peer timeout
+    (journal: ``peer_lost``), exit 76, and their agents restart on their own into a rendezvous of the nodes that
+    remain (``--nnodes 1:N``): the job resumes on fewer ranks, resharded (FSDP2), from the newest committed
+    checkpoint. Then a notice stops it there, and the job is relaunched on all N nodes (a replacement for the
+    lost one): it resumes resharded at world N (elastic growth) and finishes."""
     root = tmp_path / "ckpt"
-    fsdp = dict(script=FSDP, args=("--steps", "3000", "--save-every", "40"))
     env = {"PREEMPTIBLE_PEER_TIMEOUT_S": str(PEER_TIMEOUT_S), "PREEMPTIBLE_SOURCES": "signal"}
-    with cluster(2, tmp_path) as c:
-        agents = launch(c, root, slow=True, nnodes="1:2", env=env, **fsdp)
-        wait_for(lambda: committed_steps(root), "the first periodic save", timeout=180)
-        lost_scratch = c.node(2).scratch
-        c.cut(2)  # the VM vanishes: not a packet more, not even a FIN
-        c.down(2)
+    long = {"script": SCRIPTS[wrapper], "args": ("--steps", "3000", "--save-every", "40")}
+    lost_rank = n - 1
+    with cluster(n, tmp_path) as c:
+        agents = launch(c, root, slow=True, nnodes=f"1:{n}", env=env, **long)
+        wait_for(lambda: committed_steps(root), "the first periodic save", timeout=240)
+        lost_scratch = c.node(n).scratch
+        c.cut(n)  # the VM vanishes: not a packet more, not even a FIN
+        c.down(n)
         assert not lost_scratch.exists()
-        # node 1 alone: it detects, restarts by itself at world 1 and saves there
+        # the others alone: they detect, restart by themselves at world n - 1 and save there
         wait_for(
-            lambda: any(commit_doc(root, s)["world_size"] == 1 for s in committed_steps(root)),
-            "a save at world 1",
-            timeout=300,
+            lambda: any(commit_doc(root, s)["world_size"] == n - 1 for s in committed_steps(root)),
+            f"a save at world {n - 1}",
+            timeout=400,
         )
         ranks = journals(root)
-        (lost,) = [e for e in ranks[0] if e["event"] == "peer_lost"]
-        assert (lost["missing"], lost["timeout_s"], lost["code"]) == ([1], PEER_TIMEOUT_S, EXIT_PEER_NODE), lost
-        assert lost["stalled_s"] >= PEER_TIMEOUT_S / 2
-        before = [s for s in committed_steps(root) if commit_doc(root, s)["world_size"] == 2]
+        for r in range(n - 1):
+            (lost,) = [e for e in ranks[r] if e["event"] == "peer_lost"]
+            assert (lost["missing"], lost["timeout_s"], lost["code"]) == ([lost_rank], PEER_TIMEOUT_S, EXIT_PEER_NODE)
+            assert lost["stalled_s"] >= PEER_TIMEOUT_S / 2
+        before = [s for s in committed_steps(root) if commit_doc(root, s)["world_size"] == n]
         restored = [e for e in ranks[0] if e["event"] == "restored"]
-        assert restored and restored[-1]["step"] == before[-1]  # the newest committed before the loss, nothing older
+        assert restored and restored[-1]["step"] == before[-1]  # the newest committed before the loss
         changed = last(ranks[0], "world_changed")
-        assert (changed["saved_world"], changed["world"]) == (2, 1), changed
+        assert (changed["saved_world"], changed["world"]) == (n, n - 1), changed
         assert not [e for e in ranks[0] if e["event"] == "checkpoint_invalid"]  # nothing torn was tried
-        assert agents[0].proc.poll() is None  # the same agent: torchrun's elastic restart, nobody relaunched it
+        assert all(a.proc.poll() is None for a in agents[:-1])  # the same agents: torchrun's elastic restart
 
-        # a notice at world 1 (the agent forwards SIGTERM to its worker), then the job comes back on 2 nodes
-        agents[0].proc.send_signal(signal.SIGTERM)
-        agents[0].wait()
+        # a notice at world n - 1 (each agent forwards SIGTERM to its worker), then the job comes back on n nodes
+        for a in agents[:-1]:
+            a.proc.send_signal(signal.SIGTERM)
+        for a in agents[:-1]:
+            a.wait(timeout=300)
         stop = last(journals(root)[0], "exit")
         assert (stop["reason"], stop["saved"]) == ("notice", True), stop
-        assert commit_doc(root, stop["step"])["world_size"] == 1
-        c.replace(2)
-        agents = launch(c, root, slow=False, nnodes="2:2", env=env, **fsdp)
+        assert commit_doc(root, stop["step"])["world_size"] == n - 1
+        c.replace(n)
+        agents = launch(c, root, slow=False, nnodes=f"{n}:{n}", env=env, **long)
         codes = [a.wait(timeout=300) for a in agents]
-        assert codes == [0, 0], [a.stderr()[-3000:] for a in agents]
+        assert codes == [0] * n, [a.stderr()[-3000:] for a in agents]
         assert f"resumed_from={stop['step']}" in agents[0].stdout()
-        grown = last(journals(root)[1], "world_changed")
-        assert (grown["saved_world"], grown["world"]) == (1, 2), grown
-        assert commit_doc(root, committed_steps(root)[-1])["world_size"] == 2
-        print(f"lost after step {before[-1]}; peer_lost after {lost['stalled_s']} s stalled; stopped at {stop['step']}")
+        grown = last(journals(root)[lost_rank], "world_changed")
+        assert (grown["saved_world"], grown["world"]) == (n - 1, n), grown
+        assert commit_doc(root, committed_steps(root)[-1])["world_size"] == n
+        stalled = lost["stalled_s"]
+        print(
+            f"{wrapper} {n} nodes: lost after step {before[-1]}; peer_lost after {stalled} s; stopped at {stop['step']}"
+        )
 
 
-@pytest.mark.timeout(600)  # a detector for a hang, not a speed assertion
+@pytest.mark.timeout(900)  # a detector for a hang, not a speed assertion
+@pytest.mark.parametrize(("wrapper", "n"), matrix(("ddp", 2), nodes=(2, 3)))
 def test_a_node_cut_off_mid_save_never_leaves_a_torn_step_to_restore(
-    tmp_path: Path, reference: tuple[str, Audit]
+    tmp_path: Path, refs: Any, wrapper: str, n: int
 ) -> None:
-    """Scenario 4, DDP. Node 2's rank holds at the ``written`` phase of a periodic save (its files durable, its
-    report to the commit barrier not yet sent) and the harness cuts node 2 off there, then lets it go on: its
+    """Scenario 4. The last node's rank holds at the ``written`` phase of a periodic save (its files durable, its
+    report to the commit barrier not yet sent) and the harness cuts that node off there, then lets it go on: its
     report never arrives, so rank 0 commits nothing; both sides find the other gone within the peer timeout
-    (rank 0: rank 1 does not answer; rank 1: the store is unreachable) and exit 76. Healed and relaunched, the job
-    restores the newest checkpoint that verifies, the one before the cut save, and ends bit-identical."""
+    (the others: that rank does not answer; it: the store is unreachable) and exit 76. Healed and relaunched, the
+    job restores the newest checkpoint that verifies, the one before the cut save, and ends bit-identical."""
     root = tmp_path / "ckpt"
+    expected = refs(wrapper, n)
     phases_dir = tmp_path / "phases"
     phases_dir.mkdir()
+    cut_rank = n - 1
     env = {
         "PREEMPTIBLE_PEER_TIMEOUT_S": str(PEER_TIMEOUT_S),
         "PREEMPTIBLE_COORD_TIMEOUT": "15",
         "PREEMPTIBLE_SOURCES": "signal",
         "PREEMPTIBLE_PHASE_DIR": str(phases_dir),
     }
-    with cluster(2, tmp_path) as c:
-        agents = launch(c, root, slow=True, nnodes="2:2", max_restarts=0, env=env)
-        wait_for(lambda: committed_steps(root), "the first periodic save")
+    with cluster(n, tmp_path) as c:
+        agents = launch(c, root, slow=True, nnodes=f"{n}:{n}", max_restarts=0, env=env, **script(wrapper))
+        wait_for(lambda: committed_steps(root), "the first periodic save", timeout=240)
         before = committed_steps(root)[-1]
-        (phases_dir / "hold.rank1.written").write_text("periodic")  # the next periodic save of rank 1 stops there
-        marker = phases_dir / "rank1.written"
-        wait_for(lambda: marker.exists() and int(marker.read_text().split()[0]) > before, "rank 1 holds mid-save")
+        hold = phases_dir / f"hold.rank{cut_rank}.written"
+        hold.write_text("periodic")  # the next periodic save of that rank stops there
+        marker = phases_dir / f"rank{cut_rank}.written"
+        wait_for(lambda: marker.exists() and int(marker.read_text().split()[0]) > before, "the rank holds mid-save")
         cut = int(marker.read_text().split()[0])
-        c.cut(2)
-        (phases_dir / "hold.rank1.written").unlink()  # it goes on, into a network that is not there
+        c.cut(n)
+        hold.unlink()  # it goes on, into a network that is not there
 
-        def both_lost() -> bool:
+        def all_lost() -> bool:
             return all(any(e["event"] == "peer_lost" for e in ev) for ev in journals(root).values())
 
-        wait_for(both_lost, "each side finds the other gone", timeout=180)
-        c.heal(2)  # the partition ends: the agents (max_restarts 0) end too, and the scheduler relaunches
+        wait_for(all_lost, "each side finds the other gone", timeout=240)
+        c.heal(n)  # the partition ends: the agents (max_restarts 0) end too, and the scheduler relaunches
         cut_codes = [a.wait(timeout=300) for a in agents]
         assert all(code != 0 for code in cut_codes), cut_codes
         ranks = journals(root)
         lost = {r: last(ev, "peer_lost") for r, ev in ranks.items()}
-        assert lost[0]["missing"] == [1] and lost[0]["timeout_s"] == PEER_TIMEOUT_S, lost[0]
-        assert "unreachable" in lost[1]["how"] and lost[1]["timeout_s"] == PEER_TIMEOUT_S, lost[1]
+        for r in range(cut_rank):
+            assert lost[r]["missing"] == [cut_rank] and lost[r]["timeout_s"] == PEER_TIMEOUT_S, lost[r]
+        assert "unreachable" in lost[cut_rank]["how"] and lost[cut_rank]["timeout_s"] == PEER_TIMEOUT_S
         assert cut not in committed_steps(root)  # no commit without every rank's report
         assert committed_steps(root)[-1] == before
         failed = last(ranks[0], "save_failed")
-        assert failed["step"] == cut, failed  # rank 0 heard nothing from rank 1 within the commit timeout
+        assert failed["step"] == cut, failed  # rank 0 heard nothing from the cut rank within the commit timeout
 
-        agents = launch(c, root, slow=False, nnodes="2:2", max_restarts=0, env={"PREEMPTIBLE_SOURCES": "signal"})
+        agents = launch(c, root, slow=False, nnodes=f"{n}:{n}", max_restarts=0, **script(wrapper))
         codes = [a.wait(timeout=300) for a in agents]
-        assert codes == [0, 0], [a.stderr()[-3000:] for a in agents]
+        assert codes == [0] * n, [a.stderr()[-3000:] for a in agents]
         assert f"resumed_from={before}" in agents[0].stdout()
-        assert finals(agents) == [reference[0]]
+        assert finals(agents) == [expected]
         restored = [e for e in journals(root)[0] if e["event"] == "restored"]
         assert restored[-1]["step"] == before
-        print(f"cut mid-save of step {cut}; resumed from {before}; agents' codes after the cut {cut_codes}")
+        print(f"{wrapper} {n} nodes: cut mid-save of step {cut}; resumed from {before}; codes at the cut {cut_codes}")
