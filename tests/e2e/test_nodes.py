@@ -22,8 +22,11 @@ from typing import Any
 import pytest
 
 from conftest import clean_env, committed_steps, final_digest
+from objkit import CREDENTIALS
+from objkit import env as s3_env
 from preemptible.emergency import EXIT_PEER_NODE
 from preemptible.testing.nodes import (
+    SERVICES,
     SUBNET,
     Cluster,
     NamespacesUnavailable,
@@ -74,13 +77,78 @@ class Emulator:
         assert done.returncode == 0, done.stderr
 
 
+MAKE_BUCKET = """
+import sys, time, s3fs
+fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": sys.argv[1]})
+for _ in range(300):
+    try:
+        fs.mkdir(sys.argv[2])
+        break
+    except Exception:
+        time.sleep(0.1)
+else:
+    raise SystemExit("the S3 server never answered")
+"""
+
+MIRROR = """
+import os, sys, s3fs
+endpoint, src, dest = sys.argv[1:4]
+fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint})
+for path in fs.find(src):
+    rel = path[len(src):].lstrip("/")
+    if rel.endswith((".json", ".jsonl")):
+        out = os.path.join(dest, rel)
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        fs.get(path, out)
+"""
+
+
+class Root:
+    """The job's shared durable root: a directory, or a bucket on an S3 server (moto) that listens on the
+    cluster's services address, reached by every node through its own link (so a cut node loses it too)."""
+
+    def __init__(self, c: Cluster, base: Path, kind: str) -> None:
+        self.c, self.base, self.kind = c, base, kind
+        self.env: dict[str, str] = {}
+        if kind == "dir":
+            self.arg = str(base / "ckpt")
+            return
+        port = c.free_services_port()
+        self.endpoint = f"http://{SERVICES}:{port}"
+        c.serve(
+            [sys.executable, "-m", "moto.server", "-H", SERVICES, "-p", str(port)],
+            env=clean_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        made = c.run_outside([sys.executable, "-c", MAKE_BUCKET, self.endpoint, "ckpt"], env=clean_env(**CREDENTIALS))
+        assert made.returncode == 0, made.stderr
+        self.arg = "s3://ckpt/run"
+        self.env = s3_env(self.endpoint)
+        self._views = 0
+
+    def view(self) -> Path:
+        """A local view of the root's documents (COMMIT.json files, the journal): the directory itself, or a
+        fresh copy of the bucket's, fetched from the outer namespace."""
+        if self.kind == "dir":
+            return Path(self.arg)
+        self._views += 1
+        dest = self.base / f"s3-view-{self._views}"
+        done = self.c.run_outside(
+            [sys.executable, "-c", MIRROR, self.endpoint, "ckpt/run", str(dest)], env=clean_env(**CREDENTIALS)
+        )
+        assert done.returncode == 0, done.stderr
+        dest.mkdir(exist_ok=True)
+        return dest
+
+
 class Agent:
     """One node's torchrun agent; its output goes to files in the node's scratch directory."""
 
     def __init__(
         self,
         node: Node,
-        root: Path,
+        root: Path | str,
         endpoint: str,
         *,
         hosts_store: bool,
@@ -123,7 +191,7 @@ class Agent:
 
 def launch(
     c: Cluster,
-    root: Path,
+    root: Path | str,
     *,
     slow: bool,
     sources: dict[int, Emulator] | None = None,
@@ -275,34 +343,49 @@ def test_a_cut_node_is_unreachable_both_ways_until_healed(tmp_path: Path) -> Non
             done = c.node(src).run([sys.executable, "-c", client, c.node(dst).addr, ports[dst]])
             return done.stdout.strip()
 
-        assert (reach(1, 2), reach(2, 1)) == ("up", "up")
-        c.cut(2)
-        assert (reach(1, 2), reach(2, 1)) == ("TimeoutError", "TimeoutError")
-        assert reach(2, 2) == "up"  # the node itself keeps running
+        s3 = Root(c, tmp_path, "s3")  # the shared object store, on the bridge
+        s3_port = s3.endpoint.rsplit(":", 1)[1]
+
+        def reach_s3(src: int) -> str:
+            probe = (
+                "import socket, sys\ntry:\n    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2)\n"
+            )
+            probe += "    print('up')\nexcept OSError as e:\n    print(type(e).__name__)\n"
+            return c.node(src).run([sys.executable, "-c", probe, SERVICES, s3_port]).stdout.strip()
+
+        assert (reach(1, 2), reach(2, 1), reach_s3(1), reach_s3(2)) == ("up", "up", "up", "up")
+        c.cut(2)  # store, gloo and S3 alike: every packet of node 2 goes through its one link
+        assert (reach(1, 2), reach(2, 1), reach_s3(2)) == ("TimeoutError", "TimeoutError", "TimeoutError")
+        assert (reach(2, 2), reach_s3(1)) == ("up", "up")  # the node itself keeps running; the others keep S3
         c.heal(2)
-        assert (reach(1, 2), reach(2, 1)) == ("up", "up")
+        assert (reach(1, 2), reach(2, 1), reach_s3(2)) == ("up", "up", "up")
 
 
 @pytest.mark.timeout(900)  # a detector for a hang, not a speed assertion
+@pytest.mark.parametrize("store", ["s3", "dir"] if FULL else ["s3"])
 @pytest.mark.parametrize(("wrapper", "n"), matrix(("ddp", 2)))
 def test_one_node_reclaimed_with_notice_stops_every_rank_at_one_step_and_the_job_restarts_itself_with_a_replacement(
-    tmp_path: Path, refs: Any, wrapper: str, n: int
+    tmp_path: Path, refs: Any, wrapper: str, n: int, store: str
 ) -> None:
     """Scenario 1: an AWS notice served only to the last node (not the store host). Every rank stops at one step
     and the save commits once; the reclaimed node's rank exits with the platform's code (0 on AWS) and its agent
     leaves the rendezvous; every other rank exits `EXIT_PEER_NODE`, so their agents restart on their own
     (torchrun's elastic restart) and wait in the rendezvous for a replacement node; the job resumes
-    bit-identically at the same world size."""
-    root = tmp_path / "ckpt"
+    bit-identically at the same world size. The durable root is a bucket on an S3 server the nodes reach over
+    their own links (CI), or a directory."""
     expected = refs(wrapper, n)
     last_rank = n - 1  # one rank per node: node i is group rank i - 1
     with cluster(n, tmp_path) as c:
+        root = Root(c, tmp_path, store)
         emulators = {node.index: Emulator(node) for node in c}
-        agents = launch(c, root, slow=True, sources=emulators, nnodes=f"{n}:{n}", **script(wrapper))
-        wait_for(lambda: committed_steps(root), "the first periodic save", timeout=240)
+        agents = launch(
+            c, root.arg, slow=True, sources=emulators, nnodes=f"{n}:{n}", env=root.env, **script(wrapper)
+        )  # fmt: skip
+        wait_for(lambda: committed_steps(root.view()), "the first periodic save", timeout=240)
         emulators[n].notice()  # the last node only, which does not host the store
         reclaimed = agents[-1].wait(timeout=300)
-        ranks = journals(root)
+        view = root.view()
+        ranks = journals(view)
         assert sorted(ranks) == list(range(n)), agents[-1].stderr()[-3000:]
         exits = {r: last(ev, "exit") for r, ev in ranks.items()}
         stop = exits[0]["step"]
@@ -326,8 +409,8 @@ def test_one_node_reclaimed_with_notice_stops_every_rank_at_one_step_and_the_job
             e for ev in ranks.values() for e in ev if e["event"] == "save_committed" and e["reason"] == "emergency"
         ]
         assert sorted(e["rank"] for e in emergency) == list(range(n)) and {e["step"] for e in emergency} == {stop}
-        assert committed_steps(root)[-1] == stop
-        assert commit_doc(root, stop)["world_size"] == n
+        assert committed_steps(view)[-1] == stop
+        assert commit_doc(view, stop)["world_size"] == n
         assert all(a.proc.poll() is None for a in agents[:-1])  # the other agents stay, restarting
 
         # the VM goes; a replacement comes up empty at the same address and joins the same rendezvous
@@ -335,8 +418,8 @@ def test_one_node_reclaimed_with_notice_stops_every_rank_at_one_step_and_the_job
         c.replace(n)
         assert not old_scratch.exists()
         (replacement,) = launch(
-            c, root, slow=False, only=[n], endpoint=agents[0].endpoint, nnodes=f"{n}:{n}", name="replacement",
-            **script(wrapper),
+            c, root.arg, slow=False, only=[n], endpoint=agents[0].endpoint, nnodes=f"{n}:{n}", name="replacement",
+            env=root.env, **script(wrapper),
         )  # fmt: skip
         stayed = agents[:-1]
         codes = [a.wait(timeout=300) for a in stayed] + [replacement.wait(timeout=300)]
@@ -344,15 +427,17 @@ def test_one_node_reclaimed_with_notice_stops_every_rank_at_one_step_and_the_job
         assert f"resumed_from={stop}" in agents[0].stdout()
         assert finals([agents[0]]) == [expected]
         assert all("will restart worker group" in a.stderr() for a in stayed)  # torchrun's own elastic restart
+        view = root.view()
 
     from preemptible import report
     from preemptible.store.io import storage_for
 
-    doc = report.report(storage_for(str(root)))
+    doc = report.report(storage_for(str(view)))
     assert doc["finished"] is True
     (p,) = doc["preemptions"]
     assert (p["step"], p["resumed_from"], p["steps_lost"]) == (stop, stop, 0)
-    print(f"{wrapper} {n} nodes: stopped at {stop}; notice to commit {p['notice_to_commit_s']:.3f} s, steps lost 0")
+    took = p["notice_to_commit_s"]
+    print(f"{wrapper} {n} nodes, {store}: stopped at {stop}; notice to commit {took:.3f} s, steps lost 0")
 
 
 @pytest.mark.timeout(900)  # a detector for a hang, not a speed assertion

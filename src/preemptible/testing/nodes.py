@@ -3,11 +3,12 @@
 Why namespaces: a multi-node job must be cut off, lose a node and get a replacement, with every packet kept off
 the machine's real network. A `Cluster` makes one *outer* network namespace (the test's own: a bridge and nothing
 else, no default route), and one namespace per node whose veth hangs off that bridge, with the address
-``10.77.0.<i>/24`` and its own ``lo``. Those addresses exist only inside namespaces the cluster created: the
-machine's initial namespace never sees them, has no route to them and no interface, route, firewall rule or
-sysctl of it is touched, so a packet to ``10.77.0.x`` cannot leave the test's namespaces, and a packet to any
-other address finds no route (there is none but the subnet's). ``127.0.0.1`` inside a node is that node's own
-loopback (where its metadata emulator listens), not the machine's.
+``10.77.0.<i>/24`` and its own ``lo``. Shared services (an S3 server standing for the durable root) listen on the
+bridge's own address, `SERVICES` (``10.77.0.254``), in the outer namespace (`Cluster.serve`). Those addresses
+exist only inside namespaces the cluster created: the machine's initial namespace never sees them, has no route
+to them and no interface, route, firewall rule or sysctl of it is touched, so a packet to ``10.77.0.x`` cannot
+leave the test's namespaces, and a packet to any other address finds no route (there is none but the subnet's).
+``127.0.0.1`` inside a node is that node's own loopback (where its metadata emulator listens), not the machine's.
 
 Each namespace is held by a tiny holder process (``unshare --net`` running a shell that waits on its stdin): the
 namespace vanishes when its holder and every process inside have ended, and a holder ends by itself when the
@@ -36,6 +37,10 @@ from typing import Any
 
 SUBNET = ipaddress.ip_network("10.77.0.0/24")
 """The nodes' subnet: addresses only inside the cluster's namespaces (see the module's docstring)."""
+
+SERVICES = str(SUBNET.network_address + 254)
+"""The address of the cluster's shared services (an object store standing for S3): on the bridge, in the test's
+outer namespace, so every node reaches it through its own link, and a cut node does not (`Cluster.cut`)."""
 
 TOOLS = ("unshare", "nsenter", "ip")
 
@@ -247,9 +252,17 @@ class Cluster:
         self.count = nodes
         self._nodes: dict[int, Node] = {}
         self._generation = 0
+        self._services: list[subprocess.Popen[Any]] = []
         self.outer = _Holder()
         try:
-            self.outer.ip(["link set lo up", "link add br0 type bridge", "link set br0 up"])
+            self.outer.ip(
+                [
+                    "link set lo up",
+                    "link add br0 type bridge",
+                    f"addr add {SERVICES}/{SUBNET.prefixlen} dev br0",
+                    "link set br0 up",
+                ]
+            )
             for i in range(1, nodes + 1):
                 self._bring_up(i)
         except BaseException:
@@ -315,6 +328,29 @@ class Cluster:
         self._bring_up(i)
         return self._nodes[i]
 
+    def serve(self, argv: Sequence[str], env: Mapping[str, str] | None = None, **kwargs: Any) -> subprocess.Popen[Any]:
+        """Start a shared service (``argv``, listening on `SERVICES`) in the cluster's outer namespace; it ends
+        with the cluster."""
+        proc = subprocess.Popen(
+            self.outer.enter(argv), env=dict(env) if env is not None else None, start_new_session=True, **kwargs
+        )
+        self._services.append(proc)
+        return proc
+
+    def run_outside(self, argv: Sequence[str], timeout: float = 120, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` to its end in the outer namespace (where `SERVICES` is reachable from the test's side)."""
+        return subprocess.run(
+            self.outer.enter(argv), capture_output=True, text=True, timeout=timeout, check=False, **kwargs
+        )
+
+    def free_services_port(self) -> int:
+        """A port free on `SERVICES` now, chosen by the kernel."""
+        code = f"import socket; s = socket.socket(); s.bind(({SERVICES!r}, 0)); print(s.getsockname()[1])"
+        done = self.run_outside([sys.executable, "-c", code])
+        if done.returncode != 0:
+            raise RuntimeError(f"no free port on {SERVICES}: {done.stderr.strip()}")
+        return int(done.stdout)
+
     def pids(self) -> list[int]:
         """Every process in the cluster's namespaces (holders included)."""
         return [p for n in self for p in n.pids()] + pids_in(self.outer.netns)
@@ -323,7 +359,10 @@ class Cluster:
         """Kill everything in every node and end the namespaces."""
         for i in list(self._nodes):
             self.down(i)
-        self.outer.end()
+        self.outer.end()  # its processes, the services among them, are SIGKILLed
+        for proc in self._services:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
 
 
 class NodeEmulator:
