@@ -378,9 +378,8 @@ def test_one_node_reclaimed_with_notice_stops_every_rank_at_one_step_and_the_job
     with cluster(n, tmp_path) as c:
         root = Root(c, tmp_path, store)
         emulators = {node.index: Emulator(node) for node in c}
-        agents = launch(
-            c, root.arg, slow=True, sources=emulators, nnodes=f"{n}:{n}", env=root.env, **script(wrapper)
-        )  # fmt: skip
+        env = {**root.env, "PREEMPTIBLE_PEER_TIMEOUT_S": str(PEER_TIMEOUT_S)}  # a spurious detection would show
+        agents = launch(c, root.arg, slow=True, sources=emulators, nnodes=f"{n}:{n}", env=env, **script(wrapper))
         wait_for(lambda: committed_steps(root.view()), "the first periodic save", timeout=240)
         emulators[n].notice()  # the last node only, which does not host the store
         reclaimed = agents[-1].wait(timeout=300)
@@ -419,7 +418,7 @@ def test_one_node_reclaimed_with_notice_stops_every_rank_at_one_step_and_the_job
         assert not old_scratch.exists()
         (replacement,) = launch(
             c, root.arg, slow=False, only=[n], endpoint=agents[0].endpoint, nnodes=f"{n}:{n}", name="replacement",
-            env=root.env, **script(wrapper),
+            env=env, **script(wrapper),
         )  # fmt: skip
         stayed = agents[:-1]
         codes = [a.wait(timeout=300) for a in stayed] + [replacement.wait(timeout=300)]
@@ -428,6 +427,7 @@ def test_one_node_reclaimed_with_notice_stops_every_rank_at_one_step_and_the_job
         assert finals([agents[0]]) == [expected]
         assert all("will restart worker group" in a.stderr() for a in stayed)  # torchrun's own elastic restart
         view = root.view()
+        assert not [e for ev in journals(view).values() for e in ev if e["event"] == "peer_lost"]  # none spurious
 
     from preemptible import report
     from preemptible.store.io import storage_for
