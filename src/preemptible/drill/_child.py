@@ -51,7 +51,23 @@ def clean_exit(code: int | None, child: Child) -> tuple[bool, str]:
     return False, f"exit code {code}; the run chose {expected}"
 
 
-class Child:
+class Exits:
+    """A process whose exit is recorded the first time it is seen, with the time seen (``proc``, ``_clock``)."""
+
+    proc: subprocess.Popen[bytes]
+    _clock: Callable[[], float]
+    code: int | None = None
+    exited_at: float | None = None
+
+    def poll(self) -> int | None:
+        if self.code is None:
+            code = self.proc.poll()
+            if code is not None:
+                self.code, self.exited_at = code, self._clock()
+        return self.code
+
+
+class Child(Exits):
     """One start of the command, followed through its report file."""
 
     def __init__(
@@ -104,13 +120,6 @@ class Child:
     def entered(self) -> list[Record]:
         """Its Run's event of entering the loop (``fresh`` or ``resume``), once it has."""
         return [r for r in self.records() if r.event in (Event.FRESH, Event.RESUME)]
-
-    def poll(self) -> int | None:
-        if self.code is None:
-            code = self.proc.poll()
-            if code is not None:
-                self.code, self.exited_at = code, self._clock()
-        return self.code
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
         end = self._monotonic() + timeout

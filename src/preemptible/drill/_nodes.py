@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from preemptible import relay
-from preemptible.drill._child import event_time
+from preemptible.drill._child import Exits, event_time
 from preemptible.drill._drill import SLACK_S
 from preemptible.drill._report import DrillReport
 from preemptible.emergency import EXIT_PEER_NODE, ExitPolicy
@@ -160,7 +160,7 @@ def torchrun_parts(command: Sequence[str]) -> tuple[str, list[str], list[str]]:
     return python, [], rest
 
 
-class _Agent:
+class _Agent(Exits):
     """One node's torchrun agent, its output in files of the drill's own (a node's scratch dies with it)."""
 
     def __init__(
@@ -175,13 +175,6 @@ class _Agent:
         self.started = clock()
         self.code: int | None = None
         self.exited_at: float | None = None
-
-    def poll(self) -> int | None:
-        if self.code is None:
-            code = self.proc.poll()
-            if code is not None:
-                self.code, self.exited_at = code, self._clock()
-        return self.code
 
     def tail(self, n: int = 12) -> str:
         try:

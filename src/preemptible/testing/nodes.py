@@ -161,6 +161,24 @@ class _Holder:
     def enter(self, argv: Sequence[str]) -> list[str]:
         return ["nsenter", f"--net=/proc/{self.pid}/ns/net", "--", *argv]
 
+    def popen(self, argv: Sequence[str], env: Mapping[str, str] | None = None, **kwargs: Any) -> subprocess.Popen[Any]:
+        """Start ``argv`` inside this namespace, in a session of its own (the pid is argv's own)."""
+        return subprocess.Popen(
+            self.enter(argv), env=dict(env) if env is not None else None, start_new_session=True, **kwargs
+        )
+
+    def run(self, argv: Sequence[str], timeout: float, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` inside this namespace to its end, its output captured as text."""
+        return subprocess.run(self.enter(argv), capture_output=True, text=True, timeout=timeout, check=False, **kwargs)
+
+    def free_port(self, addr: str) -> int:
+        """A port free on ``addr`` in this namespace now, chosen by its kernel (bind to port 0)."""
+        code = f"import socket; s = socket.socket(); s.bind(({addr!r}, 0)); print(s.getsockname()[1])"
+        done = self.run([sys.executable, "-c", code], timeout=60)
+        if done.returncode != 0:
+            raise RuntimeError(f"no free port on {addr} in {self.netns}: {done.stderr.strip()}")
+        return int(done.stdout)
+
     def ip(self, commands: Sequence[str]) -> None:
         """Run ``ip`` commands (one per line of a batch) inside this namespace."""
         done = subprocess.run(
@@ -206,25 +224,17 @@ class Node:
 
     def popen(self, argv: Sequence[str], env: Mapping[str, str] | None = None, **kwargs: Any) -> subprocess.Popen[Any]:
         """Start ``argv`` inside this node's namespace (``Popen`` keywords pass through; the pid is argv's own)."""
-        proc = subprocess.Popen(
-            self.holder.enter(argv), env=dict(env) if env is not None else None, start_new_session=True, **kwargs
-        )
+        proc = self.holder.popen(argv, env, **kwargs)
         self.procs.append(proc)
         return proc
 
     def run(self, argv: Sequence[str], timeout: float = 60, **kwargs: Any) -> subprocess.CompletedProcess[str]:
         """Run ``argv`` inside this node's namespace to its end, its output captured as text."""
-        return subprocess.run(
-            self.holder.enter(argv), capture_output=True, text=True, timeout=timeout, check=False, **kwargs
-        )
+        return self.holder.run(argv, timeout, **kwargs)
 
     def free_port(self) -> int:
         """A port free on this node's addresses now, chosen by the node's kernel (bind to port 0)."""
-        code = "import socket; s = socket.socket(); s.bind(('0.0.0.0', 0)); print(s.getsockname()[1])"
-        done = self.run([sys.executable, "-c", code])
-        if done.returncode != 0:
-            raise RuntimeError(f"no free port in node {self.index}: {done.stderr.strip()}")
-        return int(done.stdout)
+        return self.holder.free_port("0.0.0.0")
 
     def pids(self) -> list[int]:
         """Every process now in this node's namespace (its holder included)."""
@@ -331,25 +341,17 @@ class Cluster:
     def serve(self, argv: Sequence[str], env: Mapping[str, str] | None = None, **kwargs: Any) -> subprocess.Popen[Any]:
         """Start a shared service (``argv``, listening on `SERVICES`) in the cluster's outer namespace; it ends
         with the cluster."""
-        proc = subprocess.Popen(
-            self.outer.enter(argv), env=dict(env) if env is not None else None, start_new_session=True, **kwargs
-        )
+        proc = self.outer.popen(argv, env, **kwargs)
         self._services.append(proc)
         return proc
 
     def run_outside(self, argv: Sequence[str], timeout: float = 120, **kwargs: Any) -> subprocess.CompletedProcess[str]:
         """Run ``argv`` to its end in the outer namespace (where `SERVICES` is reachable from the test's side)."""
-        return subprocess.run(
-            self.outer.enter(argv), capture_output=True, text=True, timeout=timeout, check=False, **kwargs
-        )
+        return self.outer.run(argv, timeout, **kwargs)
 
     def free_services_port(self) -> int:
         """A port free on `SERVICES` now, chosen by the kernel."""
-        code = f"import socket; s = socket.socket(); s.bind(({SERVICES!r}, 0)); print(s.getsockname()[1])"
-        done = self.run_outside([sys.executable, "-c", code])
-        if done.returncode != 0:
-            raise RuntimeError(f"no free port on {SERVICES}: {done.stderr.strip()}")
-        return int(done.stdout)
+        return self.outer.free_port(SERVICES)
 
     def pids(self) -> list[int]:
         """Every process in the cluster's namespaces (holders included)."""
