@@ -75,7 +75,9 @@ class Emulator:
 
 
 class Agent:
-    """One node's torchrun agent; its output goes to files in the node's scratch directory."""
+    """One node's torchrun agent; its output goes to ``logs/node<i>.<name>.out`` and ``.err`` beside the nodes'
+    scratch directories (a relaunch takes another ``name``, so the first launch's logs stay for diagnose's
+    fixtures, tests/corpus/diagnose/harness)."""
 
     def __init__(
         self,
@@ -351,7 +353,7 @@ def test_the_reclaimed_node_hosts_the_store_and_goes_right_after_the_commit(
         print(f"stop {stop}; held at the commit of step {held}; survivor agent exit {survivor}")
 
         c.replace(1)
-        agents = launch(c, root, slow=False, nnodes="2:2", host=2)  # a new endpoint: node 2 hosts it now
+        agents = launch(c, root, slow=False, nnodes="2:2", host=2, name="relaunch")  # a new endpoint: node 2 hosts it
         codes = [a.wait() for a in agents]
         assert codes == [0, 0], [a.stderr()[-3000:] for a in agents]
         out = "".join(a.stdout() for a in agents)
@@ -406,7 +408,7 @@ def test_a_node_lost_without_notice_is_detected_the_rest_goes_on_resharded_and_g
         assert (stop["reason"], stop["saved"]) == ("notice", True), stop
         assert commit_doc(root, stop["step"])["world_size"] == 1
         c.replace(2)
-        agents = launch(c, root, slow=False, nnodes="2:2", env=env, **fsdp)
+        agents = launch(c, root, slow=False, nnodes="2:2", env=env, name="relaunch", **fsdp)
         codes = [a.wait(timeout=300) for a in agents]
         assert codes == [0, 0], [a.stderr()[-3000:] for a in agents]
         assert f"resumed_from={stop['step']}" in agents[0].stdout()
@@ -461,7 +463,9 @@ def test_a_node_cut_off_mid_save_never_leaves_a_torn_step_to_restore(
         failed = last(ranks[0], "save_failed")
         assert failed["step"] == cut, failed  # rank 0 heard nothing from rank 1 within the commit timeout
 
-        agents = launch(c, root, slow=False, nnodes="2:2", max_restarts=0, env={"PREEMPTIBLE_SOURCES": "signal"})
+        agents = launch(
+            c, root, slow=False, nnodes="2:2", max_restarts=0, env={"PREEMPTIBLE_SOURCES": "signal"}, name="relaunch"
+        )
         codes = [a.wait(timeout=300) for a in agents]
         assert codes == [0, 0], [a.stderr()[-3000:] for a in agents]
         assert f"resumed_from={before}" in agents[0].stdout()
