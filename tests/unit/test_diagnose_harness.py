@@ -165,3 +165,11 @@ def test_a_peer_watch_naming_several_ranks_names_each_and_exit_76_alone_is_a_con
     assert alone.verdict == "crashed" and alone.evidence[0].why.endswith(PEER_NODE)
     lost = diagnose([("log", ["[W1205 06:41:35.661019469 TCPStore.cpp:138] Connection was likely closed."])])
     assert [e.why for e in lost.evidence] == [PEER_LOST]  # the store's host went: a consequence, never a cause
+
+
+def test_diagnose_s_exit_76_is_the_one_a_survivor_exits_with() -> None:
+    """diagnose keeps its own copy (the read side imports nothing of the write side): the same number."""
+    from preemptible.diagnose._evidence import EXIT_PEER_NODE as read
+    from preemptible.emergency import EXIT_PEER_NODE
+
+    assert read == EXIT_PEER_NODE
