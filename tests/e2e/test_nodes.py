@@ -306,6 +306,14 @@ def test_one_node_reclaimed_with_notice_stops_every_rank_at_one_step_and_the_job
     assert doc["attempts"] == 2 and doc["finished"] is True
     (p,) = doc["preemptions"]
     assert (p["step"], p["resumed_from"], p["steps_lost"]) == (stop, stop, 0)
+    # one row per launch of the whole job, each with its ranks and nodes (every start journals its node)
+    first, second = doc["runs"]
+    assert [(r["rank"], r["node"], r["exit_code"], r["role"]) for r in first["ranks"]] == [
+        (0, 0, EXIT_PEER_NODE, "survivor"),
+        (1, 1, 0, "reclaimed"),
+    ]
+    assert (first["ended"], p["rank"], p["node"]) == ("notice (aws) on node 1 (rank 1)", 1, 1)
+    assert [(r["rank"], r["node"], r["ended"]) for r in second["ranks"]] == [(0, 0, "finished"), (1, 1, "finished")]
     print(f"stopped at {stop}; notice to commit {p['notice_to_commit_s']:.3f} s, steps lost {p['steps_lost']}")
 
 
