@@ -451,6 +451,7 @@ class Run:
             host=socket.gethostname(),
             version=__version__,
             world_size=dist.world_size(),
+            node=dist.node(),
             sources=[s.name for s in self.guard.sources],
             argv=sys.argv,
         )

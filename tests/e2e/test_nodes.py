@@ -143,7 +143,9 @@ class Root:
 
 
 class Agent:
-    """One node's torchrun agent; its output goes to files in the node's scratch directory."""
+    """One node's torchrun agent; its output goes to ``logs/node<i>.<name>.out`` and ``.err`` beside the nodes'
+    scratch directories (a relaunch takes another ``name``, so the first launch's logs stay for diagnose's
+    fixtures, tests/corpus/diagnose/harness)."""
 
     def __init__(
         self,
@@ -436,6 +438,18 @@ def test_one_node_reclaimed_with_notice_stops_every_rank_at_one_step_and_the_job
     assert doc["finished"] is True
     (p,) = doc["preemptions"]
     assert (p["step"], p["resumed_from"], p["steps_lost"]) == (stop, stop, 0)
+    # one row per launch of the whole job, each with its ranks and nodes (every start journals its node)
+    first, second = doc["runs"]
+    assert [(r["rank"], r["node"], r["exit_code"], r["role"]) for r in first["ranks"]] == [
+        *((r, r, EXIT_PEER_NODE, "survivor") for r in range(last_rank)),
+        (last_rank, last_rank, 0, "reclaimed"),
+    ]
+    assert (first["ended"], p["rank"], p["node"]) == (
+        f"notice (aws) on node {last_rank} (rank {last_rank})",
+        last_rank,
+        last_rank,
+    )
+    assert [(r["rank"], r["node"], r["ended"]) for r in second["ranks"]] == [(r, r, "finished") for r in range(n)]
     took = p["notice_to_commit_s"]
     print(f"{wrapper} {n} nodes, {store}: stopped at {stop}; notice to commit {took:.3f} s, steps lost 0")
 
@@ -477,7 +491,7 @@ def test_the_reclaimed_node_hosts_the_store_and_goes_right_after_the_commit(
         assert all(code != 0 for code in survivors), survivors  # restarted into a rendezvous that is gone: failed
 
         c.replace(1)
-        agents = launch(c, root, slow=False, nnodes=f"{n}:{n}", host=2, **script(wrapper))  # a new endpoint
+        agents = launch(c, root, slow=False, nnodes=f"{n}:{n}", host=2, name="relaunch", **script(wrapper))
         codes = [a.wait(timeout=300) for a in agents]
         assert codes == [0] * n, [a.stderr()[-3000:] for a in agents]
         out = "".join(a.stdout() for a in agents)
@@ -540,7 +554,7 @@ def test_a_node_lost_without_notice_is_detected_the_rest_goes_on_resharded_and_g
         assert (stop["reason"], stop["saved"]) == ("notice", True), stop
         assert commit_doc(root, stop["step"])["world_size"] == n - 1
         c.replace(n)
-        agents = launch(c, root, slow=False, nnodes=f"{n}:{n}", env=env, **long)
+        agents = launch(c, root, slow=False, nnodes=f"{n}:{n}", env=env, name="relaunch", **long)
         codes = [a.wait(timeout=300) for a in agents]
         assert codes == [0] * n, [a.stderr()[-3000:] for a in agents]
         assert f"resumed_from={stop['step']}" in agents[0].stdout()
@@ -603,7 +617,7 @@ def test_a_node_cut_off_mid_save_never_leaves_a_torn_step_to_restore(
         failed = last(ranks[0], "save_failed")
         assert failed["step"] == cut, failed  # rank 0 heard nothing from the cut rank within the commit timeout
 
-        agents = launch(c, root, slow=False, nnodes=f"{n}:{n}", max_restarts=0, **script(wrapper))
+        agents = launch(c, root, slow=False, nnodes=f"{n}:{n}", max_restarts=0, name="relaunch", **script(wrapper))
         codes = [a.wait(timeout=300) for a in agents]
         assert codes == [0] * n, [a.stderr()[-3000:] for a in agents]
         assert f"resumed_from={before}" in agents[0].stdout()

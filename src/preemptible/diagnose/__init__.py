@@ -20,7 +20,17 @@ from preemptible.diagnose._input import (
     scan_keywords,
 )
 from preemptible.diagnose._remedy import FIX, TAGS, for_platforms, remedy, verify
-from preemptible.diagnose._rules import COLLATERAL_RULES, EXIT_RULES, PEER_LOST, RULES, ExitRule, Rule, needles
+from preemptible.diagnose._rules import (
+    COLLATERAL_RULES,
+    EXIT_RULES,
+    LOST_PEER,
+    PEER_LOST,
+    PEER_NODE,
+    RULES,
+    ExitRule,
+    Rule,
+    needles,
+)
 from preemptible.diagnose._scan import MAX_EVIDENCE_PER_KIND, TimeWindow, scan_lines
 from preemptible.diagnose._verdict import CONFIRM, Diagnosis, diagnose
 
@@ -33,7 +43,9 @@ __all__ = [
     "MAX_EVIDENCE_PER_KIND",
     "MAX_LINE_CHARS",
     "MAX_LOG_BYTES",
+    "LOST_PEER",
     "PEER_LOST",
+    "PEER_NODE",
     "RULES",
     "SCAN_CHUNK",
     "TAGS",

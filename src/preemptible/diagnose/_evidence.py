@@ -5,6 +5,8 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, replace
 
+from preemptible.diagnose._rules import PEER_NODE
+
 VERDICTS = (
     "preempted", "time-limit", "oom", "collective-timeout", "crashed", "terminated", "killed", "completed", "unknown"
 )  # fmt: skip
@@ -26,6 +28,10 @@ class Evidence:
 
 
 _EXIT_SIGNALS = {int(s): s.name for s in signal.Signals}
+EXIT_PEER_NODE = 76
+"""`preemptible.emergency.EXIT_PEER_NODE` (not imported: the read side imports nothing of the write side)."""
+_CODES = {124: ("time-limit", "timeout(1) ran out"), EXIT_PEER_NODE: ("crashed", PEER_NODE)}
+"""Exit codes that say more than a failure: (verdict, what it means)."""
 
 
 def exit_evidence(code: int, what: str, where: str, line: int | None, text: str, *, strong: bool = False) -> Evidence:
@@ -59,6 +65,7 @@ def _ended(code: int, what: str, where: str, line: int | None, text: str, *, str
         )
     if name in ("SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL"):
         return Evidence("crashed", "strong", f"{what} {code}: died of {name}", where, line, text)
-    if code == 124:
-        return Evidence("time-limit", "weak", f"{what} 124: timeout(1) ran out", where, line, text)
+    if code in _CODES:
+        verdict, meaning = _CODES[code]
+        return Evidence(verdict, "weak", f"{what} {code}: {meaning}", where, line, text)
     return Evidence("crashed", strength, f"{what} {code}: the program reported a failure", where, line, text)

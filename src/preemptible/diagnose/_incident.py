@@ -6,12 +6,15 @@ tore the workers down. `initiating` reads the evidence of all the logs, each lin
 rank or node prefix, or the log it came from) and when (its timestamp, else the last one before it in the same
 log), and names the initiating event and the collateral failures, in time order where timestamps allow.
 
-Who wrote a line, from its prefix: ``[rank3]:`` (torchrun), ``[default3]:`` (torchrun --tee, a local rank),
+Who wrote a line, from its prefix: ``[rank3]:`` (torchrun), ``preemptible INFO: [rank=3]`` (preemptible's own
+lines), ``[default3]:`` (torchrun --tee, a local rank),
 ``[1,3]<stderr>:`` (mpirun --tag-output; horovodrun's ``[3]<stderr>:``), ``3: `` (srun --label), ``gpu-q-13: ``
 (pdsh / the DeepSpeed launcher), ``host:pid:tid [dev] NCCL`` (NCCL's own lines); else from the line's text:
 ``[Rank 3]`` / ``[PG 0 Rank 3]`` (the c10d watchdog), ``ON host CANCELLED`` (slurmstepd), ``local_rank: 3 (pid``
 (torchrun's failure report), ``Sending process 4242 closing signal`` (torchrun's teardown of a worker:
-"process 4242").
+"process 4242"). Whom a line is about, where that is another rank: preemptible's peer watch (``event=peer_lost:
+ranks [1] did not answer``: rank 1, where the trouble started) and a notice another rank got (``(seen by rank
+1)``: rank 1's, as this one reports it).
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from preemptible.diagnose._evidence import Evidence
-from preemptible.diagnose._rules import PEER_LOST
+from preemptible.diagnose._rules import CONSEQUENCES, LOST_PEER
 
 _PREFIXES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"^.{0,100}?\[rank(\d+)\]:"), "rank"),
+    (re.compile(r"^.{0,60}?\bpreemptible \w+: \[rank=(\d+)\] "), "rank"),  # preemptible's own lines
     (re.compile(r"^(?:.{0,40}?\d)?\[(?:\d+,)?(\d+)\]<std(?:out|err)>:"), "rank"),
     (re.compile(r"^\[default(\d+)\]:"), "local rank"),
     (re.compile(r"^(\d+): "), "rank"),
@@ -62,10 +66,24 @@ _GLOG = re.compile(r"(?<![\w.])[IWEF](\d{1,2})(\d\d) (\d\d):(\d\d):(\d\d)\.(\d+)
 _SYSLOG = re.compile(r"\b(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) +(\d{1,2}) (\d\d):(\d\d):(\d\d)\b")
 
 
+_UNTIMED = re.compile(
+    r"^(?:preemptible (?:DEBUG|INFO|WARNING|ERROR|CRITICAL): |(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.]*:)"
+)
+"""Lines of a format with no time in it (preemptible's default ``preemptible LEVEL: ...``, Python's default
+``LEVEL:logger:...``): a time in their text is something else's (a notice's deadline), not the line's."""
+
+
+def untimed(line: str) -> bool:
+    """A line of a format with no time in it (`_UNTIMED`)."""
+    return _UNTIMED.match(line) is not None
+
+
 def when(line: str) -> str | None:
     """The line's timestamp as ``MM-DD HH:MM:SS[.ffffff]`` (ISO 8601, glog ``E0526 03:33:41.170000``, syslog
     ``Dec 17 16:03:58``), or None. The year is left out: glog and syslog lines carry none, and times are only
     compared within one job."""
+    if untimed(line):
+        return None
     head = line[:200]
     m = _ISO.search(head)
     if m:
@@ -159,8 +177,11 @@ def initiating(
     causes = [
         e for e in items
         if e.strength != "collateral" and e.verdict != "collective-timeout" and not after_own_timeout(e)
-        and not e.why.endswith(PEER_LOST)
+        and not e.why.endswith(CONSEQUENCES)
     ]  # fmt: skip
+    # a rank another rank's peer watch found gone (preemptible's peer_lost names it): where the trouble started,
+    # unless something came before it
+    causes += [e for e in timeouts if e.strength == "strong" and e.why.endswith(LOST_PEER)]
     if any(not e.reported for e in causes + timeouts):
         causes = [e for e in causes if not e.reported]  # a process's own words before a launcher's summary of it
     if prefer is not None and any(e.verdict == prefer for e in causes):

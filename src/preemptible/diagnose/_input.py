@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from preemptible.diagnose._match import COLLATERAL_TABLE, EXIT_TABLE, RULE_TABLE
+from preemptible.diagnose._rules import PEER_LOST_TAG
 
 MAX_LOG_BYTES = 4 << 30
 """What one input may contribute: of a longer file, its last 4 GiB (how a run ended is at its end); of a stream,
@@ -29,7 +30,7 @@ def scan_keywords() -> tuple[bytes, ...] | None:
     """Lowercase strings one of which is in every line a rule or the scanner's own structure (tracebacks,
     torchrun's summary, mpirun's report, container status) can act on; None if some rule has no needle."""
     words = {"traceback", "error", "exception", "interrupt", "exit", "failure", "root cause", "==========",
-             "process name", "oomkilled", "local_rank"}  # fmt: skip
+             "process name", "oomkilled", "local_rank", PEER_LOST_TAG}  # fmt: skip
     for _, found_in in RULE_TABLE + EXIT_TABLE + COLLATERAL_TABLE:
         if found_in is None:
             return None

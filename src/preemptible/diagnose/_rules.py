@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from preemptible.events import LOG_VERDICTS, tag
+from preemptible.events import LOG_VERDICTS, Event, tag
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,41 @@ def _selective(found_in: tuple[str, ...]) -> int:
 # Formats from the providers' and tools' documentation (see shared/reference/cloud-notices.md).
 
 PEER_LOST = "a peer stopped answering (a connection reset, refused or closed; an aborted communicator)"
+PEER_NODE = (
+    "preemptible's EXIT_PEER_NODE: another node of the job went away (a notice there, or a node lost without one) "
+    "and this one restarts with the nodes that remain"
+)
+"""What exit code 76 says: a consequence of another node's end, never its cause."""
+CONSEQUENCES = (PEER_LOST, PEER_NODE)
+"""The endings of the ``why`` of evidence that says only that another rank or node went away: never the cause while
+something else explains it (`_verdict._decide`, `_incident.initiating`)."""
+LOST_PEER = (
+    "stopped answering its peers: its node was lost without notice, cut off from the network, or hung "
+    "(preemptible's peer watch)"
+)
+"""The ending of the ``why`` of evidence that names a rank another rank's peer watch found gone (``event=peer_lost``,
+``ranks [1] did not answer``): that rank is the initiating one."""
+STORE_LOST = (
+    "could not reach the job's store: the store's node was lost without notice, or this node was cut off "
+    "(preemptible's peer watch)"
+)
+RELAYED = re.compile(r"\(seen by rank (\d+)\)")
+"""A notice one rank got and the others learned through the job's store (`dist`): the rank that got it."""
+PEER_LOST_TAG = tag(Event.PEER_LOST)
+_MISSING = re.compile(r"\branks? \[([\d, ]+)\] did not answer\b")
+_STORE = re.compile(r"\bthe job's store at (\S+?):\d+ is unreachable\b")
+
+
+def peer_lost(line: str) -> tuple[list[int], str | None] | None:
+    """What a line of preemptible's peer watch (``event=peer_lost``) says: the ranks that did not answer, and the
+    store's host when the store itself did not answer; None for any other line."""
+    if PEER_LOST_TAG not in line:
+        return None
+    missing = _MISSING.search(line)
+    ranks = [int(r) for r in missing.group(1).replace(" ", "").split(",") if r] if missing else []
+    store = _STORE.search(line)
+    return ranks, store.group(1) if store else None
+
 
 _SACCT_ROW = r"^\s*\d+(_\d+|_\[[\d,-]+\])?(\.\w+|\+)?\s.*"  # an sacct row: job id (array, step), then its fields
 RULES: tuple[Rule, ...] = (
@@ -465,6 +500,13 @@ RULES: tuple[Rule, ...] = (
     ),
     _r("completed", "weak", r"\bReason:\s*Completed\b", "Kubernetes: container completed", "k8s"),
     _r(
+        "completed",
+        "weak",
+        r"Local worker group finished \(WorkerState\.SUCCEEDED\)|\bworker group successfully finished\b",
+        "torchrun: this node's workers all exited 0",
+        "torchrun",
+    ),
+    _r(
         "crashed",
         "weak",
         _SACCT_ROW + r"\bFAILED\s+[1-9]\d*:\d+",
@@ -539,7 +581,8 @@ COLLATERAL_RULES: tuple[Rule, ...] = (
         "collective-timeout",
         "collateral",
         r"Connection reset by peer|Connection closed by (remote )?peer|remote process exited or there was a network "
-        r"error|NCCL communicator was aborted|RendezvousClosedError|failed to send a keep-alive heartbeat|"
+        r"error|NCCL communicator was aborted|RendezvousClosedError|RendezvousConnectionError|"
+        r"failed to send a keep-alive heartbeat|Connection was likely closed|\bNo route to host\b|"
         r"\bConnection refused\b|\bBroken pipe\b|"
         r"\bSocket Timeout\b|\bDistNetworkError\b|Horovod has been shut down",
         PEER_LOST,

@@ -9,7 +9,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 
 from preemptible.diagnose._evidence import Evidence, exit_evidence
-from preemptible.diagnose._incident import actor, when
+from preemptible.diagnose._incident import actor, untimed, when
 from preemptible.diagnose._input import LogInput
 from preemptible.diagnose._match import (
     collateral_for,
@@ -20,8 +20,9 @@ from preemptible.diagnose._match import (
     present,
     rule_for,
 )
-from preemptible.diagnose._rules import PEER_LOST
+from preemptible.diagnose._rules import LOST_PEER, PEER_LOST, PEER_NODE, RELAYED, STORE_LOST, peer_lost
 
+_NATIVE_FRAME = re.compile(r"^frame #\d+: ")
 _TRACEBACK_START = re.compile(r"Traceback \(most recent call last\):")
 _BARE_EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*\.)?([A-Z]\w*)?(Error|Exception): \S")
 _CHAINED = re.compile(r"(During handling of the above exception|The above exception was the direct cause)")
@@ -57,7 +58,7 @@ class TimeWindow:
         self.last: float | None = None
 
     def see(self, line: str) -> None:
-        match = _TIMESTAMP.search(line[:80])
+        match = None if untimed(line) else _TIMESTAMP.search(line[:80])
         if match is None:
             return
         try:
@@ -128,6 +129,8 @@ class _Scan:
             self.window.see(raw)
         line = _strip_prefix(raw)
         self.number, self.text = number, raw.strip()[:400]
+        if _NATIVE_FRAME.match(line):
+            return  # a frame of a native stack (c10's "Exception raised from ..."): a function's name, not an event
         was_indented, self.prev_indented = self.prev_indented, line[:1] in (" ", "\t") and bool(line.strip())
         if self._traceback(line, was_indented):
             return
@@ -149,6 +152,33 @@ class _Scan:
 
     def _add(self, verdict: str, strength: str, why: str, platform: str | None = None) -> None:
         self.found.append(Evidence(verdict, strength, why, self.where, self.number, self.text, platform))
+
+    def _about(
+        self, who: str, verdict: str, strength: str, why: str, platform: str | None, *, reported: bool = False
+    ) -> None:
+        """Evidence of this line about another rank than the one that wrote it (``who``), at this line's time."""
+        self.found.append(
+            Evidence(verdict, strength, why, self.where, self.number, self.text, platform, who, self.stamp, reported)
+        )
+
+    def _peer_lost(self, line: str) -> bool:
+        """preemptible's peer watch (``event=peer_lost``): each rank it found gone is where the trouble started; the
+        rank that wrote the line exits 76 because of it. A store that did not answer says this rank was cut off or
+        the store's node was lost. True when the line is one."""
+        found = peer_lost(line)
+        if found is None:
+            return False
+        missing, store = found
+        for rank in missing:
+            self._about(f"rank {rank}", "collective-timeout", "strong", f"rank {rank} {LOST_PEER}", "preemptible")
+        if missing:
+            why = f"its peer watch found rank(s) {', '.join(map(str, missing))} gone: it exits 76 ({PEER_NODE})"
+            self._add("collective-timeout", "collateral", why, "preemptible")
+        elif store is not None:
+            self._add("collective-timeout", "strong", f"this rank {STORE_LOST}", "preemptible")
+        else:
+            self._add("collective-timeout", "strong", f"a peer {LOST_PEER}", "preemptible")
+        return True
 
     def _traceback(self, line: str, was_indented: bool) -> bool:
         """Follow a Python traceback; True when the line is part of one (and its exception, if any, recorded)."""
@@ -249,8 +279,10 @@ class _Scan:
         return False
 
     def _rules(self, line: str) -> None:
-        """Any other line: an exit it reports, else the first rule it matches, else a collateral rule, else a bare
-        exception."""
+        """Any other line: preemptible's peer watch, an exit it reports, else the first rule it matches, else a
+        collateral rule, else a bare exception."""
+        if self._peer_lost(line):
+            return
         found_in = present(line)
         ended = exit_rule(line, self.where, self.number, self.text, found_in) if found_in else None
         if ended is not None:
@@ -258,7 +290,14 @@ class _Scan:
             return
         rule = rule_for(line, found_in) if found_in else None
         if rule is not None:
-            self._add(rule.verdict, rule.strength, rule.why, rule.platform)
+            relayed = RELAYED.search(line) if rule.platform == "preemptible" else None
+            if relayed is None:
+                self._add(rule.verdict, rule.strength, rule.why, rule.platform)
+                return
+            # another rank's notice, as this rank learned it through the store: about that rank, and its own line
+            # (if given) before this one
+            why = f"{rule.why} (rank {relayed.group(1)} got it; this rank learned it through the job's store)"
+            self._about(f"rank {relayed.group(1)}", rule.verdict, rule.strength, why, rule.platform, reported=True)
             return
         collateral = collateral_for(line, found_in)
         if collateral is not None:

@@ -21,7 +21,7 @@ from preemptible.diagnose._facts import journal_evidence, journal_facts
 from preemptible.diagnose._incident import Incident, initiating
 from preemptible.diagnose._input import LogInput
 from preemptible.diagnose._remedy import for_platforms, remedy
-from preemptible.diagnose._rules import PEER_LOST
+from preemptible.diagnose._rules import CONSEQUENCES
 from preemptible.diagnose._scan import TimeWindow, scan_lines
 
 CONFIRM: dict[str, list[str]] = {
@@ -188,15 +188,7 @@ def diagnose(
     first, collateral = initiating(evidence, VERDICTS, prefer=verdict if verdict in _EXPLAINS else None)
     if first is not None and first.verdict != "collective-timeout" and verdict not in _EXPLAINS:
         verdict = first.verdict  # several ranks or nodes: what happened first, not what ranks highest
-    deciding = [e for e in evidence if e.verdict == verdict and e.strength != "collateral"]
-    strongest = next((e for e in deciding if e.strength == "strong"), deciding[0] if deciding else None)
-    summary = strongest.why if strongest is not None else "no recognised evidence"
-    if first is not None and first.who == "unknown":
-        summary += "; every rank in these logs was waiting: the one that stopped answering is not among them"
-    elif first is not None:
-        summary += f"; first: {first.who}" + (f", then {len(collateral)} collateral" if collateral else "")
-    if verdict == "terminated" and any(e.verdict == "killed" for e in evidence):
-        summary += "; then killed after the grace period"
+    summary = _summary(evidence, verdict, first, collateral)
     checkpoint: dict[str, Any] = {}
     lost: int | None = None
     exact = False
@@ -228,6 +220,24 @@ def diagnose(
     )  # fmt: skip
 
 
+def _summary(evidence: Sequence[Evidence], verdict: str, first: Incident | None, collateral: list[Incident]) -> str:
+    """The verdict's one line: what its strongest evidence means (a process's own words before another's report
+    of them); with several ranks or nodes, what happened where it started, and how much followed."""
+    deciding = [e for e in evidence if e.verdict == verdict and e.strength != "collateral"]
+    deciding.sort(key=lambda e: e.reported)  # (stable)
+    strongest = next((e for e in deciding if e.strength == "strong"), deciding[0] if deciding else None)
+    summary = strongest.why if strongest is not None else "no recognised evidence"
+    if first is not None and first.verdict == verdict and first.line is not None:
+        summary = first.why
+    if first is not None and first.who == "unknown":
+        summary += "; every rank in these logs was waiting: the one that stopped answering is not among them"
+    elif first is not None:
+        summary += f"; first: {first.who}" + (f", then {len(collateral)} collateral" if collateral else "")
+    if verdict == "terminated" and any(e.verdict == "killed" for e in evidence):
+        summary += "; then killed after the grace period"
+    return summary
+
+
 _EXPLAINS = ("preempted", "time-limit", "oom")
 """Verdicts that explain what other ranks then logged (a SIGTERM, a SIGKILL, a timeout): with several logs, one of
 these anywhere is the verdict, and the initiating event is chosen among its evidence."""
@@ -235,9 +245,9 @@ these anywhere is the verdict, and the initiating event is chosen among its evid
 
 def _decide(evidence: Sequence[Evidence]) -> str:
     """The verdict: the first of `VERDICTS` among the strong evidence, else the weak, else the hints. A crash that
-    only says a peer went away (`_rules.PEER_LOST`) counts only when nothing else does: the peer's end is the
-    cause, and another line may name it."""
-    causal = [e for e in evidence if not e.why.endswith(PEER_LOST)]
+    only says a peer went away (`_rules.CONSEQUENCES`: a lost connection, exit 76) counts only when nothing else
+    does: the peer's end is the cause, and another line may name it."""
+    causal = [e for e in evidence if not e.why.endswith(CONSEQUENCES)]
     verdict = _decide_among(causal) if causal else "unknown"
     return verdict if verdict != "unknown" else _decide_among(evidence)
 

@@ -35,7 +35,7 @@ _PLAN = frozenset(
 )  # `budget.Plan.to_json`
 
 FIELDS: Mapping[Event, frozenset[str]] = {
-    Event.START: frozenset({"attempt", "total", "pid", "host", "version", "world_size", "sources", "argv"}),
+    Event.START: frozenset({"attempt", "total", "pid", "host", "version", "world_size", "node", "sources", "argv"}),
     Event.FRESH: frozenset(),
     Event.FRESH_AFTER_CORRUPTION: frozenset({"error", "quarantined"}),
     Event.RESUME: frozenset({"seconds"}),

@@ -17,9 +17,12 @@ included. It is split into:
 - **between attempts**: from an attempt's last event to the next one's start (the machine's end, scheduling, a
   new machine, Python and torch starting).
 
-Per-step times are an attempt's mean. The journal of rank 0 is used (every rank stops at the same step).
+Per-step times are an attempt's mean. The times and steps are rank 0's (every rank stops at the same step); every
+rank's journal says which ranks and nodes ran in each attempt and how each ended (`_ranks`): an attempt is one
+launch of the whole job, never one per node or rank.
 
 The parts, each a private module: `_attempts` (the journal's records folded into attempts, every value bounded),
+`_ranks` (every rank's journal file: the ranks, nodes and exits of each attempt),
 `_summary` (the figures of ``report --json``), `_text` (the text, and the labels the page shares) and `_picture`
 (``--html`` and ``--png``).
 """

@@ -1,5 +1,6 @@
 """A run's attempts (rank 0's journal files) as the report reads them: each value from a journal bounded, each
-attempt's saves, notices and figures kept in memory that does not grow with the journal."""
+attempt's saves, notices and figures kept in memory that does not grow with the journal; the other ranks' files
+are folded by `_ranks`."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 from preemptible.events import Event, SaveReason
 from preemptible.journal import RESERVED, Record, parse_step, parse_time
+from preemptible.report._ranks import Ranks
 
 _STEP_EVENTS = frozenset(
     {
@@ -19,6 +21,7 @@ _STEP_EVENTS = frozenset(
         Event.SAVE_COMMITTED,
         Event.NOTICE,
         Event.EXIT,
+        Event.PEER_LOST,  # the steps this rank had done when its peer watch found a peer gone
         Event.DONE,
         Event.RESUME,
         Event.FRESH,
@@ -103,6 +106,8 @@ class Attempt:
     """What this attempt's journal says made a resume inexact (``inexact_resume``), at most `_MAX_WARNINGS`."""
     fallback: dict[str, Any] | None = None
     """The framework's own checkpoint this attempt resumed from (a ``framework_fallback`` event), or None."""
+    number: int | None = None
+    """The attempt number rank 0's ``start`` event recorded (every rank of the launch records the same)."""
 
     @property
     def restore_s(self) -> float:
@@ -145,6 +150,8 @@ class Reader:
         self.series: dict[str, _Series] = {}
         self.skipped = skipped
         self.not_drawn = {"saves": 0, "notices": 0}
+        self.ranks = Ranks(skipped)
+        """Every rank's journal files (rank 0's too): the ranks and nodes of each attempt (`_ranks`)."""
 
     def skip(self, why: str) -> None:
         self.skipped[why] = self.skipped.get(why, 0) + 1
@@ -170,6 +177,8 @@ class Reader:
             a.warnings.append(f"resume not exact ({_text(r.get('what'))}): {_text(r.get('why'))}")
         elif kind == Event.FRAMEWORK_FALLBACK:
             a.fallback = {"framework": _text(r.get("framework")), "path": _text(r.get("path")), "step": step}
+        elif kind == Event.START and a.number is None:
+            a.number = parse_step(r.get("attempt"))
         if kind == Event.SAVE_COMMITTED and step is not None:
             _committed(a, step, t)
         if kind == Event.EXIT:

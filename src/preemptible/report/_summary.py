@@ -8,7 +8,11 @@ from typing import Any
 
 from preemptible import journal
 from preemptible.report._attempts import Attempt, Reader
+from preemptible.report._ranks import RankEnd, ended, notice_of
 from preemptible.store.io import Storage
+
+MAX_RANKS_LISTED = 1024
+"""Ranks listed per attempt in ``runs`` (``ranks_total`` counts them all)."""
 
 
 def summarize(events: Iterable[Mapping[str, Any]], *, skipped: Mapping[str, int] | None = None) -> dict[str, Any]:
@@ -59,25 +63,12 @@ def summarize(events: Iterable[Mapping[str, Any]], *, skipped: Mapping[str, int]
         "between_attempts_s": round(gaps, 3),
     }
     badput["other_s"] = round(max(0.0, wall - good - sum(badput.values())), 3)
+    ranks = reader.ranks.assign([a.file for a in attempts], [a.number for a in attempts], [a.start for a in attempts])
     preemptions = []
     for i, a in enumerate(attempts):
         nxt = attempts[i + 1] if i + 1 < len(attempts) else None
         for n in a.notices:
-            window = n["window_s"]
-            preemptions.append(
-                {
-                    "attempt": i + 1,
-                    "at": n["at"],
-                    "step": n["step"],
-                    "source": n["source"],
-                    "detail": n["detail"],
-                    "notice_to_commit_s": round(n["commit_s"], 3) if n["commit_s"] is not None else None,
-                    "window_s": window,
-                    "window_used": round(n["commit_s"] / window, 4) if n["commit_s"] and window else None,
-                    "steps_lost": a.redone_steps,
-                    "resumed_from": nxt.from_step if nxt is not None else None,
-                }
-            )
+            preemptions.append(_preemption(i + 1, a, n, ranks[i], nxt))
     runs = [
         {
             "attempt": i + 1,
@@ -89,9 +80,12 @@ def summarize(events: Iterable[Mapping[str, Any]], *, skipped: Mapping[str, int]
             "seconds": round(a.end - a.start, 3),
             "step_s": round(a.step_s, 6) if a.step_s is not None else None,
             "saves": a.saves,
-            "ended": "finished" if a.done else (a.exit or {}).get("reason") or "unknown (no exit event: killed?)",
+            "ended": _ended(a, ranks[i]) or "unknown (no exit event: killed?)",
             "warnings": list(a.warnings),
             "framework_fallback": a.fallback,
+            "ranks": [e.to_json() for e in ranks[i][:MAX_RANKS_LISTED]],
+            "ranks_total": len(ranks[i]),
+            "nodes": sorted({e.node for e in ranks[i] if e.node is not None}),
         }
         for i, a in enumerate(attempts)
     ]
@@ -113,7 +107,7 @@ def summarize(events: Iterable[Mapping[str, Any]], *, skipped: Mapping[str, int]
         "preemptions": preemptions,
         "runs": runs,
         "finished": attempts[-1].done,
-        "timeline": _timeline(attempts),
+        "timeline": _timeline(attempts, ranks),
         "figures": figures,
         "figures_downsampled": downsampled,
         "not_drawn": {k: v for k, v in reader.not_drawn.items() if v},
@@ -122,15 +116,59 @@ def summarize(events: Iterable[Mapping[str, Any]], *, skipped: Mapping[str, int]
 
 
 def _records(events: Iterable[Mapping[str, Any]], reader: Reader) -> Iterator[journal.Record]:
-    """The events as records; anything that is not an event's object is counted and left out."""
+    """The events as records, every rank's seen by `Reader.ranks` on the way; anything that is not an event's
+    object is counted and left out."""
     for e in events:
         if isinstance(e, Mapping):
-            yield journal.Record.of(e)
+            record = journal.Record.of(e)
+            reader.ranks.add(record)
+            yield record
         else:
             reader.skip("events")
 
 
-def _timeline(attempts: list[Attempt]) -> list[dict[str, Any]]:
+def _ended(a: Attempt, ranks: list[RankEnd]) -> str | None:
+    """How an attempt ended: across its ranks when it had several (`_ranks.ended`), else as rank 0 journaled it;
+    None when nothing says (killed without a word)."""
+    if len(ranks) > 1:
+        return "finished" if a.done else ended(ranks)
+    return "finished" if a.done else (a.exit or {}).get("reason")
+
+
+def _preemption(
+    number: int, a: Attempt, n: dict[str, Any], ranks: list[RankEnd], nxt: Attempt | None
+) -> dict[str, Any]:
+    """One notice of an attempt: what rank 0 journaled; with several ranks, the node (and rank) that got it, its
+    own detail, and the emergency commit as another rank journaled it when rank 0 did not (its node went)."""
+    commit, commit_rank = n["commit_s"], 0 if n["commit_s"] is not None else None
+    got: dict[str, Any] = {}
+    if len(ranks) > 1:
+        got = notice_of(ranks)
+        if commit is None:
+            later = [(e.committed, e.rank) for e in ranks if e.committed is not None and e.committed >= n["received"]]
+            if later:
+                at, commit_rank = min(later)
+                commit = at - n["received"]
+    window = n["window_s"]
+    by = got.get("by")
+    return {
+        "attempt": number,
+        "at": n["at"],
+        "step": n["step"],
+        "source": n["source"],
+        "detail": got.get("detail") or n["detail"],
+        "rank": by,
+        "node": next((e.node for e in ranks if e.rank == by and e.node is not None), None),
+        "notice_to_commit_s": round(commit, 3) if commit is not None else None,
+        "commit_journaled_by": commit_rank,
+        "window_s": window,
+        "window_used": round(commit / window, 4) if commit and window else None,
+        "steps_lost": a.redone_steps,
+        "resumed_from": nxt.from_step if nxt is not None else None,
+    }
+
+
+def _timeline(attempts: list[Attempt], ranks: list[list[RankEnd]]) -> list[dict[str, Any]]:
     """Each attempt's spans in seconds from the first start (what ``--html`` and ``--png`` draw)."""
     t0 = attempts[0].start
 
@@ -173,7 +211,7 @@ def _timeline(attempts: list[Attempt]) -> list[dict[str, Any]]:
                     for n in a.notices
                 ],
                 "redone": redone,
-                "ended": "finished" if a.done else (a.exit or {}).get("reason"),
+                "ended": _ended(a, ranks[i]),
             }
         )
     return out

@@ -8,6 +8,7 @@ from typing import Any
 
 from preemptible import journal
 from preemptible.report._attempts import MAX_FIGURE_NAME, MAX_FIGURES, MAX_POINTS, MAX_SPANS
+from preemptible.report._ranks import MAX_RANK_FILES, summary_of_ranks
 
 BADPUT_LABELS = {
     "saves_s": "saves (training stood still)",
@@ -25,6 +26,7 @@ SKIPPED_LABELS = {
     "events": "event(s) of unknown shape",
     "files_cut": f"file(s) cut at {journal.MAX_FILE} bytes",
     "figure_names": f"figure name(s) beyond the first {MAX_FIGURES} or longer than {MAX_FIGURE_NAME} characters",
+    "rank_files": f"journal file(s) beyond the first {MAX_RANK_FILES} (not listed among the attempts' ranks)",
 }
 """``skipped``'s keys: what the report left out of a journal, and why."""
 
@@ -54,9 +56,13 @@ def render(doc: Mapping[str, Any]) -> str:
         lines += ["", "preemptions:"]
         for p in doc["preemptions"]:
             commit, used = commit_and_window(p)
+            on = f" on {_where(p['rank'], p['node'])}" if p.get("rank") is not None else ""
+            by = p.get("commit_journaled_by")
+            seen = f", as rank {by} journaled it" if by else ""
             lines.append(
-                f"  attempt {p['attempt']}: {p['at']}  {p['source']} {p['detail'] or ''} at step {p['step']}: "
-                f"notice->commit {commit} ({used}), {p['steps_lost']} step(s) lost, resumed from {p['resumed_from']}"
+                f"  attempt {p['attempt']}: {p['at']}  {p['source']} {p['detail'] or ''} at step {p['step']}{on}: "
+                f"notice->commit {commit} ({used}{seen}), {p['steps_lost']} step(s) lost, resumed from "
+                f"{p['resumed_from']}"
             )
     lines += ["", "runs of steps:"]
     for r in doc["runs"]:
@@ -64,6 +70,12 @@ def render(doc: Mapping[str, Any]) -> str:
             f"  attempt {r['attempt']}: steps {r['from_step']}..{r['to_step']} in {r['seconds']:.1f} s, "
             f"{r['kept_steps']} kept, {r['redone_steps']} redone, {r['saves']} save(s), ended: {r['ended']}"
         )
+        ranks = r.get("ranks") or []
+        if len(ranks) > 1:
+            nodes = r.get("nodes") or []
+            known = all(x.get("node") is not None for x in ranks)
+            on = f" on {len(nodes)} node{'s' if len(nodes) > 1 else ''}" if nodes and known else ""
+            lines.append(f"    {r.get('ranks_total', len(ranks))} ranks{on}: {summary_of_ranks(ranks)}")
         lines += [f"    ! {w}" for w in r.get("warnings", [])]
         fell = r.get("framework_fallback")
         if fell:
@@ -72,6 +84,10 @@ def render(doc: Mapping[str, Any]) -> str:
                 "which preemptible neither wrote nor verified (framework_fallback)"
             )
     return "\n".join(lines + notes(doc))
+
+
+def _where(rank: int, node: int | None) -> str:
+    return f"rank {rank}" if node is None else f"node {node} (rank {rank})"
 
 
 def notes(doc: Mapping[str, Any]) -> list[str]:
