@@ -33,6 +33,7 @@ through its report file), `_report` (the checks and timings), `_compare` (the fi
 states, and why they differ) and `_nodes` (the multi-node drill).
 """
 
+from preemptible.drill._child import SLACK_S
 from preemptible.drill._compare import (
     LIKELY_CAUSES,
     Divergence,
@@ -49,7 +50,6 @@ from preemptible.drill._drill import (
     MID_EPOCH,
     ROOT_ENV,
     SIGNALS,
-    SLACK_S,
     SOURCES,
     Drill,
     default_window,

@@ -14,6 +14,32 @@ from preemptible.events import Event
 from preemptible.journal import Record, records
 from preemptible.store.io import storage_for
 
+SLACK_S = 30.0  # beyond the window, how long the drill waits for an exit before it calls the run hung
+
+
+def newest_committed(root: str | None) -> int | None:
+    """The newest committed checkpoint's step under ``root`` (None: none, or a root that cannot be read)."""
+    if root is None:
+        return None
+    from preemptible.checkpoint import Checkpointer
+
+    try:
+        return Checkpointer(root).latest()
+    except Exception:
+        return None
+
+
+def on_storage(root: str | None, step: int | None) -> bool:
+    """Whether ``step`` is committed under ``root``."""
+    if root is None or step is None:
+        return False
+    from preemptible.checkpoint import Checkpointer
+
+    try:
+        return Checkpointer(root).is_committed(int(step))
+    except Exception:
+        return False
+
 
 class Clocks(Protocol):
     """The drill's clocks (injected by tests)."""

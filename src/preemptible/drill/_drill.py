@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from preemptible import relay
-from preemptible.drill._child import Child, clean_exit, event_time
+from preemptible.drill._child import SLACK_S, Child, clean_exit, event_time, newest_committed, on_storage
 from preemptible.drill._compare import (
     MTIME_SLACK_S,
     explain_difference,
@@ -39,7 +39,6 @@ ROOT_ENV = "PREEMPTIBLE_ROOT"
 DEFAULT_AT_S = 3.0
 MID_EPOCH = relay.MID_EPOCH
 """``--at mid-epoch`` (the default under ``--reference``): stop where the run reports the middle of an epoch."""
-SLACK_S = 30.0  # beyond the window, how long the drill waits for an exit before it calls the run hung
 
 
 def default_window(source: str) -> float:
@@ -345,7 +344,7 @@ class Drill:
             f"exit {code}" if code is not None else "still running after SIGKILL: a process in uninterruptible I/O",
         )
         committed = [e.step for e in first.events(Event.SAVE_COMMITTED) if e.step is not None]
-        on_storage = self._newest_committed(report.root)
+        on_storage = newest_committed(report.root)
         step = on_storage if on_storage is not None else (max(committed) if committed else None)
         report.checkpoint_step = step
         held = first.held()
@@ -394,7 +393,7 @@ class Drill:
         skipped = [e for e in first.events(Event.SAVE_SKIPPED) if e.get("reason") == SaveReason.EMERGENCY]
         step = commits[-1]["step"] if commits else (skipped[-1]["step"] if skipped else None)
         report.checkpoint_step = step
-        committed = bool(commits) and self._on_storage(report.root, step)
+        committed = bool(commits) and on_storage(report.root, step)
         report.check(
             "a checkpoint committed after the notice",
             committed or bool(skipped),
@@ -492,29 +491,6 @@ class Drill:
     def _final_state(root: str | None, step: int, *, written_since: float | None = None) -> dict[str, str] | None:
         """`final_state` (the comparison of a --reference drill)."""
         return final_state(root, step, written_since=written_since)
-
-    @staticmethod
-    def _newest_committed(root: str | None) -> int | None:
-        """The newest committed checkpoint's step under ``root`` (None: none, or a root that cannot be read)."""
-        if root is None:
-            return None
-        from preemptible.checkpoint import Checkpointer
-
-        try:
-            return Checkpointer(root).latest()
-        except Exception:
-            return None
-
-    @staticmethod
-    def _on_storage(root: str | None, step: int | None) -> bool:
-        if root is None or step is None:
-            return False
-        from preemptible.checkpoint import Checkpointer
-
-        try:
-            return Checkpointer(root).is_committed(int(step))
-        except Exception:
-            return False
 
     def _hung(self, child: Child) -> str:
         """What a run that outlived its notice last did: its last journaled event and its last output."""

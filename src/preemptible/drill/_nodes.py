@@ -40,11 +40,10 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from preemptible import relay
-from preemptible.drill._child import Exits, event_time
-from preemptible.drill._drill import SLACK_S
+from preemptible.drill._child import SLACK_S, Exits, event_time, newest_committed, on_storage
 from preemptible.drill._report import DrillReport
 from preemptible.emergency import EXIT_PEER_NODE, ExitPolicy
 from preemptible.errors import PreemptibleError
@@ -56,7 +55,6 @@ from preemptible.store.io import storage_for
 from preemptible.store.roots import is_url, local_path
 
 if TYPE_CHECKING:
-    from preemptible.drill._drill import Drill
     from preemptible.testing.nodes import Cluster, Node, NodeEmulator
 
 MIN_NODES, MAX_NODES = 2, 4
@@ -238,10 +236,28 @@ def _last(events: list[Record], event: Event) -> Record | None:
     return found[-1] if found else None
 
 
+class DrillSettings(Protocol):
+    """What the multi-node drill takes of a `preemptible.drill.Drill`: its clocks, its progress lines, the source
+    and the window."""
+
+    command: list[str]
+    source: str
+    window: float
+    at: Any
+    root: str | None
+    nodes: int | None
+    start_timeout: float
+    finish_timeout: float
+    clock: Callable[[], float]
+    monotonic: Callable[[], float]
+    sleep: Callable[[float], None]
+    progress: Callable[[str], None]
+
+
 class NodesDrill:
     """Scenario 1 on ``drill.nodes`` simulated nodes (see the module's docstring); `run` returns the report."""
 
-    def __init__(self, drill: Drill) -> None:
+    def __init__(self, drill: DrillSettings) -> None:
         assert drill.nodes is not None
         self.d = drill
         self.n = drill.nodes
@@ -575,16 +591,16 @@ class NodesDrill:
             + ", ".join(f"rank {r}: {e.step if e else 'none'}" for r, e in stopped.exits.items()),
         )
         commit_steps = {e.step for evs in stopped.commits.values() for e in evs}
-        on_storage = step is not None and self.d._on_storage(self.root, step)
-        newest = self.d._newest_committed(self.root)
+        committed = step is not None and on_storage(self.root, step)
+        newest = newest_committed(self.root)
         report.checkpoint_step = step
         report.check(
             "one emergency checkpoint committed",
-            commit_steps == {step} and on_storage and newest == step,
+            commit_steps == {step} and committed and newest == step,
             f"step {step}, committed on storage by {len(stopped.commits)} ranks"
-            if commit_steps == {step} and on_storage and newest == step
+            if commit_steps == {step} and committed and newest == step
             else f"emergency commits at steps {sorted(s for s in commit_steps if s is not None) or 'none'}; "
-            f"on storage: {on_storage}; newest committed: {newest} (expected one, at step {step})",
+            f"on storage: {committed}; newest committed: {newest} (expected one, at step {step})",
         )
         self._roles(report, cluster, stopped, last=last, reclaimed=reclaimed, alive=alive)
         return step if report.passed else None
@@ -772,7 +788,7 @@ class NodesDrill:
         steps = stopped.steps()
         step = next(iter(steps)) if len(steps) == 1 else None
         saved = all(e is not None and e.get("saved") is True for e in stopped.exits.values())
-        ok = stopped.all_exited() and step is not None and saved and self.d._on_storage(self.root, step)
+        ok = stopped.all_exited() and step is not None and saved and on_storage(self.root, step)
         codes = ", ".join(
             f"rank {r} exit {e.get('code')} ({e.get('role')})"
             for r, e in sorted(stopped.exits.items())
