@@ -2,8 +2,9 @@
 with the user's own periodic DCP saves (benchmarks/nodes_dcp_train.py). A benchmark, not a test: nothing here
 gates CI on time.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/nodes_bench.py            # 3 interleaved rounds, about 15 minutes
+    PYTHONPATH=src .venv/bin/python benchmarks/nodes_bench.py            # 3 interleaved rounds, about 16 minutes
     PYTHONPATH=src .venv/bin/python benchmarks/nodes_bench.py --quick    # 1 round, about 5 minutes
+    PYTHONPATH=src .venv/bin/python benchmarks/nodes_bench.py --show benchmarks/results/nodes-2026-12-05.json
 
 As root (network namespaces: `preemptible.testing.nodes`, the harness of tests/e2e/test_nodes.py; every packet
 stays on loopback or inside the cluster's namespaces, node i at 10.77.0.<i>). The result JSON (machine, date,
@@ -31,7 +32,8 @@ loss of a failure at a random time). Scenarios, each run once per round in this 
   its ``last_call_timeout`` (30 s, its default) for both.
 
 Measured per run, from the notice (A) or the loss (B), on the wall clock of the harness and the ranks (one machine):
-commit (preemptible's emergency ``save_committed``), detection (``peer_lost``; the baseline's collective error or
+commit (preemptible's emergency ``save_committed``; also from the notice as a rank saw it, AWS being polled once a
+second: ``preemptible report``'s ``notice_to_commit_s``), detection (``peer_lost``; the baseline's collective error or
 the agent's restart), resumed (every rank's restore done: preemptible's ``restored`` events, the baseline's own
 line after ``dcp.load``), first step (the harness sees rank 0's first step line after the restart), steps lost
 (steps completed before the restart minus the step resumed from), bytes each rank read on resume (preemptible:
@@ -374,12 +376,14 @@ def machine() -> dict[str, Any]:
 
 METRICS = (
     ("commit_s", "notice -> committed s"),
+    ("report_notice_to_commit_s", "seen -> committed s"),
     ("detected_s", "event -> detected s"),
     ("node_gone_s", "event -> node gone s"),
     ("resumed_s", "event -> resumed s"),
     ("first_step_s", "event -> first step s"),
     ("gone_to_resumed_s", "node gone -> resumed s"),
     ("steps_lost", "steps lost"),
+    ("step_s", "s per step before"),
 )
 
 
@@ -420,24 +424,27 @@ def fmt(v: Any) -> str:
 
 
 def table(runs: list[dict[str, Any]], summary: dict[str, Any]) -> str:
-    rows = []
-    head = f"{'scenario/tool':<16}" + "".join(f"{label:>24}" for _, label in METRICS) + f"{'MB read per rank':>20}"
-    rows.append(head)
-    for sc in SCENARIOS:
-        for tool in TOOLS:
-            med = summary.get(f"{sc}/{tool}")
-            if med is None:
-                continue
+    """One row per figure, one column per scenario and tool: the median, then each run in brackets."""
+    cols = [(sc, tool) for sc in SCENARIOS for tool in TOOLS if f"{sc}/{tool}" in summary]
+    width = 28
+    rows = [f"{'':<24}" + "".join(f"{sc + ' ' + tool:>{width}}" for sc, tool in cols)]
+    for key, label in METRICS:
+        cells = []
+        for sc, tool in cols:
             each = [r for r in runs if r["tool"] == tool and r["scenario"] == sc and "error" not in r]
-            cells = []
-            for key, _ in METRICS:
-                all_runs = "/".join(fmt(r.get(key)) for r in each)
-                cells.append(f"{fmt(med[key])} ({all_runs})")
-            mb = "/".join(f"{b / 1e6:.1f}" if b is not None else "-" for b in med["bytes_read"])
-            rows.append(f"{sc + '/' + tool:<16}" + "".join(f"{c:>24}" for c in cells) + f"{mb:>20}")
+            cells.append(f"{fmt(summary[f'{sc}/{tool}'][key])} ({'/'.join(fmt(r.get(key)) for r in each)})")
+        rows.append(f"{label:<24}" + "".join(f"{c:>{width}}" for c in cells))
+    cells = []
+    for sc, tool in cols:
+        each = [r for r in runs if r["tool"] == tool and r["scenario"] == sc and "error" not in r]
+        med = summary[f"{sc}/{tool}"]["bytes_read"]
+        cells.append("/".join(f"{b / 1e6:.2f}" for b in med) + f" ({len(each)} runs)")
+    rows.append(f"{'MB read per rank':<24}" + "".join(f"{c:>{width}}" for c in cells))
+    for sc in SCENARIOS:
         ratio = summary.get(f"{sc}/ratio baseline/preemptible")
         if ratio:
-            rows.append(f"{sc + ' baseline/ours':<16}" + "  ".join(f"{k} {fmt(v)}x" for k, v in ratio.items()))
+            shown = ", ".join(f"{k} {v:.2f}x" for k, v in ratio.items() if v is not None)
+            rows.append(f"{sc}: baseline / preemptible (medians): {shown}")
     return "\n".join(rows)
 
 
@@ -449,7 +456,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", default=None, help="where the runs' roots and logs go (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the roots and logs")
     ap.add_argument("--out", default=None, help="the result JSON (default: benchmarks/results/nodes-<date>.json)")
+    ap.add_argument("--show", default=None, metavar="JSON", help="print the table of an earlier result and exit")
     args = ap.parse_args(argv)
+    if args.show:
+        shown = json.loads(Path(args.show).read_text())
+        print(table(shown["runs"], summarize(shown["runs"])))
+        return 0
     rounds = 1 if args.quick else args.rounds
     only = {x for x in args.only.split(",") if x}
     started = time.monotonic()
