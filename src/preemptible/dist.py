@@ -835,6 +835,33 @@ DEFAULT_PEER_TIMEOUT_S = 300.0
 for gloo, 10 for NCCL) that a collective with a vanished peer otherwise waits out."""
 
 
+PEER_FAILURES = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "connection was likely closed",
+    "no route to host",
+    "connection refused",
+)
+"""What a collective or store error says when the process at its other end is gone (gloo, TCPStore)."""
+
+
+def peer_failure(exc: BaseException) -> str | None:
+    """What ``exc`` says of a peer gone (its process, node or link), or None when it is something else: torch's
+    network and backend errors, or gloo's words for a closed connection, anywhere in its chain of causes."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return None
+        name = type(seen).__name__
+        text = str(seen)
+        lowered = text.lower()
+        if name in ("DistNetworkError", "DistBackendError") or any(p in lowered for p in PEER_FAILURES):
+            return f"{name}: {text.splitlines()[0] if text else ''}"[:300]
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def peer_timeout(value: float | None) -> float:
     """The peer timeout in seconds: ``value`` (`Run(peer_timeout_s=...)`), else ``$PREEMPTIBLE_PEER_TIMEOUT_S``,
     else `DEFAULT_PEER_TIMEOUT_S`; 0 turns the watch off.
@@ -918,6 +945,10 @@ class PeerWatch:
     def beat(self) -> None:
         """This rank reached a step boundary (cheap: one clock read)."""
         self._last = self._monotonic()
+
+    def stalled(self) -> float:
+        """Seconds since the last step boundary."""
+        return self._monotonic() - self._last
 
     def _answer(self) -> None:
         rank, world = self.coord.rank, self.coord.world

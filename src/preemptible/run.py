@@ -150,6 +150,7 @@ class Run:
     """
 
     _peers: dist.PeerWatch | None = None  # multi-node jobs: `_open` starts it
+    _prev_excepthook: Any = None
 
     def __init__(
         self,
@@ -311,7 +312,37 @@ class Run:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        lost = exc is not None and self._peers is not None and self._collective_failed(exc)
         self.close()
+        if lost:
+            raise SystemExit(EXIT_PEER_NODE) from exc
+
+    def _collective_failed(self, exc: BaseException) -> bool:
+        """A collective (or the store) failed because a peer is gone: a rank whose neighbour exited after its own
+        peer watch found a node lost sees the connection close before its own watch fires. Journal it as the
+        loss it is (``peer_lost``, with the error), so every rank of the job ends the same way: exit 76."""
+        what = dist.peer_failure(exc)
+        if what is None or self._peers is None:
+            return False
+        self._peer_lost(
+            {
+                "missing": [],
+                "how": f"a collective failed: {what}",
+                "timeout_s": self._peers.timeout_s,
+                "stalled_s": round(self._peers.stalled(), 3),
+            }
+        )
+        return True
+
+    def _excepthook(self, kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        """The loop's body raised out of the script (``for step in run.steps(...)`` without ``with``): a lost
+        peer still ends with ``peer_lost`` and exit 76 (the traceback is printed first, as always)."""
+        lost = self._peers is not None and self._collective_failed(exc)
+        self._prev_excepthook(kind, exc, tb)
+        if lost:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_PEER_NODE)
 
     def _open(self) -> None:
         if self._entered:
@@ -346,6 +377,8 @@ class Run:
                 coord, timeout_s=self.options.peer_timeout, on_lost=self._peer_lost, exit_code=EXIT_PEER_NODE
             )
             self.guard.beat = self._peers.beat
+            self._prev_excepthook = sys.excepthook
+            sys.excepthook = self._excepthook
         self.emergency.start()
         self._entered = True
 
@@ -401,6 +434,8 @@ class Run:
             self._peers.close()
             self._peers = None
             self.guard.beat = None
+            if sys.excepthook == self._excepthook:
+                sys.excepthook = self._prev_excepthook
         self.guard.close()
         if self._interval is not None:
             self._interval.close()

@@ -533,10 +533,16 @@ def test_a_node_lost_without_notice_is_detected_the_rest_goes_on_resharded_and_g
             timeout=400,
         )
         ranks = journals(root)
-        for r in range(n - 1):
+        found = []
+        for r in range(n - 1):  # each survivor ends the same way, once: peer_lost, exit 76
             (lost,) = [e for e in ranks[r] if e["event"] == "peer_lost"]
-            assert (lost["missing"], lost["timeout_s"], lost["code"]) == ([lost_rank], PEER_TIMEOUT_S, EXIT_PEER_NODE)
-            assert lost["stalled_s"] >= PEER_TIMEOUT_S / 2
+            assert (lost["timeout_s"], lost["code"]) == (PEER_TIMEOUT_S, EXIT_PEER_NODE), lost
+            # its own watch named the lost rank, or (with more nodes) a neighbour that had exited first closed the
+            # collective's connection before its watch fired
+            assert lost["missing"] == [lost_rank] or lost["how"].startswith("a collective failed"), lost
+            found += [lost] if lost["missing"] else []
+        assert found and all(x["stalled_s"] >= PEER_TIMEOUT_S / 2 for x in found)  # some watch found it, in time
+        lost = found[0]
         before = [s for s in committed_steps(root) if commit_doc(root, s)["world_size"] == n]
         restored = [e for e in ranks[0] if e["event"] == "restored"]
         assert restored and restored[-1]["step"] == before[-1]  # the newest committed before the loss

@@ -152,3 +152,38 @@ def test_run_refuses_a_bad_peer_timeout_before_anything_is_saved(tmp_path: Any) 
     with pytest.raises(ValueError, match="expected peer_timeout_s"):
         Run(tmp_path / "ckpt", model=torch.nn.Linear(2, 2), peer_timeout_s=-5)
     assert not (tmp_path / "ckpt").exists()
+
+
+def test_a_collectives_error_about_a_gone_peer_is_told_from_other_errors() -> None:
+    gloo = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.77.0.3]:7")
+    assert dist.peer_failure(gloo) == f"RuntimeError: {gloo}"
+    wrapped = ValueError("step failed")
+    wrapped.__cause__ = ConnectionResetError(104, "Connection reset by peer")
+    assert "Connection reset by peer" in (dist.peer_failure(wrapped) or "")
+    assert dist.peer_failure(c10d.DistNetworkError("Failed to recv, got 0 bytes")) is not None
+    for other in (RuntimeError("CUDA out of memory"), ValueError("shapes (3,) and (4,)"), KeyError("model")):
+        assert dist.peer_failure(other) is None
+
+
+def test_a_run_whose_collective_fails_on_a_gone_peer_journals_the_loss_and_exits_76(tmp_path: Any, server: Any) -> None:
+    import torch
+
+    from preemptible import Run
+    from preemptible.journal import read
+
+    run = Run(tmp_path / "ckpt", model=torch.nn.Linear(2, 2))
+    exits = Exits()
+    with pytest.raises(SystemExit) as stop, run:
+        for _ in run.steps(3):
+            run._peers = dist.PeerWatch(  # what a multi-node job's run starts (here: a world of one)
+                dist.Coordinator(rank_=0, world=1, address=("127.0.0.1", server.port), timeout_s=3),
+                timeout_s=600,
+                on_lost=exits.on_lost,
+                exit_code=76,
+                exit=exits.exit,
+            )
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.77.0.3]:7")
+    assert stop.value.code == 76 and exits.codes == []
+    assert isinstance(stop.value.__cause__, RuntimeError)
+    (lost,) = [e for e in read(run.checkpointer.storage) if e["event"] == "peer_lost"]
+    assert lost["how"].startswith("a collective failed: RuntimeError") and lost["timeout_s"] == 600
