@@ -1002,8 +1002,8 @@ class PeerWatch:
                     try:
                         store.wait([f"peers/alive/{n}/all"], timedelta(seconds=within_s))
                         box["ok"] = True
-                    except Exception:
-                        box["missing"] = [r for r in range(world) if not _has(store, f"peers/alive/{n}/{r}")]
+                    except Exception:  # who answered? (a store that fails this too is itself gone: below)
+                        box["missing"] = [r for r in range(world) if not store.check([f"peers/alive/{n}/{r}"])]
             except Exception as e:
                 box["store_error"] = f"{type(e).__name__}: {e}"
 
