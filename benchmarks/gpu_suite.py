@@ -156,6 +156,8 @@ def machine() -> dict[str, Any]:
                 info[key] = int(value.split()[0]) * 1024
     with contextlib.suppress(AttributeError, OSError):
         info["cpus_usable"] = len(os.sched_getaffinity(0))
+    with contextlib.suppress(OSError, StopIteration), open("/proc/cpuinfo") as f:
+        info["cpu_model"] = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     return info
 
 

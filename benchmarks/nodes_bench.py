@@ -47,7 +47,6 @@ import contextlib
 import datetime
 import json
 import os
-import platform
 import re
 import shutil
 import statistics
@@ -58,6 +57,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpu_suite import machine  # the one description of this machine the benchmarks record
 from preemptible.testing.nodes import Cluster, Node, NodeEmulator, node_env, torchrun_argv
 
 REPO = Path(__file__).resolve().parents[1]
@@ -358,20 +358,6 @@ def checkpoint_bytes(work: Path) -> dict[str, int]:
             out[tool] = sum(p.stat().st_size for p in marker.parent.rglob("*") if p.is_file())
             break
     return out
-
-
-def machine() -> dict[str, Any]:
-    info: dict[str, Any] = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0]}
-    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/meminfo") as f:
-        for line in f:
-            key, value = line.split(":", 1)
-            if key in ("MemTotal", "MemAvailable"):
-                info[key] = int(value.split()[0]) * 1024
-    with contextlib.suppress(AttributeError, OSError):
-        info["cpus_usable"] = len(os.sched_getaffinity(0))
-    with contextlib.suppress(OSError, StopIteration), open("/proc/cpuinfo") as f:
-        info["cpu_model"] = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    return info
 
 
 METRICS = (
