@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -827,6 +828,14 @@ def _notice_from(doc: dict[str, Any]) -> Any:
     from preemptible.notice import Notice
 
     return Notice.from_json({**doc, "detail": f"{doc.get('detail', '')} (seen by rank {doc.get('rank')})"})
+
+
+_RELAYED = re.compile(r" \(seen by rank -?\d+\)$")
+
+
+def relayed(detail: str) -> bool:
+    """Whether a notice's detail says it reached this rank through the store (`_notice_from`), not its own source."""
+    return bool(_RELAYED.search(detail or ""))
 
 
 PEER_TIMEOUT_ENV = "PREEMPTIBLE_PEER_TIMEOUT_S"

@@ -51,12 +51,14 @@ class NodeRole(str, Enum):
     SURVIVOR = "survivor"  # another node got it: this one restarts (`EXIT_PEER_NODE`)
 
 
-def node_role(announcement: dict[str, Any] | None, node: int | None) -> NodeRole | None:
+def node_role(announcement: dict[str, Any] | None, node: int | None, *, own_notice: bool = False) -> NodeRole | None:
     """This node's role once a notice has stopped a multi-node job; None outside one (``node`` None) or when
-    the announcement does not say which node saw it."""
+    the announcement does not say which node saw it. A rank that saw a notice of its own (not only relayed
+    through the store) is on a node that goes too, whichever node announced first: a preemption of the whole job
+    (Slurm, a Kubernetes job deleted) signals every node."""
     if node is None or announcement is None or announcement.get("node") is None:
         return None
-    return NodeRole.RECLAIMED if announcement.get("node") == node else NodeRole.SURVIVOR
+    return NodeRole.RECLAIMED if own_notice or announcement.get("node") == node else NodeRole.SURVIVOR
 
 
 SAFETY_MARGIN = 0.8
@@ -244,7 +246,8 @@ class Emergency:
         self._journal_notice(completed, waited)
         code = self.policy.code_after_notice(self.guard.platform.exit_code)
         saved = self._save_what_can_land(completed, resumed_from)
-        self.role = node_role(getattr(self.guard, "announcement", None), dist.node())
+        own = any(not dist.relayed(n.detail) for n in self.guard.notices if not n.kind.advisory)
+        self.role = node_role(getattr(self.guard, "announcement", None), dist.node(), own_notice=own)
         extra: dict[str, Any] = {}
         if self.role is not None:
             # agent_pid: the reclaimed node's torchrun agent, signalled once the run has closed (`Run._stop`)

@@ -46,6 +46,9 @@ def test_the_node_that_announced_the_notice_is_reclaimed_the_others_survive() ->
     assert node_role(None, 0) is None
     assert node_role({"rank": 3, "node": 1}, None) is None
     assert EXIT_PEER_NODE not in (0, 1, 75, 143)  # never the platform's, a crash's or a failed save's
+    # its own notice too (the whole job preempted): it goes as well, whichever node announced first
+    assert node_role({"rank": 3, "node": 1}, 0, own_notice=True) is NodeRole.RECLAIMED
+    assert dist.relayed("SIGTERM (seen by rank 3)") and not dist.relayed("SIGTERM") and not dist.relayed("")
 
 
 AGENT = """
