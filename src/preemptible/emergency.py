@@ -245,8 +245,11 @@ class Emergency:
         assert notice is not None
         self._journal_notice(completed, waited)
         code = self.policy.code_after_notice(self.guard.platform.exit_code)
+        # the notices this rank had when it stopped: one that arrives during the save is no evidence that this
+        # node goes (a torchrun agent whose rendezvous store went with the reclaimed node SIGTERMs its workers)
+        known = list(self.guard.notices)
         saved = self._save_what_can_land(completed, resumed_from)
-        own = any(not dist.relayed(n.detail) for n in self.guard.notices if not n.kind.advisory)
+        own = any(not dist.relayed(n.detail) for n in known if not n.kind.advisory)
         self.role = node_role(getattr(self.guard, "announcement", None), dist.node(), own_notice=own)
         extra: dict[str, Any] = {}
         if self.role is not None:
