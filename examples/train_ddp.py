@@ -28,6 +28,9 @@ def main() -> None:
     parser.add_argument("--save-every", type=int, default=50)
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--step-time", type=float, default=0.0)
+    parser.add_argument(
+        "--memory-every", type=int, default=None, help="a memory-tier save every N steps (0: on a notice only)"
+    )
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -45,7 +48,10 @@ def main() -> None:
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=50, gamma=0.7)
     torch.manual_seed(1000 + rank)  # each rank's own dropout stream (saved per rank)
 
-    run = preemptible.Run(args.root, model=model, optimizer=optimizer, scheduler=scheduler, save_every=args.save_every)
+    tier = None if args.memory_every is None else preemptible.MemoryTier(every=args.memory_every or None)
+    run = preemptible.Run(
+        args.root, model=model, optimizer=optimizer, scheduler=scheduler, save_every=args.save_every, memory_tier=tier
+    )
     for step in run.steps(args.steps):
         g = torch.Generator().manual_seed(step * world + rank)  # this rank's shard of this step's data
         x = torch.randn(32, 16, generator=g)

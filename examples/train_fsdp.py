@@ -29,6 +29,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=90)
     parser.add_argument("--save-every", type=int, default=40)
     parser.add_argument("--step-time", type=float, default=0.0)
+    parser.add_argument(
+        "--memory-every", type=int, default=None, help="a memory-tier save every N steps (0: on a notice only)"
+    )
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -44,7 +47,8 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     torch.manual_seed(1000 + rank)
 
-    run = preemptible.Run(args.root, model=model, optimizer=optimizer, save_every=args.save_every)
+    tier = None if args.memory_every is None else preemptible.MemoryTier(every=args.memory_every or None)
+    run = preemptible.Run(args.root, model=model, optimizer=optimizer, save_every=args.save_every, memory_tier=tier)
     for step in run.steps(args.steps):
         g = torch.Generator().manual_seed(step * world + rank)
         x = torch.randn(32, 16, generator=g)

@@ -14,6 +14,7 @@ from preemptible._version import __version__
 if TYPE_CHECKING:
     from preemptible.budget import Plan, plan
     from preemptible.checkpoint import Checkpointer, SaveHandle, SaveResult
+    from preemptible.checkpoint.memtier import MemoryTier
     from preemptible.errors import (
         AlreadyCommittedError,
         CheckpointCorruptError,
@@ -41,6 +42,7 @@ _EXPORTS = {
     "StateMismatchError": "preemptible.errors",
     "UnsupportedStateError": "preemptible.errors",
     "Guard": "preemptible.guard",
+    "MemoryTier": "preemptible.checkpoint.memtier",
     "Notice": "preemptible.notice",
     "NoticeKind": "preemptible.notice",
     "NoticeSource": "preemptible.notice",
@@ -77,6 +79,7 @@ __all__ = [
     "CheckpointNotFoundError",
     "Checkpointer",
     "Guard",
+    "MemoryTier",
     "Notice",
     "NoticeKind",
     "NoticeSource",

@@ -25,6 +25,7 @@ from preemptible.sources import slurm
 
 if TYPE_CHECKING:  # annotations only: `budget` and the CLI import this module without torch
     from preemptible.checkpoint import Checkpointer, SaveHandle, SaveResult
+    from preemptible.checkpoint.memtier import Tier
     from preemptible.guard import Guard
     from preemptible.journal import Journal
     from preemptible.writer import Progress
@@ -153,6 +154,7 @@ class SaveSink(Protocol):
     """What the emergency sequence needs of a run's saves (`preemptible.saves.Saves`)."""
 
     pending: SaveHandle | None
+    state: dict[str, Any]
 
     def save(
         self, step: int, reason: str, *, raise_errors: bool = ..., deadline: float | None = ..., blocking: bool = ...
@@ -195,8 +197,10 @@ class Emergency:
         prestage_every: int | None,
         clock: Callable[[], float],
         rank: int = 0,
+        memory: Tier | None = None,
     ) -> None:
         self.checkpointer = checkpointer
+        self.memory: Tier | None = memory  # the memory tier (`preemptible.checkpoint.memtier.Tier`): saved to first
         self.guard = guard
         self.saves = saves
         self.trackers = trackers
@@ -320,6 +324,12 @@ class Emergency:
         notice = self.guard.notice
         assert notice is not None
         deadline = notice.deadline.timestamp() if notice.deadline is not None else None
+        in_memory = False
+        if self.memory is not None:  # first: the fast tier protects the step; the durable root as time allows
+            try:
+                in_memory = self.memory.save(self.saves.state, completed, reason=SaveReason.EMERGENCY)
+            except Exception as e:
+                log.error("[rank=%d] emergency save of step %d to the memory tier failed: %s", self.rank, completed, e)
         try:
             self.saves.save(completed, SaveReason.EMERGENCY, raise_errors=True, deadline=deadline)
             self.guard.acknowledge(notice)
@@ -327,7 +337,13 @@ class Emergency:
             log.error("[rank=%d] emergency save of step %d failed: %s", self.rank, completed, e)
             if not isinstance(e, Exception):
                 raise
-            return False
+            if in_memory:
+                log.warning(
+                    "[rank=%d] step %d is protected in the memory tier (this node and its replicas) only",
+                    self.rank,
+                    completed,
+                )
+            return in_memory
         return True
 
     def _requeue(self, completed: int) -> None:

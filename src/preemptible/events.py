@@ -20,6 +20,7 @@ class Event(str, Enum):
     FRESH_AFTER_CORRUPTION = "fresh_after_corruption"
     RESUME = "resume"
     RESTORED = "restored"
+    TIER_FALLBACK = "tier_fallback"  # the memory tier could not restore: the durable root does, and why
     WORLD_CHANGED = "world_changed"  # restored at another world size or layout (elastic resume)
     CHECKPOINT_INVALID = "checkpoint_invalid"
     CHECKPOINT_UNVERIFIED = "checkpoint_unverified"

@@ -28,6 +28,7 @@ from preemptible import budget, dist
 from preemptible._version import __version__
 from preemptible.accumulation import OptimizerSteps
 from preemptible.checkpoint import Checkpointer, SaveResult
+from preemptible.checkpoint.memtier import MemoryTier, Tier
 from preemptible.emergency import EXIT_PEER_NODE, Emergency, NodeRole, wait_fits
 from preemptible.errors import (
     CheckpointCorruptError,
@@ -183,6 +184,7 @@ class Run:
         per_rank: Iterable[str] = (),
         trackers: Iterable[Any] = (),
         peer_timeout_s: float | None = None,
+        memory_tier: MemoryTier | bool | None = None,
         **state: Any,
     ) -> None:
         _check_names(state)
@@ -270,6 +272,7 @@ class Run:
             prestage_every=prestage_every,
             clock=clock,
             rank=self.rank,
+            memory=Tier.of(MemoryTier.of(memory_tier), self.checkpointer),
         )  # the notice-to-exit sequence (`preemptible.emergency`)
         self.step: int = 0
         """Completed steps so far (the step a checkpoint taken now would carry)."""
@@ -289,6 +292,11 @@ class Run:
         self._auto_close = False
         self._interval: dist.IntervalAgreement | None = None  # save_interval_s under several ranks
         self._inexact_seen: set[str] = set()
+
+    @property
+    def memory(self) -> Tier | None:
+        """The memory tier (`preemptible.checkpoint.memtier`), when ``memory_tier`` turned it on."""
+        return self.emergency.memory
 
     @property
     def last_save(self) -> SaveResult | None:
@@ -354,6 +362,8 @@ class Run:
         self.checkpointer.journal = journal
         self.saves.attach(journal)
         self.emergency.attach(journal)
+        if self.memory is not None:
+            self.memory.events = journal
         if self.rank == 0:
             journal.report = ReportFile.from_env(root=self.root, journal=journal.path)
             if journal.report is not None and os.environ.get(AIM_ENV, "").strip() == MID_EPOCH:
@@ -615,6 +625,8 @@ class Run:
             self.saves.save(completed, SaveReason.BEST, blocking=not self.async_save)
         elif due is Due.PREPARE:
             self._prepare()
+        if self.memory is not None and self.memory.due(completed):
+            self.memory.save(self.state, completed, reason=SaveReason.PERIODIC)
         return False
 
     def _after_boundary(self, completed: int) -> None:
@@ -828,6 +840,10 @@ class Run:
         assert self.journal is not None
         t0 = self._monotonic()
         self.checkpointer.cleanup()
+        if self.memory is not None:
+            restored = self._resume_from_memory()
+            if restored is not None:
+                return restored
         try:
             restored = self.checkpointer.restore(self.state)
         except CheckpointCorruptError as e:
@@ -856,8 +872,27 @@ class Run:
         if self.rank == 0:
             self.checkpointer.rotate()  # the restored checkpoint has just validated: older ones may go now
         seconds = self._monotonic() - t0
-        self.journal.event(Event.RESUME, restored, seconds=round(seconds, 6))
+        tier = {"tier": "durable"} if self.memory is not None else {}
+        self.journal.event(Event.RESUME, restored, seconds=round(seconds, 6), **tier)
         log.info("[rank=%d] resumed from the checkpoint of step %d (%.2f s)", self.rank, restored, seconds)
+        return restored
+
+    def _resume_from_memory(self) -> int | None:
+        """The newest step complete in the memory tier, when it is not older than the newest durable one; None
+        (journaled: ``tier_fallback``) to restore from the durable root instead."""
+        assert self.memory is not None
+        assert self.journal is not None
+        durable = [c.step for c in self.checkpointer.checkpoints() if c.invalid is None]
+        restored, why = self.memory.restore(self.state, durable=durable[-1] if durable else None)
+        if restored is None:
+            self.journal.event(Event.TIER_FALLBACK, 0, tier="durable", why=why)
+            log.info("[rank=%d] memory tier: restoring from the durable root (%s)", self.rank, why)
+            return None
+        self.resumed_from = restored
+        self.position.restored()
+        for unrestored in self.state[_RNG].unrestored:
+            self._inexact("random streams", unrestored)
+        log.info("[rank=%d] resumed from the memory tier's step %d", self.rank, restored)
         return restored
 
     def _inexact(self, what: str, why: str) -> None:

@@ -75,11 +75,11 @@ def busiest(io: list[tuple[int, float]]) -> float:
     return max(by_thread.values())
 
 
-def _records_doc(records: Mapping[str, FileRecord]) -> dict[str, dict[str, Any]]:
+def records_doc(records: Mapping[str, FileRecord]) -> dict[str, dict[str, Any]]:
     return {n: r.to_doc() for n, r in records.items()}
 
 
-def _records_from(doc: Mapping[str, Any]) -> dict[str, FileRecord]:
+def records_from(doc: Mapping[str, Any]) -> dict[str, FileRecord]:
     out = {}
     for n, v in doc.items():
         record = FileRecord.from_doc(v)
@@ -223,7 +223,7 @@ class Committer:
             # IMPORTANT: the commit barrier. Every rank reports its files as durable; rank 0 commits only if all
             # did, within the timeout; everyone learns the outcome. A dead rank means no commit.
             gathered = dist.commit_barrier(
-                coord, store, f"{job.key}/report", json.dumps({"files": _records_doc(records)})
+                coord, store, f"{job.key}/report", json.dumps({"files": records_doc(records)})
             )
             if coord.rank != 0:
                 outcome = self._await_outcome(job, records, coord, store)
@@ -244,7 +244,7 @@ class Committer:
                 store.set(f"{job.key}/outcome", dist.failures_doc(failures))
                 raise not_committed(job, failures)
             for x in reports:
-                records.update(_records_from(x["files"]))
+                records.update(records_from(x["files"]))
             world = coord.world
         return self._publish(job, records, world, store, t_write)
 

@@ -99,6 +99,9 @@ class Reader:
         self.storage = storage
         self.root = root
         self.threads = threads
+        self.only_rank: int | None = None
+        """A checkpoint laid out for this one rank (the memory tier's, `preemptible.checkpoint.memtier`): the other
+        ranks' own files may be absent, and only the files this rank reads must be present."""
         self.bar: bool | None = False
         """Show a progress bar while reading: False (log lines for long reads), None (when stderr is a terminal)."""
         self._parsed: dict[str, tuple[bytes, Manifest]] = {}
@@ -155,6 +158,8 @@ class Reader:
         if layout.STATE not in manifest.files:
             raise bad(f"the manifest lists no {layout.STATE}")
         for name, rec in manifest.files.items():
+            if self.only_rank is not None and layout.file_rank(name) not in (None, self.only_rank):
+                continue
             p = self.storage.join(opened.files_dir, name)
             try:
                 if not self.storage.exists(p):

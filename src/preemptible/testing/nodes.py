@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -141,9 +142,17 @@ def pids_in(netns: str) -> list[int]:
 class _Holder:
     """A process holding a new network namespace open until it ends."""
 
-    def __init__(self) -> None:
+    def __init__(self, memory: Path | None = None) -> None:
+        # memory: a tmpfs mounted there in a mount namespace of the node's own (its memory tier: no other node,
+        # nor the test's own namespace, sees what the node writes there; it goes with the node)
+        script = "echo ready; read _"
+        argv = ["unshare", "--net", "--"]
+        if memory is not None:
+            argv = ["unshare", "--net", "--mount", "--propagation", "private", "--"]
+            script = f"mount -t tmpfs -o size=8g,mode=0700 preemptible-memory {shlex.quote(str(memory))} && {script}"
+        self.mount = memory is not None
         self.proc = subprocess.Popen(
-            ["unshare", "--net", "--", "sh", "-c", "echo ready; read _"],
+            [*argv, "sh", "-c", script],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -159,7 +168,8 @@ class _Holder:
         self.netns = netns_of(self.pid)
 
     def enter(self, argv: Sequence[str]) -> list[str]:
-        return ["nsenter", f"--net=/proc/{self.pid}/ns/net", "--", *argv]
+        mount = [f"--mount=/proc/{self.pid}/ns/mnt"] if self.mount else []
+        return ["nsenter", f"--net=/proc/{self.pid}/ns/net", *mount, "--", *argv]
 
     def popen(self, argv: Sequence[str], env: Mapping[str, str] | None = None, **kwargs: Any) -> subprocess.Popen[Any]:
         """Start ``argv`` inside this namespace, in a session of its own (the pid is argv's own)."""
@@ -215,7 +225,10 @@ class Node:
         self.veth = f"v{index}n{generation}"  # its peer on the bridge (a replacement gets a new name)
         self.scratch = cluster.base / f"node{index}.{generation}"
         self.scratch.mkdir(parents=True)
-        self.holder = _Holder()
+        self.memory = self.scratch / "memory"
+        """The node's memory tier (``$PREEMPTIBLE_MEMORY_DIR`` in `node_env`): a tmpfs only the node sees."""
+        self.memory.mkdir()
+        self.holder = _Holder(self.memory)
         self.procs: list[subprocess.Popen[Any]] = []
 
     @property
@@ -479,6 +492,6 @@ def node_env(node: Node, base: Mapping[str, str], **extra: str) -> dict[str, str
     for that round's workers: a replacement joins, and no key of an earlier round is ever read."""
     env = {k: v for k, v in base.items() if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
     env.update(GLOO_SOCKET_IFNAME=node.ifname, TP_SOCKET_IFNAME=node.ifname, NO_PROXY="*")
-    env.update(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    env.update(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", PREEMPTIBLE_MEMORY_DIR=str(node.memory))
     env.update(extra)
     return env

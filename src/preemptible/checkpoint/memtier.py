@@ -1,0 +1,682 @@
+"""The memory tier: each node keeps its ranks' shares of a checkpoint in its own memory, and a copy of them on
+``replicas`` other nodes, so a reclaimed node's state survives on its peers and a replacement restores from memory.
+
+Layout of one node's tier directory (``MemoryTier.dir``: a ``tmpfs`` such as ``/dev/shm``, which survives the
+training process but not the node)::
+
+    <dir>/step-000000000042/part-00003/   the files rank 3 writes in a save (the durable root's partition), and
+        COMMIT.json                        the checkpoint's whole manifest (every rank's files and checksums) with
+                                           ``memory_part`` (which rank's share this is) and ``memory_files``
+
+A part is the unit: a rank writes its own part into its node's directory and sends it, over the job's own process
+group, to the rank ``j * local_world_size`` places on (the same local rank on the ``j``-th next node), which writes
+it into its node's directory the same way. A part directory is written under a temporary name and renamed whole
+once its ``COMMIT.json`` is in it: a part torn mid-write or mid-transfer has no name a reader looks at. A received
+part's bytes are checked against the sender's checksums before that rename. Nothing here goes through a shared
+file system: each rank touches only its own node's directory; parts move between nodes through the process group.
+
+At restore every rank says which parts its node holds, step by step (`choose`): the job takes the newest step
+whose parts are all held somewhere and that is not older than the newest durable checkpoint, fetches the parts it
+lacks from ranks that hold them (point to point), and restores through the durable tier's own verified read path
+(`Restorer`): the same checksums, the same probe, the same agreement that every rank restored. Anything else (no
+complete step, another world size, a failed check) falls back to the durable root with the reason in the journal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from preemptible import dist
+from preemptible.checkpoint.commit import records_doc, records_from
+from preemptible.checkpoint.reader import Reader
+from preemptible.checkpoint.restore import Candidate, Restorer
+from preemptible.events import Event, EventSink, NullSink
+from preemptible.store import checksum, layout
+from preemptible.store.io import LocalStorage
+from preemptible.store.layout import FileRecord, Manifest
+from preemptible.store.markers import Markers, State
+from preemptible.validate import run_probe
+from preemptible.writer import write_bytes, write_files
+
+log = logging.getLogger("preemptible")
+
+MEMORY_DIR_ENV = "PREEMPTIBLE_MEMORY_DIR"
+DEFAULT_BASE = "/dev/shm/preemptible"
+TIER = "memory"
+PART_KEY = "memory_part"
+FILES_KEY = "memory_files"
+
+
+@dataclass(frozen=True)
+class MemoryTier:
+    """``Run(memory_tier=MemoryTier(...))``: a checkpoint tier in each node's memory, replicated to peers.
+
+    Args:
+        every: a memory save every this many completed steps (besides the durable ``save_every``); None: only the
+            emergency save goes to memory (first, before the durable root).
+        replicas: copies of each node's parts on other nodes (the next ``replicas`` nodes); capped at nodes - 1.
+        keep: steps the tier keeps (>= 1; the durable root backs older ones). A step is dropped only after a newer
+            one is protected on every node.
+        max_bytes: bound on one node's tier in bytes (own parts and replicas), shared equally by the node's ranks;
+            the oldest steps go first, and a save that cannot fit is skipped (journaled). None: the free space of
+            the tier's file system, less a tenth, when the save starts.
+        dir: the node's tier directory: a path only this node's processes see (``/dev/shm`` on a real node).
+            None: ``$PREEMPTIBLE_MEMORY_DIR``, else ``/dev/shm/preemptible/<job>`` named after the durable root.
+
+    Example:
+        >>> tier = MemoryTier(every=10, replicas=1)
+        >>> (tier.every, tier.replicas, tier.keep)
+        (10, 1, 2)
+    """
+
+    every: int | None = None
+    replicas: int = 1
+    keep: int = 2
+    max_bytes: int | None = None
+    dir: str | None = None
+
+    def __post_init__(self) -> None:
+        checks = (("every", self.every, 1, True), ("replicas", self.replicas, 0, False), ("keep", self.keep, 1, False))
+        for name, value, least, optional in (*checks, ("max_bytes", self.max_bytes, 1, True)):
+            if value is None and optional:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"MemoryTier({name}=...): expected an int >= {least}, found {value!r}")
+
+    @classmethod
+    def of(cls, value: MemoryTier | bool | None) -> MemoryTier | None:
+        """``Run(memory_tier=...)``: a `MemoryTier`, True (the defaults), or None/False (off)."""
+        if value is None or value is False:
+            return None
+        if value is True:
+            return cls()
+        if not isinstance(value, cls):
+            raise TypeError(f"memory_tier: expected a MemoryTier, True or None, found {type(value).__name__}")
+        return value
+
+    def directory(self, root: str) -> str:
+        if self.dir is not None:
+            return os.path.abspath(self.dir)
+        if os.environ.get(MEMORY_DIR_ENV):
+            return os.path.abspath(os.environ[MEMORY_DIR_ENV])
+        return os.path.join(DEFAULT_BASE, checksum.of_bytes(root.encode())[:12])
+
+
+# which step is restored: a pure function of what every rank reports --------------------------------------------
+@dataclass(frozen=True)
+class Holding:
+    """What one rank's node holds of one step in its tier: the saving world size and the parts present."""
+
+    world: int
+    parts: frozenset[int]
+
+
+@dataclass
+class Choice:
+    """The steps the memory tier can restore, newest first, each with the ranks whose node holds each part; and why
+    the newer steps cannot."""
+
+    steps: list[int]
+    why: str
+    holders: dict[int, dict[int, list[int]]] = field(default_factory=dict)  # step -> part -> ranks holding it
+
+    @property
+    def step(self) -> int | None:
+        return self.steps[0] if self.steps else None
+
+
+def choose(reports: Sequence[Mapping[int, Holding]], *, world: int, durable: int | None) -> Choice:
+    """The steps the memory tier may restore, newest first, given each rank's report of its node's tier (index:
+    rank) and the newest committed durable step: those whose every part is held by some node, saved at this world
+    size, not older than ``durable``. Empty, with the reasons, when there is none."""
+    steps = sorted({s for report in reports for s in report}, reverse=True)
+    if not steps:
+        return Choice([], "the memory tier holds no step on any node")
+    why: list[str] = []
+    found: list[int] = []
+    holders_of: dict[int, dict[int, list[int]]] = {}
+    for step in steps:
+        if durable is not None and step < durable:
+            why.append(f"step {step} and older are older than the newest durable checkpoint (step {durable})")
+            break
+        worlds = {report[step].world for report in reports if step in report}
+        if worlds != {world}:
+            why.append(f"step {step} was saved by {sorted(worlds)} ranks, this job has {world}")
+            continue
+        holders: dict[int, list[int]] = {}
+        for rank, report in enumerate(reports):
+            if step in report:
+                for part in report[step].parts:
+                    holders.setdefault(part, []).append(rank)
+        missing = sorted(set(range(world)) - set(holders))
+        if missing:
+            why.append(f"step {step}: no node holds the parts of ranks {missing}")
+            continue
+        found.append(step)
+        holders_of[step] = holders
+    return Choice(found, "; ".join(why), holders_of)
+
+
+def peers(rank: int, world: int, local_world: int, replicas: int) -> tuple[list[int], list[int]]:
+    """Where ``rank`` sends its part (the same local rank on the next nodes) and whose parts it receives."""
+    nodes = max(1, world // max(1, local_world))
+    k = min(replicas, nodes - 1)
+    to = [(rank + j * local_world) % world for j in range(1, k + 1)]
+    frm = [(rank - j * local_world) % world for j in range(1, k + 1)]
+    return to, frm
+
+
+# the tier on this node --------------------------------------------------------------------------------------------
+class Tier:
+    """One process's side of the memory tier (see the module docs). Every method that moves data is collective:
+    all ranks call it at the same step."""
+
+    def __init__(self, config: MemoryTier, checkpointer: Any, *, events: EventSink) -> None:
+        self.config = config
+        self.ck = checkpointer
+        self.events = events
+        self.dir = config.directory(checkpointer.root)
+        self.storage = LocalStorage(self.dir)
+
+    @classmethod
+    def of(cls, config: MemoryTier | None, checkpointer: Any) -> Tier | None:
+        """The tier for ``config`` (None: off); its journal is attached when the run opens."""
+        return cls(config, checkpointer, events=NullSink()) if config is not None else None
+
+    # where things are
+    def step_dir(self, step: int) -> str:
+        return os.path.join(self.dir, f"step-{step:012d}")
+
+    def part_dir(self, step: int, part: int) -> str:
+        return os.path.join(self.step_dir(step), f"part-{part:05d}")
+
+    @property
+    def world(self) -> int:
+        return dist.world_size()
+
+    @property
+    def rank(self) -> int:
+        return dist.rank()
+
+    @staticmethod
+    def local_world() -> int:
+        try:
+            return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        except ValueError:
+            return 1
+
+    def due(self, completed: int) -> bool:
+        return self.config.every is not None and completed > 0 and completed % self.config.every == 0
+
+    # what this node holds
+    def holdings(self) -> dict[int, Holding]:
+        """The steps of this node's tier and the committed parts of each (a part whose manifest does not parse
+        counts as absent)."""
+        out: dict[int, Holding] = {}
+        try:
+            names = os.listdir(self.dir)
+        except FileNotFoundError:
+            return out
+        for name in names:
+            step = _step_of(name)
+            if step is None:
+                continue
+            parts: set[int] = set()
+            worlds: set[int] = set()
+            for part, manifest in self._parts(step):
+                parts.add(part)
+                worlds.add(manifest.world_size)
+            if parts and len(worlds) == 1:
+                out[step] = Holding(worlds.pop(), frozenset(parts))
+        return out
+
+    def _parts(self, step: int) -> list[tuple[int, Manifest]]:
+        found = []
+        with contextlib.suppress(FileNotFoundError):
+            for name in os.listdir(self.step_dir(step)):
+                part = _part_of(name)
+                if part is None:
+                    continue
+                manifest = self.manifest(step, part)
+                if manifest is not None:
+                    found.append((part, manifest))
+        return found
+
+    def manifest(self, step: int, part: int) -> Manifest | None:
+        where = os.path.join(self.part_dir(step, part), layout.COMMIT)
+        try:
+            with open(where, "rb") as f:
+                raw = f.read(64 << 20)
+            manifest = Manifest.from_json(raw, where=where, expect_step=step)
+        except (OSError, ValueError, Exception) as e:  # a torn or foreign part is no part
+            if not isinstance(e, FileNotFoundError):
+                log.warning("memory tier: ignoring the part at %s (%s)", where, e)
+            return None
+        if manifest.extra.get(PART_KEY) != part or not isinstance(manifest.extra.get(FILES_KEY), list):
+            return None
+        return manifest
+
+    def usage(self, exclude: int | None = None) -> int:
+        total = 0
+        for dirpath, _, files in os.walk(self.dir):
+            if exclude is not None and dirpath.startswith(self.step_dir(exclude)):
+                continue
+            for f in files:
+                with contextlib.suppress(OSError):
+                    total += os.lstat(os.path.join(dirpath, f)).st_size
+        return total
+
+    # saving -------------------------------------------------------------------------------------------------------
+    def save(self, state: Mapping[str, Any], step: int, *, reason: str) -> bool:
+        """Save ``step`` to this node's tier and its replicas. True once every rank's part is on its own node and on
+        its replicas' (protected); False (journaled) when a node lacks the room or any rank failed."""
+        t0 = time.monotonic()
+        world, rank, local = self.world, self.rank, self.local_world()
+        to, frm = peers(rank, world, local, self.config.replicas)
+        coord = self.ck.coordinator
+        key = coord.round("memory") if coord is not None else "memory/0"
+        plan = self.ck.planner.plan(state, key=key, reason=reason)
+        own_bytes = plan.nbytes + sum(len(d) for d in plan.docs.values())
+        sizes = _gather(own_bytes)
+        need = own_bytes + sum(sizes[src] for src in frm)
+        room, why = self._make_room(step, need)
+        if not _all(room):
+            why = why or "another node's memory tier has no room for this step"
+            self.events.event(Event.SAVE_SKIPPED, step, reason=reason, why=why, tier=TIER)
+            log.warning("[rank=%d] memory tier: step %d not saved: %s", rank, step, why)
+            return False
+        probe = None
+        if self.ck.probe is not None:
+            probe = run_probe(self.ck.probe, state)
+        error = None
+        records: dict[str, FileRecord] = {}
+        tmp = self.part_dir(step, rank) + f".tmp-{os.getpid()}"
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+            records = write_files(self.storage, tmp, plan.specs, threads=self.ck.threads)
+            for name, doc in plan.docs.items():
+                records[name] = write_bytes(self.storage, tmp, name, doc)
+        except Exception as e:
+            error = f"{type(e).__name__}: {e}"
+        t_write = time.monotonic()
+        reports = _gather_objects({"files": records_doc(records), "probe": probe, "error": error})
+        failed = [(r, x["error"]) for r, x in enumerate(reports) if x["error"]]
+        if failed:
+            shutil.rmtree(tmp, ignore_errors=True)
+            why = "; ".join(f"rank {r}: {e}" for r, e in failed)
+            self.events.event(Event.SAVE_FAILED, step, reason=reason, error=why, tier=TIER)
+            return False
+        parts = [records_from(x["files"]) for x in reports]
+        manifest = Manifest(
+            step=step,
+            created=layout.now_iso(time.time()),
+            world_size=world,
+            checksum_algorithm=checksum.ALGORITHM,
+            files={n: r for p in parts for n, r in p.items()},
+            probe=reports[0]["probe"],
+            extra={"tier": TIER},
+        )
+        ok = self._commit_part(tmp, step, rank, manifest, sorted(records))
+        ok = self._replicate(step, manifest, parts, to, frm) and ok
+        t_rep = time.monotonic()
+        protected = _all(ok)
+        if protected:
+            self._retain(step)
+            self.events.event(
+                Event.SAVE_COMMITTED,
+                step,
+                reason=reason,
+                bytes=own_bytes,
+                seconds=round(t_rep - t0, 6),
+                timings={"write": round(t_write - t0, 6), "replicate": round(t_rep - t_write, 6)},
+                tier=TIER,
+                replicas=len(to),
+            )
+        else:
+            self.events.event(Event.SAVE_FAILED, step, reason=reason, error="a part or a replica failed", tier=TIER)
+        return protected
+
+    def _make_room(self, step: int, need: int) -> tuple[bool, str]:
+        """Drop this rank's parts of older steps, oldest first, until ``need`` more bytes fit its share."""
+        os.makedirs(self.dir, exist_ok=True)
+        local = self.local_world()
+        if self.config.max_bytes is not None:
+            share = self.config.max_bytes // local
+            used = self.usage(exclude=step) // local
+        else:
+            st = os.statvfs(self.dir)
+            share = int(st.f_bavail * st.f_frsize * 0.9) // local
+            used = 0
+        mine = sorted(s for s in self.holdings() if s != step)
+        while mine and used + need > share:
+            old = mine.pop(0)
+            freed = self._drop(old)
+            if self.config.max_bytes is not None:
+                used = max(0, used - freed)
+            else:
+                used = 0
+                st = os.statvfs(self.dir)
+                share = int(st.f_bavail * st.f_frsize * 0.9) // local
+        if used + need > share:
+            return False, f"this node's share of its memory tier is {share} bytes; the step needs {need} more"
+        return True, ""
+
+    def _drop(self, step: int) -> int:
+        """Remove this rank's parts of ``step`` (its own and those it holds for others); the bytes freed."""
+        freed = 0
+        rank, world, local = self.rank, self.world, self.local_world()
+        _, frm = peers(rank, world, local, self.config.replicas)
+        for part in (rank, *frm):
+            where = self.part_dir(step, part)
+            for dirpath, _, files in os.walk(where):
+                for f in files:
+                    with contextlib.suppress(OSError):
+                        freed += os.lstat(os.path.join(dirpath, f)).st_size
+            shutil.rmtree(where, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.rmdir(self.step_dir(step))  # the last of the node's ranks to drop it
+        return freed
+
+    def _retain(self, step: int) -> None:
+        steps = sorted(self.holdings())
+        for old in steps[: max(0, len(steps) - self.config.keep)]:
+            if old < step:
+                self._drop(old)
+
+    def _commit_part(self, tmp: str, step: int, part: int, manifest: Manifest, names: list[str]) -> bool:
+        """``COMMIT.json`` into the part's temporary directory, then the directory renamed into place whole."""
+        doc = dataclasses.replace(manifest, extra={**manifest.extra, PART_KEY: part, FILES_KEY: names})
+        try:
+            with open(os.path.join(tmp, layout.COMMIT), "wb") as f:
+                f.write(doc.to_json())
+            final = self.part_dir(step, part)
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+            return True
+        except OSError as e:
+            log.error("[rank=%d] memory tier: could not commit part %d of step %d: %s", self.rank, part, step, e)
+            shutil.rmtree(tmp, ignore_errors=True)
+            return False
+
+    def _replicate(
+        self, step: int, manifest: Manifest, parts: list[dict[str, FileRecord]], to: list[int], frm: list[int]
+    ) -> bool:
+        """Send this rank's part to ``to``, receive the parts of ``frm``, check and commit each received one."""
+        if not to and not frm:
+            return True
+        import torch.distributed as tdist
+
+        rank = self.rank
+        own = sorted(parts[rank])
+        payload = _read_concat(self.part_dir(step, rank), own)
+        works = [tdist.isend(payload, dst, tag=step % (1 << 20)) for dst in to]
+        buffers = {}
+        for src in frm:
+            total = sum(parts[src][n].bytes for n in sorted(parts[src]))
+            buffers[src] = torch.empty(total, dtype=torch.uint8)
+            works.append(tdist.irecv(buffers[src], src, tag=step % (1 << 20)))
+        for w in works:
+            if w is not None:
+                w.wait()
+        ok = True
+        for src, buf in buffers.items():
+            ok = self._write_received(step, src, manifest, parts[src], buf) and ok
+        return ok
+
+    def _write_received(
+        self, step: int, part: int, manifest: Manifest, records: Mapping[str, FileRecord], buf: torch.Tensor
+    ) -> bool:
+        tmp = self.part_dir(step, part) + f".tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        view = buf.numpy().data
+        offset = 0
+        try:
+            for name in sorted(records):
+                rec = records[name]
+                piece = view[offset : offset + rec.bytes]
+                offset += rec.bytes
+                found = checksum.of_bytes(piece)
+                if found != rec.checksum:
+                    raise ValueError(f"{name} arrived with checksum {found}, its writer recorded {rec.checksum}")
+                with open(os.path.join(tmp, name), "wb") as f:
+                    f.write(piece)
+        except (OSError, ValueError) as e:
+            log.error("[rank=%d] memory tier: the replica of rank %d's part of step %d: %s", self.rank, part, step, e)
+            shutil.rmtree(tmp, ignore_errors=True)
+            return False
+        return self._commit_part(tmp, step, part, manifest, sorted(records))
+
+    # restoring ----------------------------------------------------------------------------------------------------
+    def restore(self, state: Mapping[str, Any], *, durable: int | None) -> tuple[int | None, str]:
+        """Restore the newest step complete in memory (collective), trying older complete ones if it fails its
+        checks. Returns the step, or None and why not (the caller restores from the durable root then)."""
+        world = self.world
+        mine = self.holdings()
+        reports = _gather_objects({s: (h.world, sorted(h.parts)) for s, h in mine.items()})
+        decoded = [{int(s): Holding(w, frozenset(p)) for s, (w, p) in r.items()} for r in reports]
+        durables = _gather_objects(durable)
+        newest_durable = max((d for d in durables if d is not None), default=None)
+        choice = choose(decoded, world=world, durable=newest_durable)
+        why = [choice.why] if choice.why else []
+        for step in choice.steps:
+            failed = self._restore_step(state, step, mine, decoded, choice.holders[step])
+            if failed is None:
+                return step, "complete"
+            why.append(failed)
+            log.warning("[rank=%d] memory tier: %s", self.rank, failed)
+        return None, "; ".join(why) or "the memory tier holds no complete step"
+
+    def _restore_step(
+        self,
+        state: Mapping[str, Any],
+        step: int,
+        mine: Mapping[int, Holding],
+        reports: Sequence[Mapping[int, Holding]],
+        holders: Mapping[int, list[int]],
+    ) -> str | None:
+        """Fetch what this rank reads of ``step`` and restore it through the verified read path; None when it
+        restored, else why not (every rank gets the same answer: `Restorer` agrees across ranks)."""
+        rank, world = self.rank, self.world
+        held = {part: self.manifest(step, part) for part in mine.get(step, Holding(world, frozenset())).parts}
+        doc: dict[str, Any] = {str(part): list(m.extra[FILES_KEY]) for part, m in held.items() if m is not None}
+        if held and rank == min(r for ranks in holders.values() for r in ranks):
+            doc["manifest"] = next(m for m in held.values() if m is not None).to_json().decode()
+        lists = _gather_objects(doc)
+        manifest_doc = next(x["manifest"] for x in lists if "manifest" in x)
+        manifest = Manifest.from_json(manifest_doc.encode(), where=f"memory tier, step {step}", expect_step=step)
+        files_of: dict[int, list[str]] = {}
+        for x in lists:
+            for part, names in x.items():
+                if part != "manifest":
+                    files_of[int(part)] = list(names)
+        t0 = time.monotonic()
+        target = os.path.join(self.dir, f"restore-r{rank:05d}")
+        shutil.rmtree(target, ignore_errors=True)
+        where = os.path.join(target, f"step-{step:012d}")
+        os.makedirs(where)
+        try:
+            fetched = self._fetch(
+                step, manifest=manifest, files_of=files_of, holders=holders, reports=reports, where=where
+            )
+            with open(os.path.join(where, layout.COMMIT), "wb") as f:
+                f.write(manifest_doc.encode())  # the whole manifest, as saved: its seal checked again on open
+            t_fetch = time.monotonic()
+            self._restorer(target).restore(state, [Candidate(step, State.COMMITTED, None)], explicit=True)
+        except Exception as e:  # the next step, or the durable root: every rank gets here together (`_agree`)
+            return f"step {step} from memory did not restore ({type(e).__name__}: {e})"
+        finally:
+            shutil.rmtree(target, ignore_errors=True)
+        self.events.event(
+            Event.RESUME,
+            step,
+            seconds=round(time.monotonic() - t0, 6),
+            tier=TIER,
+            fetch_s=round(t_fetch - t0, 6),
+            bytes=sum(manifest.files[n].bytes for n in fetched),
+        )
+        return None
+
+    def _restorer(self, root: str) -> Restorer:
+        storage = LocalStorage(root)
+        ck = self.ck
+        reader = Reader(storage, storage.root, threads=ck.threads)
+        reader.only_rank = self.rank  # only the files this rank reads were fetched
+        return Restorer(
+            reader,
+            Markers(storage),
+            coordinator=ck.coordinator,
+            events=self.events,
+            probe=ck.probe,
+            probe_rtol=ck.probe_rtol,
+            monotonic=time.monotonic,
+            now=lambda: layout.now_iso(time.time()),
+        )
+
+    def _fetch(
+        self,
+        step: int,
+        *,
+        manifest: Manifest,
+        files_of: Mapping[int, list[str]],
+        holders: Mapping[int, list[int]],
+        reports: Sequence[Mapping[int, Holding]],
+        where: str,
+    ) -> list[str]:
+        """Put into ``where`` the files this rank reads (the replicated ones and its own): linked from its node's
+        tier where the node holds their part, else received from a rank whose node does. Collective."""
+        import torch.distributed as tdist
+
+        world, rank = self.world, self.rank
+
+        def wanted(target: int, part: int) -> list[str]:
+            return [n for n in files_of[part] if layout.file_rank(n) in (None, target)]
+
+        works = []
+        sends: list[torch.Tensor] = []
+        receive: dict[int, tuple[torch.Tensor, list[str]]] = {}
+        fetched: list[str] = []
+        for target in range(world):
+            held_there = reports[target].get(step)
+            for part in range(world):
+                names = wanted(target, part)
+                if not names:
+                    continue
+                if held_there is not None and part in held_there.parts:
+                    if target == rank:  # on this node already
+                        for n in names:
+                            _link(os.path.join(self.part_dir(step, part), n), os.path.join(where, n))
+                        fetched += names
+                    continue
+                options = holders[part]
+                src = options[target % len(options)]
+                if src == rank:
+                    payload = _read_concat(self.part_dir(step, part), names)
+                    sends.append(payload)
+                    works.append(tdist.isend(payload, target, tag=part))
+                elif target == rank:
+                    total = sum(manifest.files[n].bytes for n in names)
+                    buf = torch.empty(total, dtype=torch.uint8)
+                    receive[part] = (buf, names)
+                    works.append(tdist.irecv(buf, src, tag=part))
+        for w in works:
+            if w is not None:
+                w.wait()
+        for buf, names in receive.values():
+            view = buf.numpy().data
+            offset = 0
+            for n in names:
+                size = manifest.files[n].bytes
+                with open(os.path.join(where, n), "wb") as f:
+                    f.write(view[offset : offset + size])
+                offset += size
+            fetched += names
+        return fetched
+
+
+def _step_of(name: str) -> int | None:
+    if name.startswith("step-") and name[5:].isdigit() and len(name) == 17:
+        return int(name[5:])
+    return None
+
+
+def _part_of(name: str) -> int | None:
+    if name.startswith("part-") and name[5:].isdigit() and len(name) == 10:
+        return int(name[5:])
+    return None
+
+
+def _link(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+def _read_concat(directory: str, names: Sequence[str]) -> torch.Tensor:
+    sizes = [os.path.getsize(os.path.join(directory, n)) for n in names]
+    out = torch.empty(sum(sizes), dtype=torch.uint8)
+    view = out.numpy().data
+    offset = 0
+    for n, size in zip(names, sizes, strict=True):
+        with open(os.path.join(directory, n), "rb") as f:
+            got = f.readinto(view[offset : offset + size])
+        if got != size:
+            raise OSError(f"{n}: read {got} of {size} bytes")
+        offset += size
+    return out
+
+
+def _distributed() -> bool:
+    import torch.distributed as tdist
+
+    return tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1
+
+
+def _gather(value: int) -> list[int]:
+    if not _distributed():
+        return [value]
+    import torch.distributed as tdist
+
+    t = torch.zeros(tdist.get_world_size(), dtype=torch.int64)
+    t[tdist.get_rank()] = value
+    tdist.all_reduce(t)
+    return [int(x) for x in t.tolist()]
+
+
+def _all(ok: bool) -> bool:
+    if not _distributed():
+        return ok
+    import torch.distributed as tdist
+
+    t = torch.tensor([1 if ok else 0], dtype=torch.int64)
+    tdist.all_reduce(t, op=tdist.ReduceOp.MIN)
+    return bool(t.item())
+
+
+def _gather_objects(obj: Any) -> list[Any]:
+    """Every rank's ``obj`` (JSON-able), through the process group: JSON on the wire, never pickle."""
+    if not _distributed():
+        return [json.loads(json.dumps(obj))]
+    import torch.distributed as tdist
+
+    raw = json.dumps(obj).encode()
+    sizes = _gather(len(raw))
+    world = tdist.get_world_size()
+    buf = torch.zeros(max(sizes), dtype=torch.uint8)
+    buf[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    out = [torch.zeros(max(sizes), dtype=torch.uint8) for _ in range(world)]
+    tdist.all_gather(out, buf)
+    return [json.loads(o[:n].numpy().tobytes()) for o, n in zip(out, sizes, strict=True)]
