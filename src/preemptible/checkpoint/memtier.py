@@ -288,7 +288,7 @@ class Tier:
         key = coord.round("memory") if coord is not None else "memory/0"
         plan = self.ck.planner.plan(state, key=key, reason=reason)
         own_bytes = plan.nbytes + sum(len(d) for d in plan.docs.values())
-        sizes = _gather(own_bytes)
+        sizes = [_with_overhead(n, len(plan.specs)) for n in _gather(own_bytes)]
         need = own_bytes + sum(sizes[src] for src in frm)
         room, why = self._make_room(step, need)
         if not _all(room):
@@ -334,6 +334,7 @@ class Tier:
         protected = _all(ok)
         if protected:
             self._retain(step)
+            self._trim(step)  # what the estimate missed (headers, manifests): older steps go for it
             self.events.event(
                 Event.SAVE_COMMITTED,
                 step,
@@ -372,6 +373,14 @@ class Tier:
         if used + need > share:
             return False, f"this node's share of its memory tier is {share} bytes; the step needs {need} more"
         return True, ""
+
+    def _trim(self, step: int) -> None:
+        if self.config.max_bytes is None:
+            return
+        local = self.local_world()
+        older = sorted(s for s in self.holdings() if s < step)
+        while older and self.usage() // local > self.config.max_bytes // local:
+            self._drop(older.pop(0))
 
     def _drop(self, step: int) -> int:
         """Remove this rank's parts of ``step`` (its own and those it holds for others); the bytes freed."""
@@ -604,6 +613,12 @@ class Tier:
                 offset += size
             fetched += names
         return fetched
+
+
+def _with_overhead(nbytes: int, files: int) -> int:
+    """A part's bytes on the tier, from its state's bytes: tensor headers and the manifest on top (an estimate
+    made before writing; the bound is enforced again after)."""
+    return nbytes + nbytes // 50 + (files + 2) * 16384
 
 
 def _step_of(name: str) -> int | None:

@@ -1,0 +1,208 @@
+"""The memory tier in one process: which step is restored (property-based, over random tier contents), its bound
+in bytes, parts torn mid-write, the emergency save's order, and restoring from memory ahead of the durable root.
+The multi-node cases (a lost node, a damaged replica, a node and its peer lost) run under torchrun in
+tests/e2e/test_memory_tier.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import preemptible
+from conftest import clean_env
+from preemptible.checkpoint.memtier import Holding, MemoryTier, Tier, choose, peers
+
+# which step: a pure function of the reports ------------------------------------------------------------------------
+reports_strategy = st.integers(min_value=1, max_value=4).flatmap(
+    lambda world: st.tuples(
+        st.just(world),
+        st.lists(  # one report per rank: step -> (saving world, parts held by the rank's node)
+            st.dictionaries(
+                st.integers(min_value=0, max_value=8),
+                st.tuples(
+                    st.sampled_from([world, world, world, world + 1]),
+                    st.frozensets(st.integers(min_value=0, max_value=world - 1), min_size=1),
+                ),
+                max_size=5,
+            ),
+            min_size=world,
+            max_size=world,
+        ),
+        st.one_of(st.none(), st.integers(min_value=0, max_value=8)),
+    )
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(reports_strategy)
+def test_the_step_restored_is_the_newest_complete_one_never_older_than_the_durable_one(case: object) -> None:
+    world, raw, durable = case  # type: ignore[misc]
+    reports = [{s: Holding(w, parts) for s, (w, parts) in r.items()} for r in raw]
+    choice = choose(reports, world=world, durable=durable)
+
+    def complete(step: int) -> bool:
+        held = [r[step] for r in reports if step in r]
+        return (
+            bool(held)
+            and {h.world for h in held} == {world}
+            and set().union(*(h.parts for h in held)) == set(range(world))
+        )
+
+    every = sorted({s for r in reports for s in r}, reverse=True)
+    expected = [s for s in every if complete(s) and (durable is None or s >= durable)]
+    assert choice.steps == expected
+    for step in choice.steps:  # every part has a holder, and each holder's node holds it
+        assert set(choice.holders[step]) == set(range(world))
+        for part, ranks in choice.holders[step].items():
+            assert all(part in reports[r][step].parts for r in ranks)
+    if not choice.steps:
+        assert choice.why  # the fallback says why
+
+
+def test_replicas_go_to_other_nodes_and_each_part_is_received_once() -> None:
+    for world, local in ((2, 1), (4, 1), (8, 2), (6, 3)):
+        nodes = world // local
+        for k in (1, 2, 5):
+            sent = {r: peers(r, world, local, k)[0] for r in range(world)}
+            received = {r: peers(r, world, local, k)[1] for r in range(world)}
+            for r, to in sent.items():
+                assert len(to) == min(k, nodes - 1)
+                assert all(d // local != r // local for d in to)  # never on its own node
+                assert all(r in received[d] for d in to)  # what one sends, the other expects
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "what"),
+    [({"every": 0}, "every"), ({"replicas": -1}, "replicas"), ({"keep": 0}, "keep"), ({"max_bytes": True}, "max")],
+)
+def test_bad_settings_are_refused_by_name(kwargs: dict[str, object], what: str) -> None:
+    with pytest.raises(ValueError, match=what):
+        MemoryTier(**kwargs)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="memory_tier"):
+        MemoryTier.of("yes")  # type: ignore[arg-type]
+
+
+# one process: the tier on this machine -------------------------------------------------------------------------------
+def build() -> dict[str, object]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64)
+    return {"model": model, "optimizer": torch.optim.Adam(model.parameters())}
+
+
+def train(state: dict[str, object], steps: int) -> None:
+    model, opt = state["model"], state["optimizer"]
+    for _ in range(steps):
+        loss = model(torch.randn(4, 64)).pow(2).mean()  # type: ignore[operator]
+        opt.zero_grad()  # type: ignore[attr-defined]
+        loss.backward()
+        opt.step()  # type: ignore[attr-defined]
+
+
+def tier(tmp_path: Path, **kwargs: object) -> Tier:
+    ck = preemptible.Checkpointer(str(tmp_path / "root"))
+    made = Tier.of(MemoryTier(dir=str(tmp_path / "mem"), **kwargs), ck)  # type: ignore[arg-type]
+    assert made is not None
+    return made
+
+
+def test_the_tier_keeps_its_bound_in_bytes_dropping_the_oldest_first(tmp_path: Path) -> None:
+    state = build()
+    train(state, 1)  # the optimizer's moments exist from here on: every step's part has the same size
+    t = tier(tmp_path, keep=5)
+    assert t.save(state, 1, reason="periodic")
+    one = t.usage()
+    bounded = tier(tmp_path, keep=5, max_bytes=int(one * 2.5))
+    for step in (2, 3, 4):
+        train(state, 1)
+        assert bounded.save(state, step, reason="periodic")
+        assert bounded.usage() <= int(one * 2.5)
+    assert sorted(bounded.holdings()) == [3, 4]  # 1 and 2 went first
+    too_small = tier(tmp_path, max_bytes=one // 2)
+    assert not too_small.save(state, 5, reason="periodic")  # cannot fit even alone: skipped, nothing lost
+    assert sorted(too_small.holdings()) == []  # it made what room it could: the older steps went for it
+    assert not (tmp_path / "mem" / "step-000000000005").exists()
+
+
+def test_a_part_torn_mid_write_is_no_part(tmp_path: Path) -> None:
+    state = build()
+    t = tier(tmp_path)
+    assert t.save(state, 7, reason="periodic")
+    part = Path(t.part_dir(7, 0))
+    torn = Path(t.part_dir(8, 0) + ".tmp-123")  # a save or a replica cut off before its rename
+    torn.mkdir(parents=True)
+    for f in part.iterdir():
+        (torn / f.name).write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    assert sorted(t.holdings()) == [7]
+    (part / "COMMIT.json").write_text("{}")  # a manifest that does not parse: absent too
+    assert t.holdings() == {}
+
+
+def test_a_memory_step_older_than_the_newest_durable_one_is_never_restored(tmp_path: Path) -> None:
+    mem = str(tmp_path / "mem")
+    root = str(tmp_path / "root")
+
+    def make() -> tuple[preemptible.Run, dict[str, object]]:
+        state = build()
+        run = preemptible.Run(
+            root, save_every=4, memory_tier=MemoryTier(every=3, dir=mem), sources="signal", **state
+        )
+        return run, state
+
+    run, state = make()
+    with run:
+        for _ in run.steps(7):  # durable saves at 4; memory at 3 and 6; the loop's end saves the final step 7
+            train(state, 1)
+    final = state["model"].weight.detach().clone()  # type: ignore[union-attr]
+    # the final durable save at 7 is newer than memory's 6: the durable root restores
+    run, state = make()
+    with run:
+        assert run.start_step == 7
+    events = [json.loads(x) for p in sorted(Path(root, "journal").glob("*.jsonl")) for x in p.read_text().splitlines()]
+    resumed = [e for e in events if e["event"] == "resume"][-1]
+    assert (resumed["step"], resumed["tier"]) == (7, "durable")
+    assert "older than the newest durable checkpoint" in [e for e in events if e["event"] == "tier_fallback"][-1]["why"]
+    assert torch.equal(state["model"].weight, final)  # type: ignore[union-attr]
+
+
+EMERGENCY = """
+import os, signal, sys, torch, preemptible
+root, mem = sys.argv[1], sys.argv[2]
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+run = preemptible.Run(root, model=model, optimizer=opt, save_every=100,
+                      memory_tier=preemptible.MemoryTier(dir=mem), sources="signal")
+for step in run.steps(50):
+    model(torch.randn(2, 8)).sum().backward(); opt.step(); opt.zero_grad()
+    if step == 5:
+        os.kill(os.getpid(), signal.SIGTERM)
+"""
+
+
+def test_a_notice_saves_to_memory_first_then_to_the_durable_root(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(EMERGENCY)
+    root, mem = tmp_path / "root", tmp_path / "mem"
+    done = subprocess.run(
+        [sys.executable, str(script), str(root), str(mem)],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    events = [json.loads(x) for p in (root / "journal").glob("*.jsonl") for x in p.read_text().splitlines()]
+    saves = [(e.get("tier", "durable"), e["step"]) for e in events if e["event"] == "save_committed"]
+    assert saves == [("memory", 6), ("durable", 6)]
+    assert os.path.exists(mem / "step-000000000006" / "part-00000" / "COMMIT.json")
+    assert signal.SIGTERM  # the notice above is a real signal, handled by the real handler
