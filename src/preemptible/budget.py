@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import dataclasses
 import time
 import warnings
 from collections.abc import Mapping
@@ -242,6 +243,9 @@ class Plan:
     """The mean time between losses without a usable notice behind ``periodic_interval_s``."""
     mtbf_assumed: bool = False
     """True when ``mtbf_hours`` is `DEFAULT_MTBF_HOURS` (not given): the advice is a starting point."""
+    tiers: list[dict[str, Any]] | None = None
+    """With ``plan(memory_tier=True)``: each tier's predicted emergency save against the window and its periodic
+    interval (Young/Daly), durable first (`memory_tier_plan`)."""
     compression: dict[str, Any] | None = None
     """Whether saves would compress here (`preemptible.store.compress.choose`) and its predicted effect; the write
     phase above assumes that choice."""
@@ -311,6 +315,14 @@ def render_plan(p: Plan, *, color: bool = False) -> str:
         for r in p.recommendations:
             mark = c("fits", "32") if r.fits else c("short", "33")
             lines.append(f"  {r.name:<22} {r.predicted_save_s:8.1f} s  {mark:<5}  {r.description}")
+    if p.tiers:
+        lines += ["", "tiers (emergency save of one node's share, each against the window):"]
+        for t in p.tiers:
+            mark = c("fits", "32") if t["fits"] else c("short", "33")
+            lines.append(
+                f"  {t['tier']:<8} {t['predicted_save_s']:8.1f} s  {mark:<5}  periodic every {t['interval_s']:.0f} s"
+                f"  ({t['how']})"
+            )
     if p.periodic_interval_s is not None:
         mtbf = f"MTBF {p.mtbf_hours:g} h" + (" assumed: --mtbf HOURS to set it" if p.mtbf_assumed else "")
         lines += ["", f"periodic saves     every {p.periodic_interval_s:.0f} s (Young/Daly, {mtbf})"]
@@ -320,6 +332,81 @@ def render_plan(p: Plan, *, color: bool = False) -> str:
             f"{lost['without_notice_s'] or 0:.0f} s without"
         )
     return "\n".join(lines)
+
+
+ASSUMED_LINK_BYTES_PER_S = 1.25e9
+"""A node's link to its peers when not given (10 Gb/s, a common cloud NIC): the memory tier's replica crosses it."""
+MEMORY_FIXED_S = 0.05
+"""The memory tier's fixed cost per save (agreement, manifests), beside its copies."""
+
+
+def memory_copy_bandwidth(nbytes: int = 64 << 20) -> float:
+    """Bytes per second of one copy in memory on this machine (the memory tier's write into tmpfs is one copy)."""
+    src, dst = bytearray(b"\x01" * nbytes), bytearray(nbytes)  # both touched: no page faults in the timing
+    view = memoryview(dst)
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        view[:] = src
+        best = min(best, time.perf_counter() - t0)
+    return nbytes / best
+
+
+def memory_tier_plan(
+    p: Plan, *, copy_bytes_per_s: float, link_bytes_per_s: float | None, replicas: int, step_time: float
+) -> list[dict[str, Any]]:
+    """The durable root and the memory tier side by side: each one's emergency save of one node's share (one rank a
+    node) against ``p``'s window, and each one's Young/Daly interval for periodic saves."""
+    nbytes = p.state_bytes // (p.size.world_size if p.size else 1)
+    link = link_bytes_per_s or ASSUMED_LINK_BYTES_PER_S
+    write_s = nbytes / copy_bytes_per_s
+    replicate_s = replicas * nbytes / min(link, copy_bytes_per_s)
+    total = step_time + write_s + replicate_s + MEMORY_FIXED_S + EXIT_S
+    mtbf_s = (p.mtbf_hours or DEFAULT_MTBF_HOURS) * 3600
+    how = f"{nbytes / 1e9:.2f} GB copied at {copy_bytes_per_s / 1e9:.1f} GB/s"
+    if replicas:
+        how += f", {replicas} replica(s) over a {link / 1e9:.2f} GB/s link{'' if link_bytes_per_s else ' (assumed)'}"
+    return [
+        {
+            "tier": "durable",
+            "predicted_save_s": p.predicted_save_s,
+            "fits": p.fits,
+            "interval_s": p.periodic_interval_s or 0.0,
+            "how": f"{p.bandwidth_bytes_per_s / 1e9:.2f} GB/s measured",
+        },
+        {
+            "tier": "memory",
+            "predicted_save_s": round(total, 3),
+            "fits": total <= HEADROOM * p.window_s,
+            "interval_s": round(young_daly(write_s + replicate_s + MEMORY_FIXED_S, mtbf_s), 1),
+            "how": how,
+        },
+    ]
+
+
+def with_memory_tier(p: Plan, *, link_bytes_per_s: float | None, replicas: int = 1, step_time: float = 0.0) -> Plan:
+    """``p`` with its tiers (`memory_tier_plan`) and, when only the memory tier fits, the recommendation to use it."""
+    tiers = memory_tier_plan(
+        p,
+        copy_bytes_per_s=memory_copy_bandwidth(),
+        link_bytes_per_s=link_bytes_per_s,
+        replicas=replicas,
+        step_time=step_time,
+    )
+    p = dataclasses.replace(p, tiers=tiers, recommendations=list(p.recommendations))
+    memory = tiers[1]
+    if memory["fits"] and not p.fits:
+        every = memory["interval_s"]
+        _recommend(
+            p.recommendations,
+            p.window_s,
+            "memory tier",
+            f"Run(memory_tier=MemoryTier(...)): the emergency save goes to this node's memory and {replicas} "
+            f"peer(s) first, then to the durable root as time allows; memory saves every ~{every:.0f} s and durable "
+            f"ones every ~{p.periodic_interval_s or 0:.0f} s (Young/Daly)",
+            memory["predicted_save_s"],
+        )
+    return p
 
 
 def predict(nbytes: int, bw: float, *, step_time: float = 0.0, fixed_s: float = 0.1) -> dict[str, float]:

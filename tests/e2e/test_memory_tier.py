@@ -16,15 +16,16 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from test_nodes import cluster, finals, launch, reference_digest, wait_for
 
 from conftest import committed_steps
 from preemptible.testing.nodes import Cluster, Node
-from test_nodes import cluster, finals, launch, reference_digest, wait_for
 from torchrunkit import EXAMPLE, journals
 
 pytestmark = pytest.mark.timeout(600)  # a detector for a hang, not a speed assertion
@@ -47,7 +48,8 @@ print(json.dumps(out))
 DAMAGE = """
 import os, sys
 part = sys.argv[1]
-name = max((n for n in os.listdir(part) if n.endswith(".safetensors")), key=lambda n: os.path.getsize(os.path.join(part, n)))
+names = [n for n in os.listdir(part) if n.endswith(".safetensors")]
+name = max(names, key=lambda n: os.path.getsize(os.path.join(part, n)))
 with open(os.path.join(part, name), "r+b") as f:
     f.seek(os.path.getsize(os.path.join(part, name)) - 1)
     b = f.read(1)
@@ -121,6 +123,12 @@ def test_a_lost_node_comes_back_from_its_peers_memory_bit_identically(tmp_path: 
     for r in (0, 1):
         (resume,) = [e for e in got[r] if e["event"] == "resume"]
         assert (resume["step"], resume["tier"]) == (newest, "memory"), resume
+    report = subprocess.run(
+        [sys.executable, "-m", "preemptible", "report", str(root)], capture_output=True, text=True, check=False
+    )
+    assert report.returncode == 0, report.stderr
+    assert f"restored step {newest} from the memory tier" in report.stdout, report.stdout
+    assert "started fresh (memory could not: the memory tier holds no step on any node)" in report.stdout
     fetched = [e for e in got[1] if e["event"] == "resume"][0]["bytes"]
     assert fetched > 0  # rank 1 read its share: its own part from node 1's replica, the rest from rank 0
     print(f"resumed from memory at step {newest} (held: {held}); rank 1 fetched {fetched} bytes")

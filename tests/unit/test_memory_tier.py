@@ -152,9 +152,7 @@ def test_a_memory_step_older_than_the_newest_durable_one_is_never_restored(tmp_p
 
     def make() -> tuple[preemptible.Run, dict[str, object]]:
         state = build()
-        run = preemptible.Run(
-            root, save_every=4, memory_tier=MemoryTier(every=3, dir=mem), sources="signal", **state
-        )
+        run = preemptible.Run(root, save_every=4, memory_tier=MemoryTier(every=3, dir=mem), sources="signal", **state)
         return run, state
 
     run, state = make()
@@ -206,3 +204,36 @@ def test_a_notice_saves_to_memory_first_then_to_the_durable_root(tmp_path: Path)
     assert saves == [("memory", 6), ("durable", 6)]
     assert os.path.exists(mem / "step-000000000006" / "part-00000" / "COMMIT.json")
     assert signal.SIGTERM  # the notice above is a real signal, handled by the real handler
+
+
+# plan: each tier against the window --------------------------------------------------------------------------------
+def test_plan_shows_each_tier_against_the_window_and_recommends_the_memory_tier_when_only_it_fits() -> None:
+    from preemptible import budget
+
+    p = budget.evaluate(size=budget.StateSize(params=7e9, world_size=8), bandwidth=2e8, platform="gcp", mtbf_hours=24)
+    assert not p.fits  # 10.5 GB a node at 200 MB/s: about 53 s, past a 30 s window
+    tiers = budget.memory_tier_plan(p, copy_bytes_per_s=5e9, link_bytes_per_s=1.25e9, replicas=1, step_time=0.0)
+    durable, memory = tiers
+    assert (durable["tier"], durable["fits"], memory["tier"], memory["fits"]) == ("durable", False, "memory", True)
+    nbytes = p.state_bytes / 8
+    assert memory["predicted_save_s"] == pytest.approx(nbytes / 5e9 + nbytes / 1.25e9 + 0.05 + 0.5, rel=1e-3)
+    assert memory["interval_s"] < durable["interval_s"]  # a cheaper save: Young/Daly saves it more often
+    slow_link = budget.memory_tier_plan(p, copy_bytes_per_s=5e9, link_bytes_per_s=1e8, replicas=1, step_time=0.0)
+    assert not slow_link[1]["fits"]  # a replica over a slow link does not fit either: the plan says so
+
+
+def test_plan_cli_memory_tier(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "preemptible", "plan", str(tmp_path), "--params", "7e9", "--world-size", "8"]
+        + ["--platform", "gcp", "--bandwidth", "2e8", "--compress", "off", "--memory-tier", "--json"],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr  # the durable save does not fit
+    doc = json.loads(done.stdout)
+    assert [t["tier"] for t in doc["tiers"]] == ["durable", "memory"]
+    names = [r["name"] for r in doc["recommendations"]]
+    assert ("memory tier" in names) == doc["tiers"][1]["fits"]  # recommended exactly when it fits

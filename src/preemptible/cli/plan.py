@@ -67,6 +67,19 @@ def add_parser(sub: Any) -> None:
         help="as Run(compress=...): auto (default) predicts whether saves would compress here, from this CPU's "
         "measured compression of weights like these and the measured bandwidth",
     )
+    p.add_argument(
+        "--memory-tier",
+        action="store_true",
+        help="also predict the memory tier (Run(memory_tier=...)): this node's memory plus one replica on a peer, "
+        "against the window, with each tier's Young/Daly interval",
+    )
+    p.add_argument(
+        "--link-bandwidth",
+        type=number(low=0, above=True, high=1e15),
+        default=None,
+        metavar="BYTES_PER_S",
+        help="a node's link to its peers, for --memory-tier (default: 1.25e9, 10 Gb/s, shown as assumed)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output with stable keys")
 
 
@@ -87,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
             probe_bytes=int(args.probe_mb * 1e6),
             compress=_SETTINGS[args.compress],
         )
+        if args.memory_tier:
+            result = budget.with_memory_tier(result, link_bytes_per_s=args.link_bandwidth, step_time=args.step_time)
     except (ValueError, OSError) as e:
         print(f"preemptible plan: {e}", file=sys.stderr)
         return 2

@@ -106,6 +106,10 @@ class Attempt:
     """What this attempt's journal says made a resume inexact (``inexact_resume``), at most `_MAX_WARNINGS`."""
     fallback: dict[str, Any] | None = None
     """The framework's own checkpoint this attempt resumed from (a ``framework_fallback`` event), or None."""
+    tiers: dict[str, int] = field(default_factory=dict)
+    """Committed saves by tier (``memory`` or ``durable``), when a memory tier was on."""
+    restored: dict[str, Any] | None = None
+    """Where this attempt restored from, when a memory tier was on: the tier and why not memory (``tier_fallback``)."""
     number: int | None = None
     """The attempt number rank 0's ``start`` event recorded (every rank of the launch records the same)."""
 
@@ -181,6 +185,7 @@ class Reader:
             a.number = parse_step(r.get("attempt"))
         if kind == Event.SAVE_COMMITTED and step is not None:
             _committed(a, step, t)
+        _tiers(a, r, kind, step)
         if kind == Event.EXIT:
             code = r.get("code")
             a.exit = {"code": code if parse_step(code) is not None else _text(code), "reason": _text(r.get("reason"))}
@@ -289,6 +294,18 @@ def _progress(a: Attempt, kind: Event | None, step: int | None, t: float) -> Non
         # a figure logged during step k: step k ran (its work is lost unless a later checkpoint holds it);
         # the other events are at a boundary: k steps done
         a.reached = max(a.reached, step + 1 if kind == Event.LOG else step)
+
+
+def _tiers(a: Attempt, r: Record, kind: Event | None, step: int | None) -> None:
+    """Which tier each save went to and the restore came from (a run with a memory tier)."""
+    if kind == Event.SAVE_COMMITTED and step is not None:
+        tier = _text(r.get("tier") or "durable") or "durable"
+        if tier in a.tiers or len(a.tiers) < 2:  # two tiers: a journal cannot grow the table
+            a.tiers[tier] = a.tiers.get(tier, 0) + 1
+    elif kind == Event.TIER_FALLBACK:
+        a.restored = {"tier": "durable", "step": None, "why": _text(r.get("why"))}
+    elif kind == Event.RESUME and r.get("tier") is not None:
+        a.restored = {**(a.restored or {}), "tier": _text(r.get("tier")), "step": step}
 
 
 def _committed(a: Attempt, step: int, t: float) -> None:

@@ -83,6 +83,8 @@ def summarize(events: Iterable[Mapping[str, Any]], *, skipped: Mapping[str, int]
             "ended": _ended(a, ranks[i]) or "unknown (no exit event: killed?)",
             "warnings": list(a.warnings),
             "framework_fallback": a.fallback,
+            "saves_by_tier": dict(a.tiers) if "memory" in a.tiers or a.restored else None,
+            "restored": a.restored,
             "ranks": [e.to_json() for e in ranks[i][:MAX_RANKS_LISTED]],
             "ranks_total": len(ranks[i]),
             "nodes": sorted({e.node for e in ranks[i] if e.node is not None}),

@@ -76,6 +76,18 @@ def render(doc: Mapping[str, Any]) -> str:
             known = all(x.get("node") is not None for x in ranks)
             on = f" on {len(nodes)} node{'s' if len(nodes) > 1 else ''}" if nodes and known else ""
             lines.append(f"    {r.get('ranks_total', len(ranks))} ranks{on}: {summary_of_ranks(ranks)}")
+        tiers = r.get("saves_by_tier")
+        if tiers:
+            lines.append("    saves by tier: " + ", ".join(f"{k} {v}" for k, v in sorted(tiers.items())))
+        restored = r.get("restored")
+        if restored:
+            from_ = f"restored step {restored['step']} from the {restored['tier']} tier"
+            why = (
+                f" (memory could not: {restored['why']})"
+                if restored.get("why") and restored["tier"] != "memory"
+                else ""
+            )
+            lines.append(f"    {from_ if restored.get('step') is not None else 'started fresh'}{why}")
         lines += [f"    ! {w}" for w in r.get("warnings", [])]
         fell = r.get("framework_fallback")
         if fell:
