@@ -34,7 +34,6 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from gpu_suite import machine  # noqa: E402
 from nodes_bench import base_env  # noqa: E402
-
 from preemptible.testing.nodes import SERVICES, Cluster, node_env, torchrun_argv  # noqa: E402
 
 WORKER = REPO / "benchmarks" / "memory_tier_worker.py"

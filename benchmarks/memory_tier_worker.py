@@ -39,7 +39,7 @@ def ceilings(shard: torch.Tensor, rank: int, world: int) -> dict[str, float]:
     """This machine's limits for the tier's work, measured the same way: one copy of the shard in memory, and the
     shard sent to the next node over the process group (every node at once, as the replication does)."""
     nbytes = shard.numel() * shard.element_size()
-    copy_s = timed(lambda: shard.clone())
+    copy_s = timed(shard.clone)
     buf = torch.empty_like(shard)
 
     def ring() -> None:

@@ -8,9 +8,9 @@ the storage the checkpoints will go to, compared with the platform's notice wind
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
-import dataclasses
 import time
 import warnings
 from collections.abc import Mapping

@@ -224,8 +224,10 @@ def test_plan_shows_each_tier_against_the_window_and_recommends_the_memory_tier_
 
 def test_plan_cli_memory_tier(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "preemptible", "plan", str(tmp_path), "--params", "7e9", "--world-size", "8"]
-        + ["--platform", "gcp", "--bandwidth", "2e8", "--compress", "off", "--memory-tier", "--json"],
+        [
+            *(sys.executable, "-m", "preemptible", "plan", str(tmp_path), "--params", "7e9", "--world-size", "8"),
+            *("--platform", "gcp", "--bandwidth", "2e8", "--compress", "off", "--memory-tier", "--json"),
+        ],
         env=clean_env(),
         capture_output=True,
         text=True,
