@@ -57,23 +57,31 @@ def train_beside(rank: int, reps: int, every: int, mem_root: str) -> dict[str, f
     layers = [torch.nn.Linear(1024, 1024) for _ in range(4)]
     model = torch.nn.Sequential(*[m for layer in layers for m in (layer, torch.nn.ReLU())])
     opt = torch.optim.Adam(model.parameters())
-    x = torch.randn(192, 1024)
+    x = torch.randn(256, 1024)
     state = {"model": model, "optimizer": opt}
     ck = Checkpointer(os.path.join(mem_root, "unused-durable"), per_rank=("model", "optimizer"), compress=False)
     tier = Tier(MemoryTier(dir=os.path.join(mem_root, "train")), ck, events=NullSink())
 
+    cpu: dict[bool, list[float]] = {False: [], True: []}
+
     def block(save: bool, first: int) -> float:
         dist.barrier()
         t0 = time.perf_counter()
+        c0 = time.process_time()  # this process's CPU seconds, every thread's
         for i in range(every):
             loss = model(x).pow(2).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
-            if save and i == every - 1:
-                tier.save(state, first + i + 1, reason="periodic")
+            if save and i == 0:  # a boundary: the save goes on in the background while the next steps run
+                tier.save_background(state, first + i + 1, reason="periodic")  # as Run's periodic saves do
+        if save:
+            tier.wait()  # its seconds count in this block: the next one starts with none in flight
+            saves.append(dict(tier.timings))
+        cpu[save].append(time.process_time() - c0)
         return slowest(time.perf_counter() - t0)
 
+    saves: list[dict[str, float]] = []
     block(False, 0)  # warm-up: the optimizer's moments exist from here
     plain, saving = [], []
     for r in range(reps):
@@ -87,6 +95,9 @@ def train_beside(rank: int, reps: int, every: int, mem_root: str) -> dict[str, f
         "step_s_with_memory_saves": sorted(saving)[len(saving) // 2] / every,
         "slowdown": sorted(saving)[len(saving) // 2] / sorted(plain)[len(plain) // 2] - 1,
         "every": every,
+        "save_phases_rank0": saves,
+        "cpu_s_per_block_rank0": {"plain": cpu[False], "with_save": cpu[True]},
+        "cores_per_rank": (os.cpu_count() or 1) / dist.get_world_size(),
     }
 
 
@@ -112,9 +123,11 @@ def main() -> None:
     out: dict[str, object] = {"world": world, "shard_bytes": shard.numel() * 4, "rate_mb_s_per_node": args.rate_mb_s}
     out["ceilings"] = ceilings(shard, rank, world)
     memory_s, s3_s, restore_mem_s, restore_s3_s = [], [], [], []
+    phases: list[dict[str, float]] = []
     for rep in range(args.reps):  # interleaved: memory, S3, then the two restores after node `world - 1` is lost
         step = rep + 1
         memory_s.append(timed(lambda step=step: tier.save(state, step, reason="emergency")))
+        phases.append(dict(tier.timings))
         s3_s.append(timed(lambda step=step: ck.save(state, step)))
         if rank == world - 1:  # this node is lost: its tier with it (its replica lives on the next node)
             shutil.rmtree(tier.dir, ignore_errors=True)
@@ -128,6 +141,7 @@ def main() -> None:
     out.update(
         {
             "emergency_save_memory_s": memory_s,
+            "emergency_save_memory_phases_rank0": phases,
             "emergency_save_s3_s": s3_s,
             "restore_memory_s": restore_mem_s,
             "restore_s3_s": restore_s3_s,

@@ -437,6 +437,8 @@ class Run:
         self.emergency.stop()
         if self.saves.pending is not None:
             self.saves.reap(block=True)
+        if self.memory is not None:  # its collectives need every rank: a job that ended in error may not have them
+            self.memory.wait(timeout=MEMORY_WAIT_S)
         if self._optimizer_steps is not None:
             self._optimizer_steps.close()
             self._optimizer_steps = None
@@ -626,7 +628,10 @@ class Run:
         elif due is Due.PREPARE:
             self._prepare()
         if self.memory is not None and self.memory.due(completed):
-            self.memory.save(self.state, completed, reason=SaveReason.PERIODIC)
+            if self.async_save:
+                self.memory.save_background(self.state, completed, reason=SaveReason.PERIODIC)
+            else:
+                self.memory.save(self.state, completed, reason=SaveReason.PERIODIC)
         return False
 
     def _after_boundary(self, completed: int) -> None:
@@ -961,6 +966,10 @@ class Run:
             # the heap skips that walk (atexit handlers and finally blocks still run) and cuts it to ~0.3 s.
             gc.freeze()
             raise SystemExit(code)
+
+
+MEMORY_WAIT_S = 60.0
+"""How long closing a run waits for a background memory-tier save (the thread is left behind after that)."""
 
 
 def _check_names(state: dict[str, Any]) -> None:

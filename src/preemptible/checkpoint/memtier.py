@@ -28,8 +28,10 @@ import contextlib
 import dataclasses
 import json
 import logging
+import mmap
 import os
 import shutil
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -47,7 +49,7 @@ from preemptible.store.io import LocalStorage
 from preemptible.store.layout import FileRecord, Manifest
 from preemptible.store.markers import Markers, State
 from preemptible.validate import run_probe
-from preemptible.writer import write_bytes, write_files
+from preemptible.writer import FileSpec, Staging, write_bytes, write_files
 
 log = logging.getLogger("preemptible")
 
@@ -111,6 +113,19 @@ class MemoryTier:
         if os.environ.get(MEMORY_DIR_ENV):
             return os.path.abspath(os.environ[MEMORY_DIR_ENV])
         return os.path.join(DEFAULT_BASE, checksum.of_bytes(root.encode())[:12])
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    """One save as captured on the training thread: its files (live tensors, or copies in the staging arena)."""
+
+    step: int
+    reason: str
+    specs: list[FileSpec]
+    blobs: dict[str, memoryview] | None
+    docs: dict[str, bytes]
+    nbytes: int
+    probe: float | None
 
 
 # which step is restored: a pure function of what every rank reports --------------------------------------------
@@ -188,6 +203,12 @@ class Tier:
         self.events = events
         self.dir = config.directory(checkpointer.root)
         self.storage = LocalStorage(self.dir)
+        self.timings: dict[str, float] = {}
+        """The last save's seconds by phase."""
+        self.staging = Staging()
+        """The arena a background save copies the state into (one copy of this rank's share, reused)."""
+        self._pending: threading.Thread | None = None
+        self._group: Any = None
 
     @classmethod
     def of(cls, config: MemoryTier | None, checkpointer: Any) -> Tier | None:
@@ -241,6 +262,13 @@ class Tier:
                 out[step] = Holding(worlds.pop(), frozenset(parts))
         return out
 
+    def steps(self) -> list[int]:
+        """The steps of this node's tier, by directory name alone (retention; `holdings` checks their parts)."""
+        try:
+            return sorted(s for s in map(_step_of, os.listdir(self.dir)) if s is not None)
+        except FileNotFoundError:
+            return []
+
     def _parts(self, step: int) -> list[tuple[int, Manifest]]:
         found = []
         with contextlib.suppress(FileNotFoundError):
@@ -279,39 +307,99 @@ class Tier:
 
     # saving -------------------------------------------------------------------------------------------------------
     def save(self, state: Mapping[str, Any], step: int, *, reason: str) -> bool:
-        """Save ``step`` to this node's tier and its replicas. True once every rank's part is on its own node and on
-        its replicas' (protected); False (journaled) when a node lacks the room or any rank failed."""
+        """Save ``step`` to this node's tier and its replicas, now (after the one in the background, if any). True
+        once every rank's part is on its own node and on its replicas' (protected); False (journaled) when a node
+        lacks the room or any rank failed."""
+        self.wait()
+        group = self._group_for_saves()
         t0 = time.monotonic()
-        world, rank, local = self.world, self.rank, self.local_world()
-        to, frm = peers(rank, world, local, self.config.replicas)
+        return self._write(self._capture(state, step, reason, staged=False), group, t0)
+
+    def save_background(self, state: Mapping[str, Any], step: int, *, reason: str) -> None:
+        """Copy the state into this tier's staging arena now, and save it from there in a thread while training
+        goes on: its transfers use a process group of the tier's own, never the training's collectives."""
+        self.wait()
+        group = self._group_for_saves()
+        t0 = time.monotonic()
+        self.staging.busy.acquire()
+        try:
+            snapshot = self._capture(state, step, reason, staged=True)
+        except BaseException:
+            self.staging.busy.release()
+            raise
+
+        def write() -> None:
+            try:
+                self._write(snapshot, group, t0)
+            except Exception as e:  # journaled; the next save tries again
+                log.error("[rank=%d] memory tier: background save of step %d failed: %s", self.rank, step, e)
+                self.events.event(Event.SAVE_FAILED, step, reason=reason, error=f"{type(e).__name__}: {e}", tier=TIER)
+            finally:
+                self.staging.busy.release()
+
+        self._pending = threading.Thread(target=write, name="preemptible-memory-tier", daemon=True)
+        self._pending.start()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the background save in flight, if any; False if it is still going after ``timeout``."""
+        pending = self._pending
+        if pending is None:
+            return True
+        pending.join(timeout)
+        if pending.is_alive():
+            log.warning("[rank=%d] memory tier: a background save is still running; leaving it", self.rank)
+            return False
+        self._pending = None
+        return True
+
+    def _group_for_saves(self) -> Any:
+        """The tier's own process group (gloo), made by every rank at its first save (a collective call)."""
+        if self._group is None and _distributed():
+            import torch.distributed as tdist
+
+            self._group = tdist.new_group(backend="gloo")
+        return self._group
+
+    def _capture(self, state: Mapping[str, Any], step: int, reason: str, *, staged: bool) -> _Snapshot:
+        """What a save writes, planned on the calling (training) thread: the live tensors, or a copy of them in the
+        staging arena (``staged``: the caller holds ``staging.busy``)."""
         coord = self.ck.coordinator
         key = coord.round("memory") if coord is not None else "memory/0"
         plan = self.ck.planner.plan(state, key=key, reason=reason)
-        own_bytes = plan.nbytes + sum(len(d) for d in plan.docs.values())
-        sizes = [_with_overhead(n, len(plan.specs)) for n in _gather(own_bytes)]
+        probe = run_probe(self.ck.probe, state) if self.ck.probe is not None else None
+        if not staged:
+            return _Snapshot(step, reason, plan.specs, None, plan.docs, plan.nbytes, probe)
+        copy = self.staging.stage(plan, step=step)
+        return _Snapshot(step, reason, copy.specs, copy.blobs, copy.docs, plan.nbytes, probe)
+
+    def _write(self, snap: _Snapshot, group: Any, t0: float) -> bool:
+        """Write a captured step into this node's tier and replicate it (collective on ``group``)."""
+        step, reason = snap.step, snap.reason
+        world, rank, local = self.world, self.rank, self.local_world()
+        to, frm = peers(rank, world, local, self.config.replicas)
+        own_bytes = snap.nbytes + sum(len(d) for d in snap.docs.values())
+        sizes = [_with_overhead(n, len(snap.specs)) for n in _gather(own_bytes, group)]
         need = own_bytes + sum(sizes[src] for src in frm)
         room, why = self._make_room(step, need)
-        if not _all(room):
+        if not _all(room, group):
             why = why or "another node's memory tier has no room for this step"
             self.events.event(Event.SAVE_SKIPPED, step, reason=reason, why=why, tier=TIER)
             log.warning("[rank=%d] memory tier: step %d not saved: %s", rank, step, why)
             return False
-        probe = None
-        if self.ck.probe is not None:
-            probe = run_probe(self.ck.probe, state)
+        t_plan = time.monotonic()
         error = None
         records: dict[str, FileRecord] = {}
         tmp = self.part_dir(step, rank) + f".tmp-{os.getpid()}"
         try:
             shutil.rmtree(tmp, ignore_errors=True)
             os.makedirs(tmp)
-            records = write_files(self.storage, tmp, plan.specs, threads=self.ck.threads)
-            for name, doc in plan.docs.items():
+            records = write_files(self.storage, tmp, snap.specs, threads=self.ck.threads, blobs=snap.blobs)
+            for name, doc in snap.docs.items():
                 records[name] = write_bytes(self.storage, tmp, name, doc)
         except Exception as e:
             error = f"{type(e).__name__}: {e}"
         t_write = time.monotonic()
-        reports = _gather_objects({"files": records_doc(records), "probe": probe, "error": error})
+        reports = _gather_objects({"files": records_doc(records), "probe": snap.probe, "error": error}, group)
         failed = [(r, x["error"]) for r, x in enumerate(reports) if x["error"]]
         if failed:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -329,9 +417,17 @@ class Tier:
             extra={"tier": TIER},
         )
         ok = self._commit_part(tmp, step, rank, manifest, sorted(records))
-        ok = self._replicate(step, manifest, parts, to, frm) and ok
+        t_commit = time.monotonic()
+        ok = self._replicate(step, manifest, parts, to=to, frm=frm, group=group) and ok
         t_rep = time.monotonic()
-        protected = _all(ok)
+        protected = _all(ok, group)
+        self.timings = {
+            "capture": round(t_plan - t0, 6),
+            "write": round(t_write - t_plan, 6),
+            "manifest": round(t_commit - t_write, 6),
+            "replicate": round(t_rep - t_commit, 6),
+            "agree": round(time.monotonic() - t_rep, 6),
+        }
         if protected:
             self._retain(step)
             self._trim(step)  # what the estimate missed (headers, manifests): older steps go for it
@@ -341,7 +437,7 @@ class Tier:
                 reason=reason,
                 bytes=own_bytes,
                 seconds=round(t_rep - t0, 6),
-                timings={"write": round(t_write - t0, 6), "replicate": round(t_rep - t_write, 6)},
+                timings=self.timings,
                 tier=TIER,
                 replicas=len(to),
             )
@@ -360,7 +456,7 @@ class Tier:
             st = os.statvfs(self.dir)
             share = int(st.f_bavail * st.f_frsize * 0.9) // local
             used = 0
-        mine = sorted(s for s in self.holdings() if s != step)
+        mine = [s for s in self.steps() if s != step]
         while mine and used + need > share:
             old = mine.pop(0)
             freed = self._drop(old)
@@ -378,7 +474,7 @@ class Tier:
         if self.config.max_bytes is None:
             return
         local = self.local_world()
-        older = sorted(s for s in self.holdings() if s < step)
+        older = [s for s in self.steps() if s < step]
         while older and self.usage() // local > self.config.max_bytes // local:
             self._drop(older.pop(0))
 
@@ -399,7 +495,7 @@ class Tier:
         return freed
 
     def _retain(self, step: int) -> None:
-        steps = sorted(self.holdings())
+        steps = self.steps()
         for old in steps[: max(0, len(steps) - self.config.keep)]:
             if old < step:
                 self._drop(old)
@@ -420,48 +516,81 @@ class Tier:
             return False
 
     def _replicate(
-        self, step: int, manifest: Manifest, parts: list[dict[str, FileRecord]], to: list[int], frm: list[int]
+        self,
+        step: int,
+        manifest: Manifest,
+        parts: list[dict[str, FileRecord]],
+        *,
+        to: list[int],
+        frm: list[int],
+        group: Any = None,
     ) -> bool:
-        """Send this rank's part to ``to``, receive the parts of ``frm``, check and commit each received one."""
+        """Send this rank's part to ``to``, receive the parts of ``frm``, check and commit each received one.
+
+        Bytes move with as few copies as the process group allows: a large file goes out straight from its pages
+        in the tier (mapped, copy-on-write) and comes in straight into its file in the receiver's tier (mapped);
+        the small ones travel together in one message."""
         if not to and not frm:
             return True
         import torch.distributed as tdist
 
         rank = self.rank
-        own = sorted(parts[rank])
-        payload = _read_concat(self.part_dir(step, rank), own)
-        works = [tdist.isend(payload, dst, tag=step % (1 << 20)) for dst in to]
-        buffers = {}
+        works: list[Any] = []
+        held: list[Any] = []  # what must outlive the transfers: maps, files, buffers
+        outgoing = _messages(parts[rank])
+        for dst in to:
+            for tag, names in enumerate(outgoing):
+                tensor = _outgoing(self.part_dir(step, rank), names, parts[rank], held)
+                works.append(tdist.isend(tensor, dst, group=group, tag=tag))
+        incoming: dict[int, tuple[str, list[tuple[list[str], torch.Tensor]]]] = {}
         for src in frm:
-            total = sum(parts[src][n].bytes for n in sorted(parts[src]))
-            buffers[src] = torch.empty(total, dtype=torch.uint8)
-            works.append(tdist.irecv(buffers[src], src, tag=step % (1 << 20)))
-        for w in works:
-            if w is not None:
-                w.wait()
-        ok = True
-        for src, buf in buffers.items():
-            ok = self._write_received(step, src, manifest, parts[src], buf) and ok
+            tmp = self.part_dir(step, src) + f".tmp-{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+            landing = []
+            for tag, names in enumerate(_messages(parts[src])):
+                tensor = _incoming(tmp, names, parts[src], held)
+                landing.append((names, tensor))
+                works.append(tdist.irecv(tensor, src, group=group, tag=tag))
+            incoming[src] = (tmp, landing)
+        try:
+            for w in works:
+                if w is not None:
+                    w.wait()
+            ok = True
+            for src, (tmp, landing) in incoming.items():
+                ok = self._land(step, src, manifest=manifest, records=parts[src], tmp=tmp, landing=landing) and ok
+        finally:
+            for h in reversed(held):
+                with contextlib.suppress(Exception):
+                    h.close()
         return ok
 
-    def _write_received(
-        self, step: int, part: int, manifest: Manifest, records: Mapping[str, FileRecord], buf: torch.Tensor
+    def _land(
+        self,
+        step: int,
+        part: int,
+        *,
+        manifest: Manifest,
+        records: Mapping[str, FileRecord],
+        tmp: str,
+        landing: list[tuple[list[str], torch.Tensor]],
     ) -> bool:
-        tmp = self.part_dir(step, part) + f".tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-        view = buf.numpy().data
-        offset = 0
+        """A received part: every file's bytes checked against its writer's checksum, then committed whole."""
         try:
-            for name in sorted(records):
-                rec = records[name]
-                piece = view[offset : offset + rec.bytes]
-                offset += rec.bytes
-                found = checksum.of_bytes(piece)
-                if found != rec.checksum:
-                    raise ValueError(f"{name} arrived with checksum {found}, its writer recorded {rec.checksum}")
-                with open(os.path.join(tmp, name), "wb") as f:
-                    f.write(piece)
+            for names, tensor in landing:
+                view = tensor.numpy().data
+                offset = 0
+                for name in names:
+                    rec = records[name]
+                    piece = view[offset : offset + rec.bytes]
+                    offset += rec.bytes
+                    found = checksum.of_bytes(piece)
+                    if found != rec.checksum:
+                        raise ValueError(f"{name} arrived with checksum {found}, its writer recorded {rec.checksum}")
+                    if len(names) > 1 or not os.path.exists(os.path.join(tmp, name)):  # bundled: written out here
+                        with open(os.path.join(tmp, name), "wb") as f:
+                            f.write(piece)
         except (OSError, ValueError) as e:
             log.error("[rank=%d] memory tier: the replica of rank %d's part of step %d: %s", self.rank, part, step, e)
             shutil.rmtree(tmp, ignore_errors=True)
@@ -640,6 +769,40 @@ def _link(src: str, dst: str) -> None:
         shutil.copyfile(src, dst)
 
 
+DIRECT_BYTES = 1 << 20
+"""Files at least this large move in a message of their own, mapped on both sides; smaller ones are bundled."""
+
+
+def _messages(records: Mapping[str, FileRecord]) -> list[list[str]]:
+    """A part's files as the messages that carry them (the same list on both sides): the small ones together first,
+    then each large one alone."""
+    names = sorted(records)
+    small = [n for n in names if records[n].bytes < DIRECT_BYTES]
+    return [*([small] if small else []), *([n] for n in names if records[n].bytes >= DIRECT_BYTES)]
+
+
+def _outgoing(directory: str, names: list[str], records: Mapping[str, FileRecord], held: list[Any]) -> torch.Tensor:
+    if len(names) == 1 and records[names[0]].bytes >= DIRECT_BYTES:
+        f = open(os.path.join(directory, names[0]), "rb")  # noqa: SIM115 (closed with the transfer: `held`)
+        held.append(f)
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # private: nothing copied unless written
+        held.append(mapped)
+        return torch.frombuffer(mapped, dtype=torch.uint8)
+    return _read_concat(directory, names) if names else torch.empty(0, dtype=torch.uint8)
+
+
+def _incoming(directory: str, names: list[str], records: Mapping[str, FileRecord], held: list[Any]) -> torch.Tensor:
+    size = sum(records[n].bytes for n in names)
+    if len(names) == 1 and size >= DIRECT_BYTES:
+        f = open(os.path.join(directory, names[0]), "w+b")  # noqa: SIM115 (closed with the transfer: `held`)
+        held.append(f)
+        f.truncate(size)
+        mapped = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_WRITE)
+        held.append(mapped)
+        return torch.frombuffer(mapped, dtype=torch.uint8)
+    return torch.empty(size, dtype=torch.uint8)
+
+
 def _read_concat(directory: str, names: Sequence[str]) -> torch.Tensor:
     sizes = [os.path.getsize(os.path.join(directory, n)) for n in names]
     out = torch.empty(sum(sizes), dtype=torch.uint8)
@@ -660,38 +823,38 @@ def _distributed() -> bool:
     return tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1
 
 
-def _gather(value: int) -> list[int]:
+def _gather(value: int, group: Any = None) -> list[int]:
     if not _distributed():
         return [value]
     import torch.distributed as tdist
 
     t = torch.zeros(tdist.get_world_size(), dtype=torch.int64)
     t[tdist.get_rank()] = value
-    tdist.all_reduce(t)
+    tdist.all_reduce(t, group=group)
     return [int(x) for x in t.tolist()]
 
 
-def _all(ok: bool) -> bool:
+def _all(ok: bool, group: Any = None) -> bool:
     if not _distributed():
         return ok
     import torch.distributed as tdist
 
     t = torch.tensor([1 if ok else 0], dtype=torch.int64)
-    tdist.all_reduce(t, op=tdist.ReduceOp.MIN)
+    tdist.all_reduce(t, op=tdist.ReduceOp.MIN, group=group)
     return bool(t.item())
 
 
-def _gather_objects(obj: Any) -> list[Any]:
+def _gather_objects(obj: Any, group: Any = None) -> list[Any]:
     """Every rank's ``obj`` (JSON-able), through the process group: JSON on the wire, never pickle."""
     if not _distributed():
         return [json.loads(json.dumps(obj))]
     import torch.distributed as tdist
 
     raw = json.dumps(obj).encode()
-    sizes = _gather(len(raw))
+    sizes = _gather(len(raw), group)
     world = tdist.get_world_size()
     buf = torch.zeros(max(sizes), dtype=torch.uint8)
     buf[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
     out = [torch.zeros(max(sizes), dtype=torch.uint8) for _ in range(world)]
-    tdist.all_gather(out, buf)
+    tdist.all_gather(out, buf, group=group)
     return [json.loads(o[:n].numpy().tobytes()) for o, n in zip(out, sizes, strict=True)]
