@@ -21,6 +21,7 @@ PUBLIC = [
     "CheckpointNotFoundError",
     "Checkpointer",
     "Guard",
+    "MemoryTier",
     "Notice",
     "NoticeKind",
     "NoticeSource",

@@ -22,7 +22,7 @@ OPTIONS = frozenset(
     {
         *("keep", "sources", "grace", "exit_code", "on_advisory", "requeue", "async_save", "bf16_moments"),
         *("probe", "probe_rtol", "verify_after_save", "compress", "allow_fresh_start", "storage_options", "guard"),
-        *("clock", "monotonic", "trackers", "save_interval_s", "peer_timeout_s"),
+        *("clock", "monotonic", "trackers", "save_interval_s", "peer_timeout_s", "memory_tier"),
     }
 )
 """`preemptible.Run`'s options that a framework callback passes on."""

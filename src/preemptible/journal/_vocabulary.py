@@ -31,6 +31,7 @@ _PLAN = frozenset(
         "compression",
         "mtbf_hours",
         "mtbf_assumed",
+        "tiers",
     }
 )  # `budget.Plan.to_json`
 
