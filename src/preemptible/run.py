@@ -915,6 +915,8 @@ class Run:
         assert self.journal is not None
         self.saves.reap(block=True)
         self.saves.save(total, SaveReason.FINAL, raise_errors=True)
+        if self.memory is not None:  # the final checkpoint is durable: the node's memory is the next job's
+            self.memory.clear()
         if self.rank == 0:
             self.checkpointer.mark_finished(total)
         self.journal.event(Event.DONE, total, total=total)

@@ -146,9 +146,15 @@ def test_a_part_torn_mid_write_is_no_part(tmp_path: Path) -> None:
     assert t.holdings() == {}
 
 
-def test_a_memory_step_older_than_the_newest_durable_one_is_never_restored(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("stop_at", "tier_used"), [(8, "durable"), (7, "memory")])
+def test_the_newer_of_the_two_tiers_restores_and_a_finished_run_frees_its_memory(
+    tmp_path: Path, stop_at: int, tier_used: str
+) -> None:
+    """Durable saves at 4 and 8, memory saves at 3 and 6. Left at 8: the durable 8 is newer than memory's 6, which
+    is never restored. Left at 7: memory's 6 is newer than the durable 4, and restores."""
     mem = str(tmp_path / "mem")
     root = str(tmp_path / "root")
+    weights = {}
 
     def make() -> tuple[preemptible.Run, dict[str, object]]:
         state = build()
@@ -157,18 +163,25 @@ def test_a_memory_step_older_than_the_newest_durable_one_is_never_restored(tmp_p
 
     run, state = make()
     with run:
-        for _ in run.steps(7):  # durable saves at 4; memory at 3 and 6; the loop's end saves the final step 7
+        for step in run.steps(100):
+            weights[step] = state["model"].weight.detach().clone()  # type: ignore[union-attr]
+            if step == stop_at:
+                break  # the process ends here: no final save, the tier stays
             train(state, 1)
-    final = state["model"].weight.detach().clone()  # type: ignore[union-attr]
-    # the final durable save at 7 is newer than memory's 6: the durable root restores
+    restored = 8 if tier_used == "durable" else 6
     run, state = make()
     with run:
-        assert run.start_step == 7
+        assert run.start_step == restored
+        assert torch.equal(state["model"].weight, weights[restored])  # type: ignore[union-attr]
+        for _ in run.steps(restored + 1):
+            train(state, 1)
     events = [json.loads(x) for p in sorted(Path(root, "journal").glob("*.jsonl")) for x in p.read_text().splitlines()]
     resumed = [e for e in events if e["event"] == "resume"][-1]
-    assert (resumed["step"], resumed["tier"]) == (7, "durable")
-    assert "older than the newest durable checkpoint" in [e for e in events if e["event"] == "tier_fallback"][-1]["why"]
-    assert torch.equal(state["model"].weight, final)  # type: ignore[union-attr]
+    assert (resumed["step"], resumed["tier"]) == (restored, tier_used)
+    if tier_used == "durable":
+        why = [e for e in events if e["event"] == "tier_fallback"][-1]["why"]
+        assert "older than the newest durable checkpoint (step 8)" in why
+    assert not os.path.exists(mem)  # the second run finished: its final checkpoint is durable, the memory freed
 
 
 EMERGENCY = """
@@ -239,3 +252,37 @@ def test_plan_cli_memory_tier(tmp_path: Path) -> None:
     assert [t["tier"] for t in doc["tiers"]] == ["durable", "memory"]
     names = [r["name"] for r in doc["recommendations"]]
     assert ("memory tier" in names) == doc["tiers"][1]["fits"]  # recommended exactly when it fits
+
+
+def test_a_tier_directory_others_could_write_is_refused(tmp_path: Path) -> None:
+    from preemptible.checkpoint.memtier import own_directory
+
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    with pytest.raises(PermissionError, match="writable by others"):
+        own_directory(str(shared))
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (tmp_path / "elsewhere").mkdir()
+    with pytest.raises(PermissionError, match="not a directory"):
+        own_directory(str(tmp_path / "link"))
+    state = build()
+    t = Tier.of(MemoryTier(dir=str(shared)), preemptible.Checkpointer(str(tmp_path / "root")))
+    assert t is not None
+    with pytest.raises(PermissionError, match="MemoryTier"):
+        t.save(state, 1, reason="periodic")
+    own_directory(str(tmp_path / "mine"))  # made here: this user's, 0700
+    assert oct((tmp_path / "mine").stat().st_mode & 0o777) == "0o700"
+
+
+def test_a_part_that_names_files_its_manifest_does_not_list_is_no_part(tmp_path: Path) -> None:
+    from preemptible.store.layout import Manifest
+
+    state = build()
+    t = tier(tmp_path)
+    assert t.save(state, 3, reason="periodic")
+    commit = Path(t.part_dir(3, 0)) / "COMMIT.json"
+    m = Manifest.from_json(commit.read_bytes(), where="test", expect_step=3)
+    forged = Manifest(**{**m.__dict__, "extra": {**m.extra, "memory_files": ["../../../etc/passwd"]}})
+    commit.write_bytes(forged.to_json())  # sealed again: only the names are wrong
+    assert t.holdings() == {}

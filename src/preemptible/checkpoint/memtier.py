@@ -31,6 +31,7 @@ import logging
 import mmap
 import os
 import shutil
+import stat
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -74,7 +75,8 @@ class MemoryTier:
             the oldest steps go first, and a save that cannot fit is skipped (journaled). None: the free space of
             the tier's file system, less a tenth, when the save starts.
         dir: the node's tier directory: a path only this node's processes see (``/dev/shm`` on a real node).
-            None: ``$PREEMPTIBLE_MEMORY_DIR``, else ``/dev/shm/preemptible/<job>`` named after the durable root.
+            None: ``$PREEMPTIBLE_MEMORY_DIR``, else ``/dev/shm/preemptible-<uid>-<job>`` (the job named after the
+            durable root). It must be this user's and writable by no one else (`own_directory`).
 
     Example:
         >>> tier = MemoryTier(every=10, replicas=1)
@@ -112,7 +114,32 @@ class MemoryTier:
             return os.path.abspath(self.dir)
         if os.environ.get(MEMORY_DIR_ENV):
             return os.path.abspath(os.environ[MEMORY_DIR_ENV])
-        return os.path.join(DEFAULT_BASE, checksum.of_bytes(root.encode())[:12])
+        return f"{DEFAULT_BASE}-{os.geteuid()}-{checksum.of_bytes(root.encode())[:12]}"
+
+
+def own_directory(path: str) -> None:
+    """Make ``path`` (mode 0700) or check it: a directory, not a link, of this user, that no one else may write.
+    Whoever can write a tier can choose the state a job restores (its checksums are in the same files), so the
+    tier refuses a directory others could have written.
+
+    Raises:
+        PermissionError: saying what was found and what to do.
+    """
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.lstat(path)
+    problems = []
+    if not stat.S_ISDIR(st.st_mode):
+        problems.append("not a directory (a link?)")
+    if st.st_uid != os.geteuid():
+        problems.append(f"owned by uid {st.st_uid}, not this process's {os.geteuid()}")
+    if st.st_mode & 0o022:
+        problems.append(f"writable by others (mode {stat.S_IMODE(st.st_mode):o})")
+    if problems:
+        raise PermissionError(
+            f"memory tier directory {path}: {'; '.join(problems)}; expected a directory of this user with mode "
+            "0700 (whoever can write it chooses what a job restores). Remove it, or set MemoryTier(dir=...) or "
+            f"${MEMORY_DIR_ENV} to one of your own"
+        )
 
 
 @dataclass(frozen=True)
@@ -245,10 +272,10 @@ class Tier:
         """The steps of this node's tier and the committed parts of each (a part whose manifest does not parse
         counts as absent)."""
         out: dict[int, Holding] = {}
-        try:
-            names = os.listdir(self.dir)
-        except FileNotFoundError:
+        if not os.path.lexists(self.dir):
             return out
+        own_directory(self.dir)
+        names = os.listdir(self.dir)
         for name in names:
             step = _step_of(name)
             if step is None:
@@ -291,7 +318,11 @@ class Tier:
             if not isinstance(e, FileNotFoundError):
                 log.warning("memory tier: ignoring the part at %s (%s)", where, e)
             return None
-        if manifest.extra.get(PART_KEY) != part or not isinstance(manifest.extra.get(FILES_KEY), list):
+        names = manifest.extra.get(FILES_KEY)
+        if manifest.extra.get(PART_KEY) != part or not isinstance(names, list):
+            return None
+        if not all(isinstance(n, str) and n in manifest.files for n in names):  # names the manifest vouches for
+            log.warning("memory tier: ignoring the part at %s (it names files its manifest does not list)", where)
             return None
         return manifest
 
@@ -447,7 +478,7 @@ class Tier:
 
     def _make_room(self, step: int, need: int) -> tuple[bool, str]:
         """Drop this rank's parts of older steps, oldest first, until ``need`` more bytes fit its share."""
-        os.makedirs(self.dir, exist_ok=True)
+        own_directory(self.dir)
         local = self.local_world()
         if self.config.max_bytes is not None:
             share = self.config.max_bytes // local
@@ -469,6 +500,15 @@ class Tier:
         if used + need > share:
             return False, f"this node's share of its memory tier is {share} bytes; the step needs {need} more"
         return True, ""
+
+    def clear(self) -> None:
+        """Free this rank's share of the tier (its own parts and those it holds for others), after the background
+        save in flight; the directory goes with the node's last rank."""
+        self.wait()
+        for step in self.steps():
+            self._drop(step)
+        with contextlib.suppress(OSError):
+            os.rmdir(self.dir)
 
     def _trim(self, step: int) -> None:
         if self.config.max_bytes is None:
@@ -639,6 +679,8 @@ class Tier:
         for x in lists:
             for part, names in x.items():
                 if part != "manifest":
+                    if not all(isinstance(n, str) and n in manifest.files for n in names):
+                        return f"step {step}: a node's part {part} names files the step's manifest does not list"
                     files_of[int(part)] = list(names)
         t0 = time.monotonic()
         target = os.path.join(self.dir, f"restore-r{rank:05d}")
