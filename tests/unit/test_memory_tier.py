@@ -1,7 +1,7 @@
 """The memory tier in one process: which step is restored (property-based, over random tier contents), its bound
 in bytes, parts torn mid-write, the emergency save's order, and restoring from memory ahead of the durable root.
 The multi-node cases (a lost node, a damaged replica, a node and its peer lost) run under torchrun in
-tests/e2e/test_memory_tier.py."""
+tests/e2e/test_memory_tier_nodes.py."""
 
 from __future__ import annotations
 
