@@ -298,7 +298,7 @@ class Tier:
 
     def _parts(self, step: int) -> list[tuple[int, Manifest]]:
         found = []
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):  # a stray file named like a step: no step
             for name in os.listdir(self.step_dir(step)):
                 part = _part_of(name)
                 if part is None:
@@ -793,13 +793,13 @@ def _with_overhead(nbytes: int, files: int) -> int:
 
 
 def _step_of(name: str) -> int | None:
-    if name.startswith("step-") and name[5:].isdigit() and len(name) == 17:
+    if name.startswith("step-") and name[5:].isascii() and name[5:].isdigit() and len(name) == 17:
         return int(name[5:])
     return None
 
 
 def _part_of(name: str) -> int | None:
-    if name.startswith("part-") and name[5:].isdigit() and len(name) == 10:
+    if name.startswith("part-") and name[5:].isascii() and name[5:].isdigit() and len(name) == 10:
         return int(name[5:])
     return None
 
