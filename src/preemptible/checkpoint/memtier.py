@@ -523,13 +523,21 @@ class Tier:
         freed = 0
         rank, world, local = self.rank, self.world, self.local_world()
         _, frm = peers(rank, world, local, self.config.replicas)
+        try:
+            names = os.listdir(self.step_dir(step))
+        except OSError:
+            names = []
         for part in (rank, *frm):
-            where = self.part_dir(step, part)
-            for dirpath, _, files in os.walk(where):
-                for f in files:
-                    with contextlib.suppress(OSError):
-                        freed += os.lstat(os.path.join(dirpath, f)).st_size
-            shutil.rmtree(where, ignore_errors=True)
+            final = os.path.basename(self.part_dir(step, part))
+            # the part, and any copy of it torn mid-write by an earlier process (``.tmp-<pid>``): never read, but
+            # its bytes stay in the node's memory until removed
+            for name in (n for n in names if n == final or n.startswith(final + ".tmp-")):
+                where = os.path.join(self.step_dir(step), name)
+                for dirpath, _, files in os.walk(where):
+                    for f in files:
+                        with contextlib.suppress(OSError):
+                            freed += os.lstat(os.path.join(dirpath, f)).st_size
+                shutil.rmtree(where, ignore_errors=True)
         with contextlib.suppress(OSError):
             os.rmdir(self.step_dir(step))  # the last of the node's ranks to drop it
         return freed
