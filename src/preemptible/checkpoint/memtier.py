@@ -128,11 +128,13 @@ def own_directory(path: str) -> None:
     os.makedirs(path, mode=0o700, exist_ok=True)
     st = os.lstat(path)
     problems = []
-    if not stat.S_ISDIR(st.st_mode):
-        problems.append("not a directory (a link?)")
+    if stat.S_ISLNK(st.st_mode):
+        problems.append(f"a symbolic link (to {os.readlink(path)}), not a directory")
+    elif not stat.S_ISDIR(st.st_mode):
+        problems.append("not a directory")
     if st.st_uid != os.geteuid():
         problems.append(f"owned by uid {st.st_uid}, not this process's {os.geteuid()}")
-    if st.st_mode & 0o022:
+    if stat.S_ISDIR(st.st_mode) and st.st_mode & 0o022:  # a link's own mode is always 777: not what is wrong
         problems.append(f"writable by others (mode {stat.S_IMODE(st.st_mode):o})")
     if problems:
         raise PermissionError(
