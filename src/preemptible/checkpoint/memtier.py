@@ -97,6 +97,10 @@ class MemoryTier:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"MemoryTier({name}=...): expected an int >= {least}, found {value!r}")
+        if self.dir is not None and (not isinstance(self.dir, (str, os.PathLike)) or not os.fspath(self.dir)):
+            raise ValueError(
+                f"MemoryTier(dir=...): expected a directory's path (or None: the default), found {self.dir!r}"
+            )
 
     @classmethod
     def of(cls, value: MemoryTier | bool | None) -> MemoryTier | None:
