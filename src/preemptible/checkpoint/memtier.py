@@ -59,6 +59,9 @@ DEFAULT_BASE = "/dev/shm/preemptible"
 TIER = "memory"
 PART_KEY = "memory_part"
 FILES_KEY = "memory_files"
+ROOT_KEY = "memory_root"
+"""The durable root of the run that saved a part: a tier directory can outlive a job and be named for every job on
+a node (``$PREEMPTIBLE_MEMORY_DIR``), and another run's state is no state of this one."""
 
 
 @dataclass(frozen=True)
@@ -327,6 +330,14 @@ class Tier:
         names = manifest.extra.get(FILES_KEY)
         if manifest.extra.get(PART_KEY) != part or not isinstance(names, list):
             return None
+        if manifest.extra.get(ROOT_KEY) != self.ck.root:
+            log.warning(
+                "memory tier: ignoring the part at %s (saved by the run of %r, this run's durable root is %r)",
+                where,
+                manifest.extra.get(ROOT_KEY),
+                self.ck.root,
+            )
+            return None
         if not all(isinstance(n, str) and n in manifest.files for n in names):  # names the manifest vouches for
             log.warning("memory tier: ignoring the part at %s (it names files its manifest does not list)", where)
             return None
@@ -451,7 +462,7 @@ class Tier:
             checksum_algorithm=checksum.ALGORITHM,
             files={n: r for p in parts for n, r in p.items()},
             probe=reports[0]["probe"],
-            extra={"tier": TIER},
+            extra={"tier": TIER, ROOT_KEY: self.ck.root},
         )
         ok = self._commit_part(tmp, step, rank, manifest, sorted(records))
         t_commit = time.monotonic()
