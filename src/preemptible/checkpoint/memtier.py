@@ -505,6 +505,17 @@ class Tier:
             share = int(st.f_bavail * st.f_frsize * 0.9) // local
             used = 0
         mine = [s for s in self.steps() if s != step]
+        if used + need > share:  # nothing goes unless the step fits once this rank's older parts have gone
+            freeable = sum(self._drop(s, dry=True) for s in mine)
+            if self.config.max_bytes is not None:
+                fits = max(0, used - freeable) + need <= share
+            else:
+                fits = need <= share + int(freeable * 0.9) // local
+            if not fits:
+                return False, (
+                    f"this node's share of its memory tier is {share} bytes, {used} in use; the step needs {need} "
+                    f"more, and dropping every older step would free {freeable}: the older steps are kept"
+                )
         while mine and used + need > share:
             old = mine.pop(0)
             freed = self._drop(old)
@@ -535,8 +546,9 @@ class Tier:
         while older and self.usage() // local > self.config.max_bytes // local:
             self._drop(older.pop(0))
 
-    def _drop(self, step: int) -> int:
-        """Remove this rank's parts of ``step`` (its own and those it holds for others); the bytes freed."""
+    def _drop(self, step: int, *, dry: bool = False) -> int:
+        """Remove this rank's parts of ``step`` (its own and those it holds for others); the bytes freed (``dry``:
+        the bytes it would free, removing nothing)."""
         freed = 0
         rank, world, local = self.rank, self.world, self.local_world()
         _, frm = peers(rank, world, local, self.config.replicas)
@@ -554,7 +566,10 @@ class Tier:
                     for f in files:
                         with contextlib.suppress(OSError):
                             freed += os.lstat(os.path.join(dirpath, f)).st_size
-                shutil.rmtree(where, ignore_errors=True)
+                if not dry:
+                    shutil.rmtree(where, ignore_errors=True)
+        if dry:
+            return freed
         with contextlib.suppress(OSError):
             os.rmdir(self.step_dir(step))  # the last of the node's ranks to drop it
         return freed
