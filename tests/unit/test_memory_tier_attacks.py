@@ -62,7 +62,9 @@ def test_a_memory_step_that_fails_its_checks_leaves_a_fresh_start_with_its_own_w
     f.write_bytes(bytes(data))
     state = build()
     fresh = state["model"].weight.detach().clone()  # type: ignore[union-attr]
-    run = preemptible.Run(str(root), save_every=1000, memory_tier=MemoryTier(every=3, dir=str(mem)), sources="signal", **state)
+    run = preemptible.Run(
+        str(root), save_every=1000, memory_tier=MemoryTier(every=3, dir=str(mem)), sources="signal", **state
+    )
     with run:
         assert run.start_step == 0
         assert any(e["event"] == "tier_fallback" for e in events(root))
@@ -149,7 +151,7 @@ def test_a_finished_runs_clear_frees_parts_torn_by_an_earlier_process(tmp_path: 
     assert not os.path.exists(t.dir), sorted(str(p) for p in Path(t.dir).rglob("*"))
 
 
-# 5 and 6. clear errors -------------------------------------------------------------------------------------------------
+# 5 and 6. clear errors ----------------------------------------------------------------------------------------------
 def test_a_symlinked_tier_directory_is_refused_without_blaming_the_links_own_mode(tmp_path: Path) -> None:
     (tmp_path / "mine").mkdir(mode=0o700)
     (tmp_path / "link").symlink_to(tmp_path / "mine", target_is_directory=True)
