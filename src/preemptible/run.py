@@ -864,6 +864,15 @@ class Run:
                 moved,
             )
             restored = None
+        if restored is None and self.memory is not None and self.memory.touched is not None:
+            raise CheckpointCorruptError(  # even with allow_fresh_start: a fresh start on these objects is none
+                f"the memory tier's step {self.memory.touched} was loaded and then failed its checks (see the "
+                f"journal's tier_fallback), and {self.root} holds no checkpoint to load over it: the live objects "
+                "may hold part of it, so this process does not train on them. Start the job again: a new process "
+                "builds its objects afresh, and the rejected step has been removed from the memory tier",
+                path=self.memory.dir,
+                step=self.memory.touched,
+            )
         if restored is None:
             self.journal.event(Event.FRESH, 0)
             log.info("[rank=%d] no checkpoint under %s: starting at step 0", self.rank, self.root)

@@ -286,3 +286,37 @@ def test_a_part_that_names_files_its_manifest_does_not_list_is_no_part(tmp_path:
     forged = Manifest(**{**m.__dict__, "extra": {**m.extra, "memory_files": ["../../../etc/passwd"]}})
     commit.write_bytes(forged.to_json())  # sealed again: only the names are wrong
     assert t.holdings() == {}
+
+
+@pytest.mark.parametrize("allow_fresh_start", [False, True])
+def test_a_memory_step_rejected_after_loading_never_becomes_a_fresh_start(
+    tmp_path: Path, allow_fresh_start: bool
+) -> None:
+    """The step's bytes pass their checksums, so it is loaded; then its probe does not match (here: the restarted
+    job's probe differs). With no durable checkpoint to load over the live objects, the run refuses to train on
+    them, even with allow_fresh_start; the step is gone from the tier, so a new process starts fresh."""
+    mem, root = str(tmp_path / "mem"), str(tmp_path / "root")
+    x = torch.randn(4, 64)
+
+    def make(shift: float, **kw: object) -> tuple[preemptible.Run, dict[str, object]]:
+        state = build()
+        model = state["model"]
+        probe = lambda: float(model(x).pow(2).mean()) + shift  # type: ignore[operator]  # noqa: E731
+        tier_ = MemoryTier(every=3, dir=mem)
+        return preemptible.Run(
+            root, save_every=1000, memory_tier=tier_, probe=probe, sources="signal", **kw, **state
+        ), state
+
+    run, state = make(0.0)
+    with run:
+        for step in run.steps(100):
+            if step == 4:
+                break
+            train(state, 1)
+    run, _ = make(1.0, allow_fresh_start=allow_fresh_start)
+    with pytest.raises(preemptible.CheckpointCorruptError, match="memory tier's step 3 was loaded"), run:
+        _ = run.start_step  # the resume
+    assert not os.path.exists(os.path.join(mem, "step-000000000003", "part-00000"))
+    run, _ = make(1.0)
+    with run:
+        assert run.start_step == 0  # a new process, new objects: fresh, as the error said

@@ -245,6 +245,9 @@ class Tier:
         """The arena a background save copies the state into (one copy of this rank's share, reused)."""
         self._pending: threading.Thread | None = None
         self._group: Any = None
+        self.touched: int | None = None
+        """The memory step a restore loaded into the live objects and then rejected (a probe or fit check after
+        loading): only a whole checkpoint may follow it, never a fresh start on those objects."""
 
     @classmethod
     def of(cls, config: MemoryTier | None, checkpointer: Any) -> Tier | None:
@@ -464,6 +467,16 @@ class Tier:
             probe=reports[0]["probe"],
             extra={"tier": TIER, ROOT_KEY: self.ck.root},
         )
+        # The estimate above left out tensor headers and manifests: now that every part's size is known, the
+        # step must fit exactly, or it is skipped before this rank's part is committed (the bound holds after).
+        exact = sum(_part_bytes(manifest, p, parts[p]) for p in (rank, *frm))
+        room, why = self._make_room(step, exact)
+        if not _all(room, group):
+            shutil.rmtree(tmp, ignore_errors=True)
+            why = why or "another node's memory tier has no room for this step"
+            self.events.event(Event.SAVE_SKIPPED, step, reason=reason, why=why, tier=TIER)
+            log.warning("[rank=%d] memory tier: step %d not saved: %s", rank, step, why)
+            return False
         ok = self._commit_part(tmp, step, rank, manifest, sorted(records))
         t_commit = time.monotonic()
         ok = self._replicate(step, manifest, parts, to=to, frm=frm, group=group) and ok
@@ -582,7 +595,7 @@ class Tier:
 
     def _commit_part(self, tmp: str, step: int, part: int, manifest: Manifest, names: list[str]) -> bool:
         """``COMMIT.json`` into the part's temporary directory, then the directory renamed into place whole."""
-        doc = dataclasses.replace(manifest, extra={**manifest.extra, PART_KEY: part, FILES_KEY: names})
+        doc = _part_manifest(manifest, part, names)
         try:
             with open(os.path.join(tmp, layout.COMMIT), "wb") as f:
                 f.write(doc.to_json())
@@ -728,15 +741,28 @@ class Tier:
         where = os.path.join(target, f"step-{step:012d}")
         os.makedirs(where)
         try:
-            fetched = self._fetch(
-                step, manifest=manifest, files_of=files_of, holders=holders, reports=reports, where=where
-            )
+            fetched: list[str] = []
+            bad = None
+            try:
+                fetched = self._fetch(
+                    step, manifest=manifest, files_of=files_of, holders=holders, reports=reports, where=where
+                )
+                bad = _verify(where, fetched, manifest)
+            except Exception as e:
+                bad = f"{type(e).__name__}: {e}"
+            # IMPORTANT: every byte this rank will read is checked before a live byte changes, and every rank
+            # learns whether all did: a damaged step is skipped with the live objects untouched.
+            if not _all(bad is None):
+                return f"step {step} from memory failed its checksums before loading ({bad or 'on another rank'})"
             with open(os.path.join(where, layout.COMMIT), "wb") as f:
                 f.write(manifest_doc.encode())  # the whole manifest, as saved: its seal checked again on open
             t_fetch = time.monotonic()
-            self._restorer(target).restore(state, [Candidate(step, State.COMMITTED, None)], explicit=True)
-        except Exception as e:  # the next step, or the durable root: every rank gets here together (`_agree`)
-            return f"step {step} from memory did not restore ({type(e).__name__}: {e})"
+            try:
+                self._restorer(target).restore(state, [Candidate(step, State.COMMITTED, None)], explicit=True)
+            except Exception as e:  # every rank gets here together (`Restorer._agree`)
+                self.touched = step  # the live objects may hold part of it: only a whole checkpoint may follow
+                self._drop(step)  # every rank drops its parts of it: a restart does not meet it again
+                return f"step {step} from memory did not restore ({type(e).__name__}: {e})"
         finally:
             shutil.rmtree(target, ignore_errors=True)
         self.events.event(
@@ -830,6 +856,40 @@ def _with_overhead(nbytes: int, files: int) -> int:
     """A part's bytes on the tier, from its state's bytes: tensor headers and the manifest on top (an estimate
     made before writing; the bound is enforced again after)."""
     return nbytes + nbytes // 50 + (files + 2) * 16384
+
+
+def _part_manifest(manifest: Manifest, part: int, names: list[str]) -> Manifest:
+    """A part's ``COMMIT.json``: the step's whole manifest, and which part this is and which files it holds."""
+    return dataclasses.replace(manifest, extra={**manifest.extra, PART_KEY: part, FILES_KEY: names})
+
+
+def _part_bytes(manifest: Manifest, part: int, records: Mapping[str, FileRecord]) -> int:
+    """The bytes a part takes on the tier: its files and its ``COMMIT.json``."""
+    return sum(r.bytes for r in records.values()) + len(_part_manifest(manifest, part, sorted(records)).to_json())
+
+
+def _verify(directory: str, names: Sequence[str], manifest: Manifest) -> str | None:
+    """Each file's bytes against the manifest's checksum (read whole, once); None when all match, else the first
+    that does not."""
+    for name in names:
+        rec = manifest.files[name]
+        path = os.path.join(directory, name)
+        with open(path, "rb", opener=_no_follow) as f:
+            size = os.fstat(f.fileno()).st_size
+            if size != rec.bytes:
+                return f"{name} is {size} bytes, its manifest records {rec.bytes}"
+            if size == 0:
+                found = checksum.of_bytes(b"")
+            else:
+                with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                    found = checksum.of_bytes(mapped)
+        if found != rec.checksum:
+            return f"{name} hashes to {found}, its manifest records {rec.checksum}"
+    return None
+
+
+def _no_follow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW)
 
 
 def _step_of(name: str) -> int | None:
