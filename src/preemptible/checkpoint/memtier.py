@@ -431,11 +431,7 @@ class Tier:
         own_bytes = snap.nbytes + sum(len(d) for d in snap.docs.values())
         sizes = [_with_overhead(n, len(snap.specs)) for n in _gather(own_bytes, group)]
         need = own_bytes + sum(sizes[src] for src in frm)
-        room, why = self._make_room(step, need)
-        if not _all(room, group):
-            why = why or "another node's memory tier has no room for this step"
-            self.events.event(Event.SAVE_SKIPPED, step, reason=reason, why=why, tier=TIER)
-            log.warning("[rank=%d] memory tier: step %d not saved: %s", rank, step, why)
+        if not self._room(step, need, reason, group):
             return False
         t_plan = time.monotonic()
         error = None
@@ -469,13 +465,8 @@ class Tier:
         )
         # The estimate above left out tensor headers and manifests: now that every part's size is known, the
         # step must fit exactly, or it is skipped before this rank's part is committed (the bound holds after).
-        exact = sum(_part_bytes(manifest, p, parts[p]) for p in (rank, *frm))
-        room, why = self._make_room(step, exact)
-        if not _all(room, group):
+        if not self._room(step, sum(_part_bytes(manifest, p, parts[p]) for p in (rank, *frm)), reason, group):
             shutil.rmtree(tmp, ignore_errors=True)
-            why = why or "another node's memory tier has no room for this step"
-            self.events.event(Event.SAVE_SKIPPED, step, reason=reason, why=why, tier=TIER)
-            log.warning("[rank=%d] memory tier: step %d not saved: %s", rank, step, why)
             return False
         ok = self._commit_part(tmp, step, rank, manifest, sorted(records))
         t_commit = time.monotonic()
@@ -505,6 +496,16 @@ class Tier:
         else:
             self.events.event(Event.SAVE_FAILED, step, reason=reason, error="a part or a replica failed", tier=TIER)
         return protected
+
+    def _room(self, step: int, need: int, reason: str, group: Any) -> bool:
+        """Whether every rank has room for its parts of ``step`` (`_make_room`); journaled when one has not."""
+        room, why = self._make_room(step, need)
+        if _all(room, group):
+            return True
+        why = why or "another node's memory tier has no room for this step"
+        self.events.event(Event.SAVE_SKIPPED, step, reason=reason, why=why, tier=TIER)
+        log.warning("[rank=%d] memory tier: step %d not saved: %s", self.rank, step, why)
+        return False
 
     def _make_room(self, step: int, need: int) -> tuple[bool, str]:
         """Drop this rank's parts of older steps, oldest first, until ``need`` more bytes fit its share."""
