@@ -849,6 +849,7 @@ class Run:
             restored = self._resume_from_memory()
             if restored is not None:
                 return restored
+            self.memory.discard_newer(0)  # restored from elsewhere: memory's steps are of a timeline left behind
         try:
             restored = self.checkpointer.restore(self.state)
         except CheckpointCorruptError as e:

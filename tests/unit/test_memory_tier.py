@@ -173,6 +173,8 @@ def test_the_newer_of_the_two_tiers_restores_and_a_finished_run_frees_its_memory
     with run:
         assert run.start_step == restored
         assert torch.equal(state["model"].weight, weights[restored])  # type: ignore[union-attr]
+        # restored from the durable root: memory's steps belong to a timeline left behind, and go
+        assert os.path.exists(os.path.join(mem, "step-000000000006")) == (tier_used == "memory")
         for _ in run.steps(restored + 1):
             train(state, 1)
     events = [json.loads(x) for p in sorted(Path(root, "journal").glob("*.jsonl")) for x in p.read_text().splitlines()]

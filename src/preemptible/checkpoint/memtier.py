@@ -323,7 +323,9 @@ class Tier:
     def manifest(self, step: int, part: int) -> Manifest | None:
         where = os.path.join(self.part_dir(step, part), layout.COMMIT)
         try:
-            with open(where, "rb") as f:
+            with open(where, "rb", opener=_plain_file) as f:  # not a link, not a FIFO that would never answer
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    raise ValueError("COMMIT.json is not a regular file")
                 raw = f.read(64 << 20)
             manifest = Manifest.from_json(raw, where=where, expect_step=step)
         except (OSError, ValueError, Exception) as e:  # a torn or foreign part is no part
@@ -542,6 +544,14 @@ class Tier:
         if used + need > share:
             return False, f"this node's share of its memory tier is {share} bytes; the step needs {need} more"
         return True, ""
+
+    def discard_newer(self, step: int) -> None:
+        """Drop this rank's parts of the steps newer than ``step``, the one the job resumed from: they belong to a
+        timeline the job left (a restore from the durable root, or a fresh start), and a later restart must not
+        go back to it."""
+        for s in self.steps():
+            if s > step:
+                self._drop(s)
 
     def clear(self) -> None:
         """Free this rank's share of the tier (its own parts and those it holds for others), after the background
@@ -891,6 +901,10 @@ def _verify(directory: str, names: Sequence[str], manifest: Manifest) -> str | N
 
 def _no_follow(path: str, flags: int) -> int:
     return os.open(path, flags | os.O_NOFOLLOW)
+
+
+def _plain_file(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK)
 
 
 def _step_of(name: str) -> int | None:
