@@ -24,6 +24,8 @@ class JournalFacts:
     last_step: int | None = None
     committed_after_notice: int | None = None
     last_committed: int | None = None
+    last_memory: int | None = None
+    """The newest step this attempt's memory tier protected (``save_committed`` with ``tier: memory``)."""
     events: list[Mapping[str, Any]] = field(default_factory=list)
     attempt: int | None = None
     attempts: int = 0
@@ -112,7 +114,10 @@ def journal_facts(root: str, *, attempt: int | str | None = None, window: TimeWi
     facts.last_step = max(steps) if steps else None
     mine: list[int] = []
     for r in events:
-        if r.event in (Event.RESUME, Event.SAVE_COMMITTED) and r.step is not None:
+        memory = r.event == Event.SAVE_COMMITTED and r.get("tier") == "memory"
+        if memory and r.step is not None:
+            facts.last_memory = max(r.step, facts.last_memory or 0)
+        elif r.event in (Event.RESUME, Event.SAVE_COMMITTED) and r.step is not None:
             mine.append(r.step)
         if r.event == Event.NOTICE and facts.notice is None:
             facts.notice = dict(r.fields)

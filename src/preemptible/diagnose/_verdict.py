@@ -111,6 +111,11 @@ class Diagnosis:
         if ck.get("attempts"):
             lines.append(f"  attempt {ck['attempt']} of {ck['attempts']} (chosen by {ck['attempt_chosen_by']})")
         lines.append(f"  newest committed step: {ck.get('last_committed')}")
+        if ck.get("last_memory") is not None:
+            lines.append(
+                f"  newest step in the memory tier: {ck['last_memory']} (on its nodes and their peers: a restart "
+                "restores it unless those nodes are gone)"
+            )
         if ck.get("notice_step") is not None:
             after = ck.get("committed_after_notice")
             saved = f"checkpoint committed at step {after}" if after is not None else "no checkpoint committed after it"
@@ -197,6 +202,7 @@ def diagnose(
             "root": root,
             "journal": facts.file,
             "last_committed": facts.last_committed,
+            "last_memory": facts.last_memory,
             "notice_step": facts.notice.get("step") if facts.notice else None,
             "committed_after_notice": facts.committed_after_notice,
             "last_step": facts.last_step,
@@ -208,7 +214,7 @@ def diagnose(
             "framework_fallback": facts.fallback,
         }
         if facts.last_step is not None:
-            base = facts.last_committed or 0
+            base = max(facts.last_committed or 0, facts.last_memory or 0)
             lost = max(0, facts.last_step - base)
             exact = facts.exit is not None or facts.done  # a hard kill may have gone further than the journal saw
     platforms = {e.platform for e in evidence if e.platform}
