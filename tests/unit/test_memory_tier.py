@@ -322,3 +322,31 @@ def test_a_memory_step_rejected_after_loading_never_becomes_a_fresh_start(
     run, _ = make(1.0)
     with run:
         assert run.start_step == 0  # a new process, new objects: fresh, as the error said
+
+
+def test_diagnose_and_report_tell_memory_saves_from_durable_ones(tmp_path: Path) -> None:
+    mem, root = str(tmp_path / "mem"), str(tmp_path / "root")
+    state = build()
+    run = preemptible.Run(root, save_every=1000, memory_tier=MemoryTier(every=3, dir=mem), sources="signal", **state)
+    with run:
+        for step in run.steps(100):
+            if step == 7:
+                break
+            train(state, 1)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "preemptible", *args],
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    diagnosed = cli("diagnose", "--root", root, "--json")
+    ck = json.loads(diagnosed.stdout)["checkpoint"]
+    assert (ck["last_committed"], ck["last_memory"]) == (None, 6), ck
+    reported = cli("report", root)
+    assert reported.returncode == 0, reported.stderr
+    assert "saves by tier: memory 2" in reported.stdout, reported.stdout
