@@ -330,6 +330,9 @@ class Emergency:
                 in_memory = self.memory.save(self.saves.state, completed, reason=SaveReason.EMERGENCY)
             except Exception as e:
                 log.error("[rank=%d] emergency save of step %d to the memory tier failed: %s", self.rank, completed, e)
+            if in_memory and self._no_time_for_durable(completed):
+                self.guard.acknowledge(notice)
+                return True
         try:
             self.saves.save(completed, SaveReason.EMERGENCY, raise_errors=True, deadline=deadline)
             self.guard.acknowledge(notice)
@@ -344,6 +347,21 @@ class Emergency:
                     completed,
                 )
             return in_memory
+        return True
+
+    def _no_time_for_durable(self, completed: int) -> bool:
+        """After the memory tier protected the step: whether the durable save is left out because it would not land
+        in the time left (any rank's view decides for all: they save together or not at all). Journaled."""
+        assert self.memory is not None
+        remaining = self.guard.remaining()
+        need = self.saves.state_bytes() / self.bandwidth
+        short = remaining is not None and need > SAFETY_MARGIN * remaining
+        if not self.memory.agree_any(short):
+            return False
+        why = f"the memory tier holds it; the durable save needs about {need:.1f} s"
+        why += f" and {remaining:.1f} s are left" if remaining is not None else " and another rank has no time for it"
+        self.events.event(Event.SAVE_SKIPPED, completed, reason=SaveReason.EMERGENCY, why=why)
+        log.warning("[rank=%d] step %d: no durable save: %s", self.rank, completed, why)
         return True
 
     def _requeue(self, completed: int) -> None:

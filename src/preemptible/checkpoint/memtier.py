@@ -545,6 +545,10 @@ class Tier:
             return False, f"this node's share of its memory tier is {share} bytes; the step needs {need} more"
         return True, ""
 
+    def agree_any(self, flag: bool) -> bool:
+        """Whether any rank says ``flag`` (collective on the job's process group)."""
+        return not _all(not flag)
+
     def discard_newer(self, step: int) -> None:
         """Drop this rank's parts of the steps newer than ``step``, the one the job resumed from: they belong to a
         timeline the job left (a restore from the durable root, or a fresh start), and a later restart must not
