@@ -85,6 +85,20 @@ def run_until_memory_saves(c: Cluster, root: Path, args: tuple[str, ...], saves:
     wait_for(lambda: len(memory_saves(root)) >= saves, f"{saves} memory-tier saves", timeout=300)
 
 
+def node_two_lost(c: Cluster, root: Path, args: tuple[str, ...]) -> tuple[Node, dict[int, list[int]], list[int]]:
+    """The job runs until 3 memory saves; then node 2 goes (its tier with it) and the job ends on node 1, whose
+    tier stays. Returns node 1, what its tier holds, and the steps complete there (every part: own and replica)."""
+    run_until_memory_saves(c, root, args, saves=3)
+    one = c.node(1)
+    assert list(one.memory.iterdir()) == []  # this test's own namespace does not see the node's tier
+    c.down(2)
+    stop_processes(one)  # the job ends on the node that stays; a scheduler relaunches it
+    held = tier_of(one)
+    complete = sorted(s for s, parts in held.items() if parts == [0, 1])
+    assert complete, held
+    return one, held, complete
+
+
 def relaunch(c: Cluster, root: Path, args: tuple[str, ...]) -> list[Any]:
     agents = launch(c, root, slow=False, nnodes="2:2", host=1, name="relaunch", script=EXAMPLE, args=args)
     codes = [a.wait(timeout=400) for a in agents]
@@ -103,15 +117,8 @@ def test_a_lost_node_comes_back_from_its_peers_memory_bit_identically(tmp_path: 
     root = tmp_path / "ckpt"
     args = ("--steps", STEPS, "--save-every", "1000", "--memory-every", "10")
     with cluster(2, tmp_path) as c:
-        run_until_memory_saves(c, root, args, saves=3)
-        one = c.node(1)
-        assert list(one.memory.iterdir()) == []  # this test's own namespace does not see the node's tier
-        c.down(2)
-        stop_processes(one)  # the job ends on the node that stays; a scheduler relaunches it
-        held = tier_of(one)
-        complete = [s for s, parts in held.items() if parts == [0, 1]]
-        assert complete, held
-        newest = max(complete)
+        one, held, complete = node_two_lost(c, root, args)
+        newest = complete[-1]
         assert committed_steps(root) == []  # no durable checkpoint: only memory can give it back
         c.replace(2)
         assert tier_of(c.node(2)) == {}
@@ -141,11 +148,7 @@ def test_a_damaged_replica_is_never_used(tmp_path: Path) -> None:
     root = tmp_path / "ckpt"
     args = ("--steps", STEPS, "--save-every", "1000", "--memory-every", "10")
     with cluster(2, tmp_path) as c:
-        run_until_memory_saves(c, root, args, saves=3)
-        one = c.node(1)
-        c.down(2)
-        stop_processes(one)
-        complete = sorted(s for s, parts in tier_of(one).items() if parts == [0, 1])
+        one, _, complete = node_two_lost(c, root, args)
         assert len(complete) >= 2, complete  # keep=2: the one before stays
         newest, before = complete[-1], complete[-2]
         part = one.memory / f"step-{newest:012d}" / "part-00001"
