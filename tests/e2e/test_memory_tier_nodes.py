@@ -117,7 +117,7 @@ def test_a_lost_node_comes_back_from_its_peers_memory_bit_identically(tmp_path: 
     root = tmp_path / "ckpt"
     args = ("--steps", STEPS, "--save-every", "1000", "--memory-every", "10")
     with cluster(2, tmp_path) as c:
-        one, held, complete = node_two_lost(c, root, args)
+        _, held, complete = node_two_lost(c, root, args)
         newest = complete[-1]
         assert committed_steps(root) == []  # no durable checkpoint: only memory can give it back
         c.replace(2)
