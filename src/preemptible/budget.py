@@ -353,26 +353,43 @@ def memory_copy_bandwidth(nbytes: int = 64 << 20) -> float:
 
 
 def memory_tier_plan(
-    p: Plan, *, copy_bytes_per_s: float, link_bytes_per_s: float | None, replicas: int, step_time: float
+    p: Plan,
+    *,
+    copy_bytes_per_s: float,
+    link_bytes_per_s: float | None,
+    replicas: int,
+    step_time: float,
+    ranks_per_node: int = 1,
 ) -> list[dict[str, Any]]:
-    """The durable root and the memory tier side by side: each one's emergency save of one node's share (one rank a
-    node) against ``p``'s window, and each one's Young/Daly interval for periodic saves."""
-    nbytes = p.state_bytes // (p.size.world_size if p.size else 1)
+    """The durable root and the memory tier side by side: each one's emergency save of one node's share against
+    ``p``'s window, and each one's Young/Daly interval for periodic saves. ``p.size.world_size`` ranks (or 1) run
+    ``ranks_per_node`` to a node; a node's ranks copy at once, and its replicas share its link."""
+    world = p.size.world_size if p.size else 1
+    per_rank = p.state_bytes // world
+    nodes = max(1, world // max(1, ranks_per_node))
+    copies = min(replicas, nodes - 1)
+    nbytes = per_rank * min(ranks_per_node, world)
     link = link_bytes_per_s or ASSUMED_LINK_BYTES_PER_S
     write_s = nbytes / copy_bytes_per_s
-    replicate_s = replicas * nbytes / min(link, copy_bytes_per_s)
+    replicate_s = copies * nbytes / min(link, copy_bytes_per_s)
     total = step_time + write_s + replicate_s + MEMORY_FIXED_S + EXIT_S
     mtbf_s = (p.mtbf_hours or DEFAULT_MTBF_HOURS) * 3600
-    how = f"{nbytes / 1e9:.2f} GB copied at {copy_bytes_per_s / 1e9:.1f} GB/s"
-    if replicas:
-        how += f", {replicas} replica(s) over a {link / 1e9:.2f} GB/s link{'' if link_bytes_per_s else ' (assumed)'}"
+    how = (
+        f"{nbytes / 1e9:.2f} GB a node ({nodes} node(s) of {min(ranks_per_node, world)} rank(s)): copy {write_s:.1f} s"
+    )
+    how += f" at {copy_bytes_per_s / 1e9:.1f} GB/s measured"
+    if copies:
+        how += f", {copies} replica(s) {replicate_s:.1f} s over a {link / 1e9:.2f} GB/s link"
+        how += "" if link_bytes_per_s else " (assumed: --link-bandwidth)"
+    else:
+        how += ", no replica: one node has no peer"
     return [
         {
             "tier": "durable",
             "predicted_save_s": p.predicted_save_s,
             "fits": p.fits,
             "interval_s": p.periodic_interval_s or 0.0,
-            "how": f"{p.bandwidth_bytes_per_s / 1e9:.2f} GB/s measured",
+            "how": f"{p.bandwidth_bytes_per_s / 1e9:.2f} GB/s",
         },
         {
             "tier": "memory",
@@ -380,11 +397,15 @@ def memory_tier_plan(
             "fits": total <= HEADROOM * p.window_s,
             "interval_s": round(young_daly(write_s + replicate_s + MEMORY_FIXED_S, mtbf_s), 1),
             "how": how,
+            "replicas": copies,
+            "nodes": nodes,
         },
     ]
 
 
-def with_memory_tier(p: Plan, *, link_bytes_per_s: float | None, replicas: int = 1, step_time: float = 0.0) -> Plan:
+def with_memory_tier(
+    p: Plan, *, link_bytes_per_s: float | None, replicas: int = 1, step_time: float = 0.0, ranks_per_node: int = 1
+) -> Plan:
     """``p`` with its tiers (`memory_tier_plan`) and, when only the memory tier fits, the recommendation to use it."""
     tiers = memory_tier_plan(
         p,
@@ -392,6 +413,7 @@ def with_memory_tier(p: Plan, *, link_bytes_per_s: float | None, replicas: int =
         link_bytes_per_s=link_bytes_per_s,
         replicas=replicas,
         step_time=step_time,
+        ranks_per_node=ranks_per_node,
     )
     p = dataclasses.replace(p, tiers=tiers, recommendations=list(p.recommendations))
     memory = tiers[1]
@@ -401,9 +423,11 @@ def with_memory_tier(p: Plan, *, link_bytes_per_s: float | None, replicas: int =
             p.recommendations,
             p.window_s,
             "memory tier",
-            f"Run(memory_tier=MemoryTier(...)): the emergency save goes to this node's memory and {replicas} "
-            f"peer(s) first, then to the durable root as time allows; memory saves every ~{every:.0f} s and durable "
-            f"ones every ~{p.periodic_interval_s or 0:.0f} s (Young/Daly)",
+            f"Run(memory_tier=MemoryTier(...)): on a notice the step lands in this node's memory and "
+            f"{memory['replicas']} peer(s) in {memory['predicted_save_s']:.1f} s; the durable save "
+            f"({p.predicted_save_s:.1f} s) is then left out (no time), so the durable root lags until its next "
+            f"periodic save; memory saves every ~{every:.0f} s, durable ones every ~{p.periodic_interval_s or 0:.0f} s "
+            "(Young/Daly)",
             memory["predicted_save_s"],
         )
     return p

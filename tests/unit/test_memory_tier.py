@@ -245,6 +245,12 @@ def test_plan_shows_each_tier_against_the_window_and_recommends_the_memory_tier_
     assert memory["interval_s"] < durable["interval_s"]  # a cheaper save: Young/Daly saves it more often
     slow_link = budget.memory_tier_plan(p, copy_bytes_per_s=5e9, link_bytes_per_s=1e8, replicas=1, step_time=0.0)
     assert not slow_link[1]["fits"]  # a replica over a slow link does not fit either: the plan says so
+    one_node = budget.memory_tier_plan(
+        p, copy_bytes_per_s=5e9, link_bytes_per_s=1.25e9, replicas=1, step_time=0.0, ranks_per_node=8
+    )[1]
+    assert (one_node["nodes"], one_node["replicas"]) == (1, 0)  # 8 ranks, one node: no peer to replicate to
+    assert "no replica" in one_node["how"]
+    assert one_node["predicted_save_s"] == pytest.approx(8 * nbytes / 5e9 + 0.05 + 0.5, rel=1e-3)
 
 
 def test_plan_cli_memory_tier(tmp_path: Path) -> None:

@@ -99,7 +99,9 @@ class MemoryTier:
             if value is None and optional:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"MemoryTier({name}=...): expected an int >= {least}, found {value!r}")
+                none = " (or None: memory saves only on a notice)" if name == "every" else ""
+                none = " (or None: no bound but the file system's free space)" if name == "max_bytes" else none
+                raise ValueError(f"MemoryTier({name}=...): expected an int >= {least}{none}, found {value!r}")
         if self.dir is not None and (not isinstance(self.dir, (str, os.PathLike)) or not os.fspath(self.dir)):
             raise ValueError(
                 f"MemoryTier(dir=...): expected a directory's path (or None: the default), found {self.dir!r}"
@@ -145,9 +147,9 @@ def own_directory(path: str) -> None:
         problems.append(f"writable by others (mode {stat.S_IMODE(st.st_mode):o})")
     if problems:
         raise PermissionError(
-            f"memory tier directory {path}: {'; '.join(problems)}; expected a directory of this user with mode "
-            "0700 (whoever can write it chooses what a job restores). Remove it, or set MemoryTier(dir=...) or "
-            f"${MEMORY_DIR_ENV} to one of your own"
+            f"memory tier directory {path}: {'; '.join(problems)}; expected a directory of this user that no one "
+            "else can write (one made here gets mode 0700): whoever can write it chooses what a job restores. "
+            f"Remove it, or set MemoryTier(dir=...) or ${MEMORY_DIR_ENV} to one of your own"
         )
 
 

@@ -80,6 +80,12 @@ def add_parser(sub: Any) -> None:
         metavar="BYTES_PER_S",
         help="a node's link to its peers, for --memory-tier (default: 1.25e9, 10 Gb/s, shown as assumed)",
     )
+    p.add_argument(
+        "--ranks-per-node",
+        type=integer(low=1, high=10_000_000),
+        default=1,
+        help="for --memory-tier: ranks on one node (--world-size counts all of them); a node's share is theirs",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output with stable keys")
 
 
@@ -101,7 +107,12 @@ def run(args: argparse.Namespace) -> int:
             compress=_SETTINGS[args.compress],
         )
         if args.memory_tier:
-            result = budget.with_memory_tier(result, link_bytes_per_s=args.link_bandwidth, step_time=args.step_time)
+            result = budget.with_memory_tier(
+                result,
+                link_bytes_per_s=args.link_bandwidth,
+                step_time=args.step_time,
+                ranks_per_node=args.ranks_per_node,
+            )
     except (ValueError, OSError) as e:
         print(f"preemptible plan: {e}", file=sys.stderr)
         return 2

@@ -727,9 +727,11 @@ class NodesDrill:
         ok = bool(ranks) and steps == {stop} and world == self.n and lost == 0
         on_last = [r for r, i in where.items() if i == self.n]
         if ok:
+            tiers = sorted({str(e.get("tier")) for e in resumes.values() if e is not None and e.get("tier")})
+            source = f" from the {' and '.join(tiers)} tier" if tiers else ""
             detail = (
-                f"every rank resumed at step {stop} (world size {world}, rank {', '.join(map(str, on_last))} on the "
-                f"replacement node {self.n}); {lost} steps lost"
+                f"every rank resumed at step {stop}{source} (world size {world}, rank {', '.join(map(str, on_last))} "
+                f"on the replacement node {self.n}); {lost} steps lost"
             )
         elif not ranks:
             detail = (

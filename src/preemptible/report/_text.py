@@ -61,8 +61,8 @@ def render(doc: Mapping[str, Any]) -> str:
             seen = f", as rank {by} journaled it" if by else ""
             lines.append(
                 f"  attempt {p['attempt']}: {p['at']}  {p['source']} {p['detail'] or ''} at step {p['step']}{on}: "
-                f"notice->commit {commit} ({used}{seen}), {p['steps_lost']} step(s) lost, resumed from "
-                f"{p['resumed_from']}"
+                f"notice->commit {commit} ({used}{seen}), {p['steps_lost']} step(s) lost, "
+                + (f"resumed from {p['resumed_from']}" if p["resumed_from"] is not None else "not resumed (yet)")
             )
     lines += ["", "runs of steps:"]
     for r in doc["runs"]:
