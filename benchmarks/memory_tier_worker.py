@@ -57,7 +57,7 @@ def train_beside(rank: int, reps: int, every: int, mem_root: str) -> dict[str, f
     layers = [torch.nn.Linear(1024, 1024) for _ in range(4)]
     model = torch.nn.Sequential(*[m for layer in layers for m in (layer, torch.nn.ReLU())])
     opt = torch.optim.Adam(model.parameters())
-    x = torch.randn(256, 1024)
+    x = torch.randn(384, 1024)
     state = {"model": model, "optimizer": opt}
     ck = Checkpointer(os.path.join(mem_root, "unused-durable"), per_rank=("model", "optimizer"), compress=False)
     tier = Tier(MemoryTier(dir=os.path.join(mem_root, "train")), ck, events=NullSink())
