@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import preemptible
+from preemptible.store.layout import Manifest
+from test_fuzz_entry_points import watched
 from preemptible.checkpoint.memtier import MemoryTier, Tier, own_directory
 
 
@@ -165,3 +170,61 @@ def test_a_symlinked_tier_directory_is_refused_without_blaming_the_links_own_mod
 def test_a_tier_directory_that_is_no_path_is_refused_by_name(bad: object) -> None:
     with pytest.raises((TypeError, ValueError), match="dir"):
         MemoryTier(dir=bad)  # type: ignore[arg-type]
+
+
+# the hostile-input suite's invariants, on generated tamperings of a memory tier ---------------------------------------
+TAMPERINGS = ("flip", "truncate", "link-out", "reseal", "extra", "fifo", "drop-commit")
+
+
+@settings(max_examples=int(os.environ.get("PREEMPTIBLE_ENTRY_FUZZ_EXAMPLES", "20")), deadline=None)
+@given(how=st.sampled_from(TAMPERINGS), which=st.integers(min_value=0, max_value=10), at=st.integers(min_value=0))
+def test_a_tampered_memory_step_never_restores_wrong_state_nor_reads_outside(how: str, which: int, at: int) -> None:
+    """Step 2 of a tier is tampered with as an attacker with the tier's files could (resealed manifests included):
+    the restore raises nothing, opens nothing outside the tier (an audit hook sees every open), and gives either
+    step 2 exactly or, when it was refused, step 1 exactly."""
+    with tempfile.TemporaryDirectory(prefix="memtier-fuzz-") as tmp:
+        base, secret = Path(tmp), Path(tmp) / "secret"
+        secret.mkdir()
+        (secret / "model.safetensors").write_bytes(b"\0" * 4096)
+        t = tier(base, keep=2)
+        state = build()
+        saved = {}
+        for step in (1, 2):
+            train(state)
+            assert t.save(state, step, reason="periodic")
+            saved[step] = state["model"].weight.detach().clone()  # type: ignore[union-attr]
+        part = Path(t.part_dir(2, 0))
+        files = sorted(p for p in part.iterdir() if p.name != "COMMIT.json")
+        victim = files[which % len(files)]
+        commit = part / "COMMIT.json"
+        if how == "flip":
+            data = bytearray(victim.read_bytes())
+            data[at % len(data)] ^= 0x01
+            victim.write_bytes(bytes(data))
+        elif how == "truncate":
+            victim.write_bytes(victim.read_bytes()[: at % max(1, victim.stat().st_size)])
+        elif how == "link-out":
+            victim.unlink()
+            victim.symlink_to(secret / "model.safetensors")
+        elif how == "reseal":  # a record's size and checksum rewritten, the manifest sealed again
+            m = Manifest.from_json(commit.read_bytes(), where="test", expect_step=2)
+            name = sorted(m.files)[which % len(m.files)]
+            rec = m.files[name]
+            forged = {**m.files, name: type(rec)(rec.bytes + 1, "0" * len(rec.checksum))}
+            commit.write_bytes(Manifest(**{**m.__dict__, "files": forged}).to_json())
+        elif how == "extra":
+            (part / "payload.py").write_text(f"open({str(secret / 'ran')!r}, 'w').close()\n")
+        elif how == "fifo":
+            commit.unlink()
+            os.mkfifo(commit)
+        else:
+            commit.unlink()
+        live = build(7)
+        with watched() as seen:
+            restored, _why = t.restore(live, durable=None)
+        assert restored in (1, 2), (how, _why)
+        assert torch.equal(live["model"].weight, saved[restored])  # type: ignore[union-attr]
+        assert not (secret / "ran").exists()
+        for kind, path, _detail in seen:
+            if kind == "open":
+                assert not os.path.realpath(path).startswith(str(secret)), f"opened {path} outside the tier"
