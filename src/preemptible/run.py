@@ -878,12 +878,7 @@ class Run:
             self.journal.event(Event.FRESH, 0)
             log.info("[rank=%d] no checkpoint under %s: starting at step 0", self.rank, self.root)
             return 0
-        self.resumed_from = restored
-        self.position.restored()
-        for why in self.state[_RNG].unrestored:
-            self._inexact("random streams", why)
-        if self.checkpointer.moments_dtype is not None:
-            self._inexact("optimizer moments", "bf16_moments=True stores the optimizer's moments rounded to bfloat16")
+        self._restored(restored)
         if self.rank == 0:
             self.checkpointer.rotate()  # the restored checkpoint has just validated: older ones may go now
         seconds = self._monotonic() - t0
@@ -891,6 +886,15 @@ class Run:
         self.journal.event(Event.RESUME, restored, seconds=round(seconds, 6), **tier)
         log.info("[rank=%d] resumed from the checkpoint of step %d (%.2f s)", self.rank, restored, seconds)
         return restored
+
+    def _restored(self, step: int) -> None:
+        """What follows a restore from either tier: where the loop resumes, and why it is not exact, if it is not."""
+        self.resumed_from = step
+        self.position.restored()
+        for why in self.state[_RNG].unrestored:
+            self._inexact("random streams", why)
+        if self.checkpointer.moments_dtype is not None:
+            self._inexact("optimizer moments", "bf16_moments=True stores the optimizer's moments rounded to bfloat16")
 
     def _resume_from_memory(self) -> int | None:
         """The newest step complete in the memory tier, when it is not older than the newest durable one; None
@@ -903,10 +907,7 @@ class Run:
             self.journal.event(Event.TIER_FALLBACK, 0, tier="durable", why=why)
             log.info("[rank=%d] memory tier: restoring from the durable root (%s)", self.rank, why)
             return None
-        self.resumed_from = restored
-        self.position.restored()
-        for unrestored in self.state[_RNG].unrestored:
-            self._inexact("random streams", unrestored)
+        self._restored(restored)
         log.info("[rank=%d] resumed from the memory tier's step %d", self.rank, restored)
         return restored
 

@@ -12,11 +12,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_fuzz_entry_points import watched
 
 import preemptible
-from preemptible.store.layout import Manifest
-from test_fuzz_entry_points import watched
 from preemptible.checkpoint.memtier import MemoryTier, Tier, own_directory
+from preemptible.store.layout import Manifest
 
 
 def build(seed: int = 0) -> dict[str, object]:

@@ -913,10 +913,7 @@ def _plain_file(path: str, flags: int) -> int:
     return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK)
 
 
-def _step_of(name: str) -> int | None:
-    if name.startswith("step-") and name[5:].isascii() and name[5:].isdigit() and len(name) == 17:
-        return int(name[5:])
-    return None
+_step_of = layout.parse_step_dir
 
 
 def _part_of(name: str) -> int | None:
