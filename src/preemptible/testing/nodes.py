@@ -43,7 +43,7 @@ SERVICES = str(SUBNET.network_address + 254)
 """The address of the cluster's shared services (an object store standing for S3): on the bridge, in the test's
 outer namespace, so every node reaches it through its own link, and a cut node does not (`Cluster.cut`)."""
 
-TOOLS = ("unshare", "nsenter", "ip")
+TOOLS = ("unshare", "nsenter", "ip", "mount")
 
 
 class NamespacesUnavailable(RuntimeError):
@@ -58,7 +58,7 @@ def unavailable() -> str | None:
         return "network namespaces need root (run the multi-node tests as root, as CI does)"
     missing = [t for t in TOOLS if shutil.which(t) is None]
     if missing:
-        return f"missing {', '.join(missing)} (Debian: util-linux and iproute2)"
+        return f"missing {', '.join(missing)} (Debian: util-linux, mount and iproute2)"
     return None
 
 
