@@ -351,14 +351,9 @@ class Tier:
         return manifest
 
     def usage(self, exclude: int | None = None) -> int:
-        total = 0
-        for dirpath, _, files in os.walk(self.dir):
-            if exclude is not None and dirpath.startswith(self.step_dir(exclude)):
-                continue
-            for f in files:
-                with contextlib.suppress(OSError):
-                    total += os.lstat(os.path.join(dirpath, f)).st_size
-        return total
+        """Bytes in this node's tier (all its ranks'), less step ``exclude``'s."""
+        skip = self.step_dir(exclude) if exclude is not None else None
+        return _tree_bytes(self.dir, skip=skip)
 
     # saving -------------------------------------------------------------------------------------------------------
     def save(self, state: Mapping[str, Any], step: int, *, reason: str) -> bool:
@@ -592,10 +587,7 @@ class Tier:
             # its bytes stay in the node's memory until removed
             for name in (n for n in names if n == final or n.startswith(final + ".tmp-")):
                 where = os.path.join(self.step_dir(step), name)
-                for dirpath, _, files in os.walk(where):
-                    for f in files:
-                        with contextlib.suppress(OSError):
-                            freed += os.lstat(os.path.join(dirpath, f)).st_size
+                freed += _tree_bytes(where)
                 if not dry:
                     shutil.rmtree(where, ignore_errors=True)
         if dry:
@@ -867,6 +859,18 @@ class Tier:
                 offset += size
             fetched += names
         return fetched
+
+
+def _tree_bytes(path: str, *, skip: str | None = None) -> int:
+    """Bytes of the files under ``path`` (links not followed), leaving out the tree at ``skip``."""
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        if skip is not None and (dirpath == skip or dirpath.startswith(skip + os.sep)):
+            continue
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+    return total
 
 
 def _with_overhead(nbytes: int, files: int) -> int:
