@@ -1,11 +1,13 @@
 """How often ``preemptible diagnose`` reaches the verdict a real log's own thread establishes.
 
-Reads the sourced corpus (tests/corpus/diagnose/real/{dev,test,holdout}.json: real excerpts, each with its source
-and the thread's verdict) and prints the accuracy of each part, per verdict, with the misses. Each part's ``about``
-says what it was used for: the rules were tuned on dev; holdout was gathered after tuning and scored once, fresh.
-tests/unit/test_diagnose_real.py keeps every part at or above its recorded score.
+Reads the sourced corpus (tests/corpus/diagnose/real/{dev,test,holdout,fresh}.json: real excerpts, each with its
+source and the thread's verdict) and prints the accuracy of each part, per verdict, with the misses, and the
+calibration of the confidence each verdict carries: of the verdicts at 0.8 or more, the fraction right, and the
+same for each confidence value. Each part's ``about`` says what it was used for: the rules were tuned on dev;
+holdout and fresh were gathered after tuning and scored once. tests/unit/test_diagnose_real.py keeps every part at
+or above its recorded score.
 
-    python benchmarks/diagnose_corpus.py [--part dev|test|holdout|all] [--json]
+    python benchmarks/diagnose_corpus.py [--part dev|test|holdout|fresh|all] [--json]
 """
 
 from __future__ import annotations
@@ -20,46 +22,65 @@ from typing import Any
 REAL = Path(__file__).resolve().parent.parent / "tests" / "corpus" / "diagnose" / "real"
 
 
+PARTS = ("dev", "test", "holdout", "fresh")
+
+
 def load(part: str) -> list[dict[str, Any]]:
-    parts = ("dev", "test", "holdout") if part == "all" else (part,)
+    parts = [p for p in PARTS if (REAL / f"{p}.json").exists()] if part == "all" else [part]
     cases: list[dict[str, Any]] = []
     for name in parts:
         cases += json.loads((REAL / f"{name}.json").read_text())["cases"]
     return cases
 
 
-def judge(case: dict[str, Any]) -> str:
+def judge(case: dict[str, Any]) -> tuple[str, float, str | None]:
+    """The verdict, its confidence and the competing verdict (for unknown: the most likely cause)."""
     from preemptible.diagnose import diagnose
 
-    return diagnose([(case["id"], case["log"])], exit_code=case.get("exit_code")).verdict
+    result = diagnose([(case["id"], case["log"])], exit_code=case.get("exit_code"))
+    return result.verdict, result.confidence, result.competing
+
+
+CONFIDENT = 0.8
 
 
 def score(cases: list[dict[str, Any]]) -> dict[str, Any]:
     right: Counter[str] = Counter()
     total: Counter[str] = Counter()
+    by_confidence: dict[float, list[int]] = {}
     misses = []
     for case in cases:
-        got = judge(case)
+        got, confidence, competing = judge(case)
         total[case["verdict"]] += 1
-        if got == case["verdict"]:
-            right[case["verdict"]] += 1
-        else:
-            misses.append({"id": case["id"], "expected": case["verdict"], "got": got, "source": case["source"]})
+        ok = got == case["verdict"]
+        right[case["verdict"]] += ok
+        by_confidence.setdefault(confidence, [0, 0])[ok] += 1
+        if not ok:
+            misses.append({
+                "id": case["id"], "expected": case["verdict"], "got": got, "confidence": confidence,
+                "competing": competing, "source": case["source"],
+            })  # fmt: skip
+    confident = [n for c, n in by_confidence.items() if c >= CONFIDENT]
     return {
         "cases": len(cases),
         "right": sum(right.values()),
         "accuracy": sum(right.values()) / len(cases) if cases else 0.0,
         "per_verdict": {v: f"{right[v]}/{total[v]}" for v in sorted(total)},
+        "calibration": {
+            "confident": sum(sum(n) for n in confident),
+            "confident_right": sum(n[1] for n in confident),
+            "per_confidence": {f"{c:.2f}": f"{n[1]}/{sum(n)}" for c, n in sorted(by_confidence.items())},
+        },
         "misses": misses,
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--part", choices=("dev", "test", "holdout", "all"), default="all")
+    p.add_argument("--part", choices=(*PARTS, "all"), default="all")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    parts = ("dev", "test", "holdout") if args.part == "all" else (args.part,)
+    parts = [n for n in PARTS if (REAL / f"{n}.json").exists()] if args.part == "all" else [args.part]
     report = {name: score(load(name)) for name in parts}
     if args.json:
         print(json.dumps(report, indent=2))
@@ -67,8 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     for name, r in report.items():
         print(f"{name}: {r['right']}/{r['cases']} = {r['accuracy']:.1%}")
         print("  per verdict: " + ", ".join(f"{v} {s}" for v, s in r["per_verdict"].items()))
+        cal = r["calibration"]
+        share = cal["confident_right"] / cal["confident"] if cal["confident"] else 0.0
+        print(f"  confidence >= {CONFIDENT}: {cal['confident_right']}/{cal['confident']} right ({share:.1%}); per "
+              "confidence: " + ", ".join(f"{c} {n}" for c, n in cal["per_confidence"].items()))  # fmt: skip
         for m in r["misses"]:
-            print(f"  miss {m['id']}: expected {m['expected']}, got {m['got']}")
+            print(f"  miss {m['id']}: expected {m['expected']}, got {m['got']} ({m['confidence']:.2f}, "
+                  f"else {m['competing']})")  # fmt: skip
     return 0
 
 

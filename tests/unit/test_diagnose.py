@@ -73,7 +73,8 @@ def test_cli_text_and_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert "verdict: preempted" in text and "slurm_preempted.out:4" in text and "sacct -j" in text
     assert main(["diagnose", str(CORPUS / "gke_node_shutdown.txt"), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["verdict"] == "preempted" and doc["evidence"][0]["line"] == 6
+    events = [e for e in doc["evidence"] if e["strength"] != "context"]  # (line 3's node pool says: spot)
+    assert doc["verdict"] == "preempted" and events[0]["line"] == 6 and doc["confidence"] >= 0.9
     assert main(["diagnose", str(CORPUS / "empty.log")]) == 3  # unknown
     assert main(["diagnose", "/nonexistent/log"]) == 2
     assert "cannot read log" in capsys.readouterr().err

@@ -17,12 +17,14 @@ def add_parser(sub: Any) -> None:
         description=(
             "Read logs (SLURM, torchrun, kubectl describe/events, docker inspect, dmesg, the training script's own "
             "output; '-' reads stdin), an exit code and the run's journal (--root), and give a verdict: preempted, "
-            "time-limit, oom, collective-timeout, crashed, terminated, killed, completed or unknown, with the "
+            "time-limit, oom, interrupted (a user's Ctrl-C or a notebook's stop), collective-timeout, crashed, "
+            "terminated, killed, completed or unknown, with its confidence and the competing verdict (for unknown: "
+            "the most likely cause) and what would decide between them, the "
             "evidence lines, whether a checkpoint committed after the notice, how many steps were lost, how to "
             "confirm, what to fix and the command that verifies the fix. Given the logs of several ranks or nodes "
             "(files, or one log with rank prefixes), it names the initiating event (which rank or node failed first, "
-            "and how) and the collateral failures that followed. Logs are streamed: a 1 GiB log takes about half a "
-            "minute in bounded memory. With --root, one attempt (process start) of the run is judged: see --attempt. "
+            "and how) and the collateral failures that followed. Logs are streamed: a 1 GiB training log takes "
+            "seconds, in bounded memory. With --root, one attempt (process start) of the run is judged: see --attempt. "
             "Exit code: 0 when a verdict was reached, 3 for unknown, 2 for bad arguments."
         ),
     )
@@ -51,7 +53,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--json",
         action="store_true",
-        help="print JSON (verdict, summary, evidence, checkpoint, initiating, collateral, fix, verify, ...)",
+        help="print JSON (verdict, confidence, competing, deciding, summary, evidence, checkpoint, initiating, "
+        "collateral, fix, verify, ...)",
     )
 
 

@@ -32,10 +32,11 @@ from preemptible.diagnose._rules import (
     needles,
 )
 from preemptible.diagnose._scan import MAX_EVIDENCE_PER_KIND, TimeWindow, scan_lines
-from preemptible.diagnose._verdict import CONFIRM, Diagnosis, diagnose
+from preemptible.diagnose._verdict import CONFIDENCE, CONFIRM, Diagnosis, diagnose
 
 __all__ = [
     "COLLATERAL_RULES",
+    "CONFIDENCE",
     "CONFIRM",
     "EDGE_LINES",
     "EXIT_RULES",

@@ -8,9 +8,11 @@ from dataclasses import dataclass, replace
 from preemptible.diagnose._rules import PEER_NODE
 
 VERDICTS = (
-    "preempted", "time-limit", "oom", "collective-timeout", "crashed", "terminated", "killed", "completed", "unknown"
+    "preempted", "time-limit", "oom", "interrupted", "collective-timeout", "crashed", "terminated", "killed",
+    "completed", "unknown",
 )  # fmt: skip
-"""In order of precedence: the first with evidence wins."""
+"""In order of precedence: the first with evidence wins. ``interrupted`` is a user's own stop (Ctrl-C, a notebook's
+interrupt): it explains the crash of clean-up code and the launcher's teardown that follow it."""
 
 
 @dataclass(frozen=True)
@@ -34,38 +36,54 @@ _CODES = {124: ("time-limit", "timeout(1) ran out"), EXIT_PEER_NODE: ("crashed",
 """Exit codes that say more than a failure: (verdict, what it means)."""
 
 
+_NT_ERROR = 0xC0000000
+_NT_INTERRUPT = (0xC000013A, 0xC000013A - (1 << 32))
+"""Windows reports a process's NTSTATUS as its exit code: 0xC0000005 (an access violation) is 3221225477, or
+-1073741819 as a signed number; every error code is at least 0xC0000000 (signed: below -255, beyond any signal)."""
+
+
 def exit_evidence(code: int, what: str, where: str, line: int | None, text: str, *, strong: bool = False) -> Evidence:
     """Evidence from how a process ended (``code``: an exit code, or minus a signal number), as reported."""
     return replace(_ended(code, what, where, line, text, strong=strong), reported=True)
 
 
-def _ended(code: int, what: str, where: str, line: int | None, text: str, *, strong: bool = False) -> Evidence:
+_BY_SIGNAL = {
+    "SIGINT": ("interrupted", "died of SIGINT (Ctrl-C at a terminal, or a notebook's interrupt)"),
+    **{
+        name: ("terminated", f"died of {name}; the code does not say who sent it")
+        for name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+    },
+    "SIGKILL": ("killed", "SIGKILL (an OOM kill, a grace period that ran out, or kill -9)"),
+}
+"""Signals that end a process from outside it: the verdict and what the ending says."""
+_FAULTS = ("SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL")
+
+
+def _meaning(code: int) -> tuple[str, str, bool]:
+    """What an exit code (or minus a signal number) says: (verdict, meaning, always strong)."""
     signum = -code if code < 0 else code - 128 if code > 128 else None
     name = _EXIT_SIGNALS.get(signum) if signum is not None else None
-    strength = "strong" if strong else "weak"
-    if code == 0:
-        return Evidence("completed", "weak", f"{what} 0: a clean exit", where, line, text)
-    if name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"):
-        return Evidence(
-            "terminated",
-            strength,
-            f"{what} {code}: died of {name}; the code does not say who sent it",
-            where,
-            line,
-            text,
+    if code in _NT_INTERRUPT:
+        name = "SIGINT"  # Windows' STATUS_CONTROL_C_EXIT: Ctrl-C
+    elif code < -255 or code >= _NT_ERROR:
+        return (
+            "crashed",
+            f"a Windows NTSTATUS error 0x{code & 0xFFFFFFFF:08X} (an access violation, a stack fault)",
+            True,
         )
-    if name == "SIGKILL":
-        return Evidence(
-            "killed",
-            strength,
-            f"{what} {code}: SIGKILL (an OOM kill, a grace period that ran out, or kill -9)",
-            where,
-            line,
-            text,
-        )
-    if name in ("SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL"):
-        return Evidence("crashed", "strong", f"{what} {code}: died of {name}", where, line, text)
-    if code in _CODES:
-        verdict, meaning = _CODES[code]
-        return Evidence(verdict, "weak", f"{what} {code}: {meaning}", where, line, text)
-    return Evidence("crashed", strength, f"{what} {code}: the program reported a failure", where, line, text)
+    if name in _BY_SIGNAL:
+        return (*_BY_SIGNAL[name], False)
+    if name in _FAULTS:
+        return "crashed", f"died of {name}", True
+    verdict, meaning = {0: ("completed", "a clean exit"), **_CODES}.get(
+        code, ("crashed", "the program reported a failure")
+    )
+    return verdict, meaning, False
+
+
+def _ended(code: int, what: str, where: str, line: int | None, text: str, *, strong: bool = False) -> Evidence:
+    verdict, meaning, always = _meaning(code)
+    strength = "strong" if strong or always else "weak"
+    if code == 0 or code in _CODES:
+        strength = "weak"  # a clean exit, or a code that only suggests its cause
+    return Evidence(verdict, strength, f"{what} {code}: {meaning}", where, line, text)

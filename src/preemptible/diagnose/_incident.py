@@ -162,7 +162,8 @@ def initiating(
     several_logs = len({e.where for e in evidence if e.line is not None}) > 1
     items = [
         e for e in evidence
-        if e.line is not None and e.verdict not in ("completed", "unknown") and _who(e, several_logs) is not None
+        if e.line is not None and e.verdict not in ("completed", "unknown") and e.strength != "context"
+        and _who(e, several_logs) is not None
     ]  # fmt: skip
     if len({_who(e, several_logs) for e in items}) < 2:
         return None, []

@@ -9,9 +9,11 @@ import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
-from preemptible.diagnose._match import COLLATERAL_TABLE, EXIT_TABLE, RULE_TABLE
+import numpy
+
+from preemptible.diagnose._match import COLLATERAL_TABLE, CONTEXT_TABLE, EXIT_TABLE, RULE_TABLE
 from preemptible.diagnose._rules import PEER_LOST_TAG
 
 MAX_LOG_BYTES = 4 << 30
@@ -30,8 +32,8 @@ def scan_keywords() -> tuple[bytes, ...] | None:
     """Lowercase strings one of which is in every line a rule or the scanner's own structure (tracebacks,
     torchrun's summary, mpirun's report, container status) can act on; None if some rule has no needle."""
     words = {"traceback", "error", "exception", "interrupt", "exit", "failure", "root cause", "==========",
-             "process name", "oomkilled", "local_rank", PEER_LOST_TAG}  # fmt: skip
-    for _, found_in in RULE_TABLE + EXIT_TABLE + COLLATERAL_TABLE:
+             "process name", "oomkilled", "local_rank", "^c", PEER_LOST_TAG}  # fmt: skip
+    for _, found_in in RULE_TABLE + EXIT_TABLE + COLLATERAL_TABLE + CONTEXT_TABLE:
         if found_in is None:
             return None
         words.update(found_in)
@@ -161,15 +163,15 @@ def _pick(
         return
     low = buf[:end].lower()
     starts: set[int] = set()
-    for word in keywords:
-        at = low.find(word)
-        while at >= 0:
-            start = low.rfind(b"\n", 0, at) + 1
-            starts.add(start)
-            if start > 0:
-                starts.add(low.rfind(b"\n", 0, start - 1) + 1)  # the line before: is it a traceback's frame?
-            stop = low.find(b"\n", at)
-            at = low.find(word, stop + 1) if stop >= 0 else -1
+    found: set[int] = set()  # the starts of lines with a keyword (``starts`` also has the line before each)
+    for at in _gate(keywords).find(low):
+        start = low.rfind(b"\n", 0, at) + 1
+        if start in found:
+            continue
+        found.add(start)
+        starts.add(start)
+        if start > 0:
+            starts.add(low.rfind(b"\n", 0, start - 1) + 1)  # the line before: is it a traceback's frame?
     del low
     if 0 in starts and before is not None:
         yield number, _decode(before)
@@ -179,6 +181,54 @@ def _pick(
         counted = start
         stop = buf.find(b"\n", start, end)
         yield lines + 1, _decode(buf[start : stop if stop >= 0 else end])
+
+
+class _Gate:
+    """Where in a lowercased chunk any of many keywords starts, in one pass whatever their number: every 4-byte
+    window of the chunk (four little-endian uint32 views, one per offset) is hashed into a table of the keywords'
+    first 4 bytes, and only the windows it admits are compared with the keywords themselves. A `bytes.find` per
+    keyword costs a pass over the chunk each (150 keywords: half a minute per GiB); this costs a few vector
+    operations per byte. Keywords shorter than 4 bytes are found with `bytes.find`."""
+
+    _BITS = 20
+    _MUL = numpy.uint32(2654435761)  # Knuth's multiplicative hash
+
+    def __init__(self, keywords: tuple[bytes, ...]) -> None:
+        self.short = [k for k in keywords if len(k) < 4]
+        self.by_prefix: dict[int, list[bytes]] = {}
+        for k in keywords:
+            if len(k) >= 4:
+                self.by_prefix.setdefault(int.from_bytes(k[:4], "little"), []).append(k)
+        prefixes = numpy.array(sorted(self.by_prefix), dtype=numpy.uint32)
+        self.table = numpy.zeros(1 << self._BITS, dtype=bool)
+        self.table[self._hash(prefixes)] = True
+
+    def _hash(self, x: Any) -> Any:
+        return (x * self._MUL) >> numpy.uint32(32 - self._BITS)
+
+    def find(self, low: bytes) -> Iterator[int]:
+        """The offsets in ``low`` where a keyword starts (some of them, at least one in each line that has one)."""
+        for word in self.short:
+            at = low.find(word)
+            while at >= 0:
+                yield at
+                stop = low.find(b"\n", at)
+                at = low.find(word, stop + 1) if stop >= 0 else -1
+        for k in range(4):
+            count = (len(low) - k) // 4
+            if count <= 0:
+                continue
+            windows = numpy.frombuffer(low, dtype="<u4", offset=k, count=count)
+            admitted = numpy.flatnonzero(self.table[self._hash(windows)])
+            for i, prefix in zip(admitted.tolist(), windows[admitted].tolist(), strict=True):
+                at = 4 * i + k
+                if any(low.startswith(word, at) for word in self.by_prefix.get(prefix, ())):
+                    yield at
+
+
+@functools.cache
+def _gate(keywords: tuple[bytes, ...]) -> _Gate:
+    return _Gate(keywords)
 
 
 def read_log(path: str, *, limit: int = MAX_LOG_BYTES) -> LogInput:

@@ -7,14 +7,19 @@ import re
 import signal
 
 from preemptible.diagnose._evidence import Evidence, exit_evidence
-from preemptible.diagnose._rules import COLLATERAL_RULES, EXIT_RULES, PEER_LOST, RULES, Rule, needles
+from preemptible.diagnose._rules import COLLATERAL_RULES, EXIT_RULES, PEER_LOST, RULES, SPOT_CONTEXT, Rule, needles
 
 RULE_TABLE = [(rule, rule.needles) for rule in RULES]
 EXIT_TABLE = [(rule, needles(rule.pattern)) for rule in EXIT_RULES]
 COLLATERAL_TABLE = [(rule, rule.needles) for rule in COLLATERAL_RULES]
 
 
-_NEEDLES = sorted({n for _, found_in in RULE_TABLE + EXIT_TABLE + COLLATERAL_TABLE if found_in for n in found_in})
+CONTEXT_TABLE = [(SPOT_CONTEXT, SPOT_CONTEXT.needles)]
+
+
+_NEEDLES = sorted(
+    {n for _, found_in in RULE_TABLE + EXIT_TABLE + COLLATERAL_TABLE + CONTEXT_TABLE if found_in for n in found_in}
+)
 
 
 def present(line: str) -> frozenset[str]:
@@ -36,6 +41,13 @@ def is_oom(line: str, present: frozenset[str]) -> bool:
     return any(r.verdict == "oom" and hit(r.pattern, n, line, present) for r, n in RULE_TABLE)
 
 
+def is_time_limit(line: str, present: frozenset[str]) -> bool:
+    """A line a strong time-limit rule names (an exception that says the job timed out, as submitit's does)."""
+    return any(
+        r.verdict == "time-limit" and r.strength == "strong" and hit(r.pattern, n, line, present) for r, n in RULE_TABLE
+    )
+
+
 def is_collective_timeout(line: str, present: frozenset[str]) -> bool:
     return any(r.verdict == "collective-timeout" and hit(r.pattern, n, line, present) for r, n in RULE_TABLE)
 
@@ -48,6 +60,11 @@ def is_peer_lost(line: str, present: frozenset[str]) -> bool:
 def rule_for(line: str, present: frozenset[str]) -> Rule | None:
     """The first rule (`_rules.RULES`) that matches ``line``."""
     return next((r for r, n in RULE_TABLE if hit(r.pattern, n, line, present)), None)
+
+
+def spot_context(line: str, present: frozenset[str]) -> bool:
+    """A line that says the work runs on spot/preemptible capacity (`_rules.SPOT_CONTEXT`)."""
+    return any(hit(r.pattern, n, line, present) for r, n in CONTEXT_TABLE)
 
 
 def collateral_for(line: str, present: frozenset[str]) -> Rule | None:
@@ -66,7 +83,10 @@ def exit_rule(line: str, where: str, number: int, text: str, present: frozenset[
         if m is None:
             continue
         groups = {k: v for k, v in m.groupdict().items() if v is not None}
-        if "code" in groups:
+        if "torque" in groups:
+            status = int(groups["torque"])
+            code = 256 - status if status > 256 else status  # 256 + N: killed by signal N
+        elif "code" in groups:
             code = int(groups["code"])
         elif "signum" in groups:
             code = -int(groups["signum"])

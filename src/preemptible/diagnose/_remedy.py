@@ -41,6 +41,11 @@ FIX: dict[str, list[str]] = {
         "SLURM: a larger --mem (sacct MaxRSS shows what the step used)",
         "Kubernetes: resources.limits.memory above the peak (kubectl top pod during a save)",
     ],
+    "interrupted": [
+        "nothing failed: the run was stopped by hand; Run saves on SIGINT like on SIGTERM (its default signal "
+        "source includes SIGINT), so the next start resumes from the step the interrupt reached",
+        "to stop a run on purpose without losing the step, send SIGTERM (kill PID, scancel) or preemptible drill",
+    ],
     "collective-timeout": [
         "fix the rank that stopped answering (see 'initiating'): its crash, hang or lost node is the cause; a longer "
         "timeout only waits longer",
@@ -88,6 +93,7 @@ def verify(verdict: str, platforms: set[str], root: str | None) -> list[str]:
             "TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 torchrun ... (the flight recorder names "
             "the stuck collective and rank)",
         ],
+        "interrupted": [f"preemptible verify {where}", f"{_TRAIN} (it resumes; the journal records the restore)"],
         "crashed": [f"preemptible verify {where}", f"{_TRAIN} (it resumes; the journal records the restore)"],
         "terminated": [f"preemptible drill --source signal --reference -- {_TRAIN}", plan],
         "killed": [plan, f"preemptible drill --source signal --window S --reference -- {_TRAIN}"],

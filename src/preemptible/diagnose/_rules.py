@@ -92,6 +92,7 @@ PEER_NODE = (
     "and this one restarts with the nodes that remain"
 )
 """What exit code 76 says: a consequence of another node's end, never its cause."""
+MACHINE_GONE = "the machine stopped answering without notice (a reclaim without a notice, a crash, a network partition)"
 CONSEQUENCES = (PEER_LOST, PEER_NODE)
 """The endings of the ``why`` of evidence that says only that another rank or node went away: never the cause while
 something else explains it (`_verdict._decide`, `_incident.initiating`)."""
@@ -263,6 +264,51 @@ RULES: tuple[Rule, ...] = (
         "AWS Batch: the host instance went away under the job (on Spot capacity, a reclaim)",
         "aws",
     ),
+    _r(
+        "preempted",
+        "strong",
+        r"\bthis job is preempted\b",
+        "submitit caught the scheduler's preemption signal and requeues the job",
+        "submitit",
+    ),
+    _r(
+        "preempted",
+        "strong",
+        r"\bULOG_JOB_EVICTED\b|\bJob was evicted\b|\bJobEvictedEvent\b",
+        "HTCondor evicted the job from its slot (reclaimed by its owner or a higher-priority job); it goes back to "
+        "the queue",
+        "htcondor",
+    ),
+    _r(
+        "preempted",
+        "weak",
+        r"Can ?not reconnect to \S+, rescheduling job",
+        "HTCondor lost the machine the job ran on and reschedules it (on opportunistic or spot slots, a reclaim)",
+        "htcondor",
+    ),
+    _r("preempted", "strong", r"\bTERM_PREEMPT\b", "LSF preempted the job", "lsf"),
+    _r(
+        "preempted",
+        "strong",
+        r"\bAUTOSCALER_DRAIN_PREEMPTED\b|\bpreempted by (the )?autoscaler\b",
+        "Ray: the node was drained because its instance was preempted",
+        "ray",
+    ),
+    _r(
+        "killed",
+        "weak",
+        r"\bINSTANCE_UNREACHABLE\b|has been marked dead because the detector has missed too many heartbeats|"
+        r"health check failed due to missing too many heartbeats",
+        MACHINE_GONE,
+        None,
+    ),
+    _r(
+        "preempted",
+        "strong",
+        r"\bINTERRUPTED_BY_NO_CAPACITY\b",
+        "dstack: the spot instance was interrupted (the cloud reclaimed the capacity)",
+        "dstack",
+    ),
     # time limits
     _r("time-limit", "strong", r"\bJobState=(TIMEOUT|DEADLINE)\b", "scontrol: job state TIMEOUT", "slurm"),
     _r(
@@ -294,12 +340,35 @@ RULES: tuple[Rule, ...] = (
         "Lightning got SLURM's --signal (sent ahead of the time limit)",
         "slurm",
     ),
+    _r(
+        "time-limit",
+        "strong",
+        r"\bTERM_(RUNLIMIT|CPULIMIT|DEADLINE)\b",
+        "LSF ended the job at its run-time limit",
+        "lsf",
+    ),
+    _r(
+        "time-limit",
+        "strong",
+        r"\bjob killed: (walltime|cput) \d+ exceeded limit\b|\b(exceed(ed|s)?|reach(ed|es)?|due to|hit) (the |its |a "
+        r"|maximum |hard )?(wall[ -]?clock|wall[ -]?time|run[ -]?time) (time )?limit\b|\bwalltime exceeded\b",
+        "the scheduler ended the job at its wall-clock limit (PBS, Moab, HTCondor, SGE)",
+        None,
+    ),
+    _r(
+        "time-limit",
+        "strong",
+        r"\btimed-out and not checkpointable\b|\bJob has timed out\b|\bMAX_DURATION_EXCEEDED\b",
+        "the job reached its time limit (submitit, dstack)",
+        None,
+    ),
     # out of memory
     _r("oom", "strong", r"\bJobState=OUT_OF_MEMORY\b", "scontrol: job state OUT_OF_MEMORY", "slurm"),
     _r(
         "oom",
         "strong",
-        r"Out of memory: Killed process|\boom-kill\b|Memory cgroup out of memory|\boom_reaper\b",
+        r"Out of memory: Killed process|\boom-kill\b|Memory cgroup out of memory|\boom_reaper\b|"
+        r"killed by the OOM killer",
         "the kernel's OOM killer",
         "kernel",
     ),
@@ -322,6 +391,31 @@ RULES: tuple[Rule, ...] = (
         r"can't allocate memory|Cannot allocate memory",
         "out of memory (an allocation failed)",
         None,
+    ),
+    _r(
+        "oom",
+        "strong",
+        r"\bTERM_(MEMLIMIT|SWAP)\b|\bjob killed: p?v?mem \d+\w* exceeded limit\b|exceeded a memory resource limit|"
+        r"\bdue to memory usage\b|\b(exceed(ed|s|ing)?|over) (the |its |a )?(requested |allocated |job'?s? )?memory"
+        r"( usage)? limit\b|\bmemory limit (was )?exceeded\b|\bexceed\w* (the )?h_vmem\b|\bh_vmem limit\b",
+        "the scheduler ended the job for using more memory than it asked for (LSF, PBS, HTCondor, SGE)",
+        None,
+    ),
+    _r(
+        "oom",
+        "strong",
+        r"\bCUDA_ERROR_OUT_OF_MEMORY\b|\bnot enough memory: you tried to allocate\b|\bstd::bad_alloc\b|"
+        r"\bResourceExhaustedError\b|\bRESOURCE_EXHAUSTED: Out of memory\b|^(\w+\.)*MemoryError\b|"
+        r"\bsession crashed after using all available RAM\b",
+        "out of memory (an allocation failed, or the notebook ran out of RAM)",
+        None,
+    ),
+    _r(
+        "oom",
+        "weak",
+        r"\bYour session crashed\b",
+        "Colab restarted a session that crashed (most often it ran out of RAM)",
+        "colab",
     ),
     # a collective that never completed: a rank stopped answering (hung, or gone without its peers being told)
     _r(
@@ -377,6 +471,28 @@ RULES: tuple[Rule, ...] = (
     _r(
         "crashed",
         "strong",
+        r"(^|: )(段错误|[\u041e\u043e]шибка сегментирования|Speicherzugriffsfehler|Erreur de segmentation|"
+        r"Violación de segmento|Falha de segmentação|セグメンテーション違反|세그멘테이션 오류)",
+        "the process crashed: the shell reports a segmentation fault (in the system's language)",
+        None,
+    ),
+    _r(
+        "crashed",
+        "strong",
+        r"Windows fatal exception|\bSTATUS_ACCESS_VIOLATION\b|\b0xC0000005\b|\b0xC0000409\b|\b0xC00000FD\b",
+        "the process crashed (a Windows access violation or stack fault)",
+        None,
+    ),
+    _r(
+        "crashed",
+        "weak",
+        r"^terminate called after throwing an instance of",
+        "an uncaught C++ exception aborted the process (its 'what()' line says why: a watchdog's timeout, an error)",
+        None,
+    ),
+    _r(
+        "crashed",
+        "strong",
         r"fallen off the bus|\bNVRM: Xid\b|^Check failed: ",
         "the GPU or a native library failed (an Xid error, a GPU off the bus, a failed CHECK)",
         None,
@@ -392,6 +508,7 @@ RULES: tuple[Rule, ...] = (
         "crashed",
         "weak",
         r"exited with a non-zero status of \d+\. Termination reason: Error|\bFailed - Training job failed\b|"
+        r"\bCONTAINER_EXITED_WITH_ERROR\b|"
         r"Job status: JobStatus\.FAILED\b",
         "the platform reports the job's program failed",
         None,
@@ -414,7 +531,7 @@ RULES: tuple[Rule, ...] = (
     _r(
         "terminated",
         "strong",
-        r"Received (1|2|3|Signals\.SIG(HUP|INT|QUIT)) death signal|got signal: (1|2|3)\b",
+        r"Received (1|3|Signals\.SIG(HUP|QUIT)) death signal|got signal: (1|3)\b",
         "torchrun received a terminating signal",
         "torchrun",
     ),
@@ -432,7 +549,7 @@ RULES: tuple[Rule, ...] = (
         "preemptible: a signal reached the run",
         "preemptible",
     ),
-    _r("terminated", "strong", r"Received SIG(TERM|INT|USR1|USR2): \d+", "Lightning received a signal", None),
+    _r("terminated", "strong", r"Received SIG(TERM|USR1|USR2): \d+", "Lightning received a signal", None),
     _r(
         "terminated",
         "strong",
@@ -444,6 +561,29 @@ RULES: tuple[Rule, ...] = (
     _r(
         "terminated",
         "strong",
+        r"\bkubectl delete (pods?|jobs?|pytorchjobs?|tfjobs?|mpijobs?|deployments?)\b|\bkubectl drain\b",
+        "a user deleted the pod or job (or drained its node): Kubernetes sent SIGTERM",
+        "k8s",
+    ),
+    _r(
+        "terminated",
+        "strong",
+        r"\b(STOPPED|TERMINATED|ABORTED)_BY_USER\b|\breason: user requested (pause|kill|cancel|stop)\b|"
+        r"\bTERM_(OWNER|ADMIN|FORCE_OWNER|FORCE_ADMIN|REQUEUE_OWNER|REQUEUE_ADMIN)\b",
+        "a user or an admin stopped the job (dstack, Determined, LSF)",
+        None,
+    ),
+    _r(
+        "terminated",
+        "weak",
+        r"\bJob deleted at request of\b|\bPower key pressed\b|\bBypassing signal SIGTERM\b",
+        "the job or its machine was stopped from outside (a deleted PBS job, an ACPI shutdown, a SIGTERM that "
+        "submitit let through): who asked is not said",
+        None,
+    ),
+    _r(
+        "terminated",
+        "strong",
         r"\"EventType\"\s*:\s*\"Terminate\"",
         "Azure Scheduled Events: Terminate (the VM is being deleted by its owner or scale set, not a Spot eviction)",
         "azure",
@@ -451,7 +591,7 @@ RULES: tuple[Rule, ...] = (
     _r(
         "terminated",
         "weak",
-        r"closing signal SIG(HUP|INT|QUIT)\b",
+        r"closing signal SIG(HUP|QUIT)\b",
         "torchrun passed a terminal hang-up or interrupt on to its workers (it forwards only signals it received)",
         "torchrun",
     ),
@@ -464,7 +604,24 @@ RULES: tuple[Rule, ...] = (
         None,
         flags=0,
     ),
-    _r("terminated", "weak", r"^\s*KeyboardInterrupt\s*$", "interrupted (SIGINT / Ctrl-C)", None),
+    # a user's own stop
+    _r(
+        "interrupted",
+        "strong",
+        r"Received (2|Signals\.SIGINT) death signal|got signal: 2\b|Received SIGINT: \d+|"
+        r"Detected KeyboardInterrupt|^\s*KeyboardInterrupt\s*$|\binterrupt \(one more within \d+ sec to abort\)|"
+        r"\bsending Ctrl-C to\b|hit ctrl-c again to forcibly terminate|\binterrupted by signal 2\b|"
+        r"\binterrupted by (the )?user\b",
+        "a user's interrupt (Ctrl-C, SIGINT)",
+        None,
+    ),
+    _r(
+        "interrupted",
+        "weak",
+        r"closing signal SIGINT\b",
+        "torchrun passed an interrupt (Ctrl-C) on to its workers (it forwards only signals it received)",
+        "torchrun",
+    ),
     # kills
     _r(
         "killed",
@@ -484,10 +641,18 @@ RULES: tuple[Rule, ...] = (
     _r(
         "killed",
         "weak",
-        r"\bline \d+: +\d+ Killed\b|^\[\d+\][+-]? +Killed\b|^Killed$|: tasks? [\d,-]+: Killed|\]Killed\s*$",
+        r"\bline \d+: +\d+ Killed\b|^\[\d+\][+-]? +Killed\b|^[*_]*Killed[*_]*$|: tasks? [\d,-]+: Killed|"
+        r"\]Killed\s*$|^zsh: killed\b",
         "the shell reports the command died of SIGKILL",
         None,
         flags=0,
+    ),
+    _r(
+        "killed",
+        "weak",
+        r"(^|\s)(已杀死|[\u0423\u0443]бито|Getötet|強制終了|죽었음|Processus arrêté|Terminado \(killed\))\s*$",
+        "the shell reports the command died of SIGKILL (in the system's language)",
+        None,
     ),
     # completion
     _r(
@@ -542,9 +707,13 @@ RULES: tuple[Rule, ...] = (
     ),
     _r(
         "completed",
-        "weak",
-        r"\breached (max_steps|max_epochs|the maximum number of (steps|epochs))\b|^[\[\w\] :.-]*"
-        r"\b(training|train) (finished|completed?|done)\b|'train_runtime':",
+        "strong",
+        r"\breached (max_steps|max_epochs|the maximum number of (steps|epochs))\b|"
+        r"^(?!.*\b(epoch|iter|step)\w* ?\d)[\[\w\] :.,|/()-]*"  # (not "epoch 3 training done")
+        r"\b(training|train|optimization) (is )?(finished|completed?|done)\b|'train_runtime':|"
+        r"\bfinished (training|optimization)\b|\[after training is done\]|End time of running main|"
+        r"\bExperiment \S+ has completed\b|\b\d+ epochs? completed in\b|\bdone training\b|\bTotal training time:|"
+        r"\btraining of experiment is done\b|\bDONE_BY_RUNNER\b|\bLoss for final step:|\*\*\* Best metric:",
         "the training loop reports it reached its end",
         None,
     ),
@@ -564,6 +733,19 @@ RULES: tuple[Rule, ...] = (
         None,
     ),
 )
+
+
+SPOT_CONTEXT = _r(
+    "preempted",
+    "context",
+    r"\b(spot|preemptible|low-priority) (instances?|nodes?|vms?|workers?|capacity|pool|machines?)\b|\buse_spot\b|"
+    r"\b(spot|preemptible): true\b|polling for termination-time|\bprovisioningModel\W+SPOT\b|"
+    r"capacity[-_]type\W+spot\b|lifecycle\W+spot\b|gke-(spot|preemptible)\b|\bpriority\W+(Spot|Low)\b",
+    "the machine is a spot/preemptible instance: a stop from outside it is most likely a reclaim",
+    None,
+)
+"""A line that says the work runs on spot/preemptible capacity. Not evidence of an end: it makes a stop from
+outside (a SIGTERM whose sender is not named, an ACPI shutdown, a node that stopped answering) read as a reclaim."""
 
 
 # Collateral: what the other ranks of a job log once one of them is gone. Never a cause (they do not decide the
@@ -613,8 +795,10 @@ EXIT_RULES: tuple[ExitRule, ...] = (
     ),
     ExitRule(re.compile(r"terminated with exit code \(?(?P<code>\d+)\)?"), "a worker terminated with exit code"),
     ExitRule(re.compile(r"\bExited with exit code (?P<code>\d+)"), "srun: a task exited with code"),
-    ExitRule(re.compile(r"Process finished with exit code (?P<code>\d+)"), "the process finished with exit code"),
-    ExitRule(re.compile(r"returned non-zero exit status (?P<code>\d+)"), "a command returned exit status"),
+    ExitRule(
+        re.compile(r"Process finished with exit code (?P<code>\d+|-\d{6,})"), "the process finished with exit code"
+    ),
+    ExitRule(re.compile(r"returned non-zero exit status (?P<code>-?\d+)"), "a command returned exit status"),
     ExitRule(re.compile(r"\"ExitCode\"\s*:\s*(?P<code>\d+)"), "container state ExitCode"),
     ExitRule(re.compile(r"exited on signal (?P<signum>\d+)"), "mpirun: a rank exited on signal"),
     ExitRule(re.compile(r"WTERMSIG (?P<signum>\d+)"), "slurmctld: the job ended by signal"),
@@ -627,6 +811,22 @@ EXIT_RULES: tuple[ExitRule, ...] = (
     # ..."), SageMaker ("AlgorithmError: Exit Code: 139"): the container's exit code
     ExitRule(re.compile(r"exited with a non-zero status of (?P<code>\d+)"), "the platform: a replica exited with"),
     ExitRule(re.compile(r"AlgorithmError: Exit Code: (?P<code>\d+)"), "SageMaker: the training container exited with"),
+    # Torque/PBS: "Exit_status=271" is 256 + the signal (SIGTERM); a negative status is PBS's own (not a signal)
+    ExitRule(re.compile(r"\bExit_status=(?P<torque>\d+)"), "PBS: the job's exit status"),
+    # systemd: "Main process exited, code=killed, status=9/KILL", "code=exited, status=1/FAILURE"
+    ExitRule(
+        re.compile(r"\bcode=(killed|dumped), status=(?P<signum>\d+)/"), "systemd: the service's process died of signal"
+    ),
+    ExitRule(re.compile(r"\bcode=exited, status=(?P<code>\d+)/"), "systemd: the service's process exited with"),
+    # the same facts in a tool's own words: "error code -9", "exit status 137", "exitCode: 137", "returncode=-9"
+    ExitRule(
+        re.compile(r"\b(exit|return)[ _]?(code|status)s?\b\W{0,4}(?<!-)(?P<code>\d+|-[2-9]|-[1-6]\d)\b", re.I),
+        "a tool reports the exit code",
+    ),
+    ExitRule(
+        re.compile(r"\berror code\W{0,4}(?P<code>-\d+|1[2-5]\d)\b", re.I),
+        "a tool reports the exit code (a signal's)",
+    ),
 )
 """Lines that say how a process ended; ``diagnose`` reads them as exit codes (a SIGKILL, a SIGSEGV, a code 1)."""
 

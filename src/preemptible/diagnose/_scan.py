@@ -17,18 +17,23 @@ from preemptible.diagnose._match import (
     is_collective_timeout,
     is_oom,
     is_peer_lost,
+    is_time_limit,
     present,
     rule_for,
+    spot_context,
 )
-from preemptible.diagnose._rules import LOST_PEER, PEER_LOST, PEER_NODE, RELAYED, STORE_LOST, peer_lost
+from preemptible.diagnose._rules import LOST_PEER, PEER_LOST, PEER_NODE, RELAYED, SPOT_CONTEXT, STORE_LOST, peer_lost
 
 _NATIVE_FRAME = re.compile(r"^frame #\d+: ")
 _TRACEBACK_START = re.compile(r"Traceback \(most recent call last\):")
-_BARE_EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*\.)?([A-Z]\w*)?(Error|Exception): \S")
+_BARE_EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*\.)?([A-Z]\w*)?(Error|Exception): ?\S")
 _CHAINED = re.compile(r"(During handling of the above exception|The above exception was the direct cause)")
 _EXCEPTION_LINE = re.compile(
     r"^(\[[^\]]*\]:?\s*)?([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failure|Warning)\b|[A-Za-z_][\w.]*Error)(:.*)?$"
 )
+_ASIDE = re.compile(r"^(Exception ignored in\b)|^Exception in thread\b")
+"""The line before a traceback that did not end the process: an exception in a ``__del__``, an ``atexit`` callback
+or a weakref callback ("Exception ignored in: ..."), or in a thread other than the main one."""
 _NOT_A_CRASH = ("SignalException", "KeyboardInterrupt", "SystemExit", "ChildFailedError")
 _ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\)")
 _FAILURES = re.compile(r"^\s*Failures:")
@@ -43,7 +48,7 @@ _STATUS_LINE = re.compile(r"^\s*Exit Code:\s*(\d+)\s*$|\bExited \((\d+)\)|\bexit
 def _strip_prefix(line: str) -> str:
     """``[rank0]: ...`` / ``[default0]:...`` (torchrun), ``[1,0]<stderr>:`` (mpirun) and ``0: ...`` (srun --label)
     prefixes."""
-    return re.sub(r"^((\[[^\]]*\](<std(out|err)>)?:)+\s?|\d+: )", "", line).rstrip()
+    return re.sub(r"^((\[[^\]]*\](<std(out|err)>)?:)+\s?|\d+: |std(out|err): )", "", line).rstrip()
 
 
 _TIMESTAMP = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)")
@@ -105,6 +110,10 @@ class _Scan:
         self.oom_reason_at: int | None = None  # index in ``found`` of a "Reason: OOMKilled" in a container status
         self.block = ""  # "" | "root" | "failures": where we are in torchrun's error summary
         self.traceback_at: tuple[int, str] | None = None  # where the traceback being read started
+        self.traceback_by: tuple[str | None, str | None] = (None, None)  # its writer and time
+        self.aside = ""  # "ignored" | "thread": the traceback being read did not end the process (see `_ASIDE`)
+        self.prev_line = ""  # the line before this one (when it was read)
+        self.spot = False  # a line said the work runs on spot/preemptible capacity
         self.who: str | None = None
         self.stamp: str | None = None
         self.mpi_first: int | None = None  # mpirun named the first process to fail: its exit code follows
@@ -123,6 +132,7 @@ class _Scan:
             return  # a chunk's first line given again as the line before a keyword's
         if number != self.last + 1:
             self.prev_indented = False  # lines were skipped (no rule could act on them): none of them is known
+            self.prev_line = ""
         self.last = number
         self.who, self.stamp = actor(raw), when(raw) or self.stamp
         if self.window is not None:
@@ -131,8 +141,12 @@ class _Scan:
         self.number, self.text = number, raw.strip()[:400]
         if _NATIVE_FRAME.match(line):
             return  # a frame of a native stack (c10's "Exception raised from ..."): a function's name, not an event
+        if line.startswith("^C"):  # a terminal echoes Ctrl-C before whatever the process then prints
+            self._add("interrupted", "strong", "a user's interrupt (^C: Ctrl-C at the terminal)")
+            line = line[2:]
         was_indented, self.prev_indented = self.prev_indented, line[:1] in (" ", "\t") and bool(line.strip())
-        if self._traceback(line, was_indented):
+        prev, self.prev_line = self.prev_line, line
+        if self._traceback(line, was_indented, prev):
             return
         if self._launcher_report(line):
             return
@@ -145,10 +159,18 @@ class _Scan:
     def finish(self) -> list[Evidence]:
         """The evidence of the whole log, each kind capped (`MAX_EVIDENCE_PER_KIND`)."""
         if self.in_traceback:
-            self.found.append(_cut_traceback(self.traceback_at, self.where))
+            self._cut_traceback()
         self.kept.tag(self.found, self.mark, self.who, self.stamp)
         self.found += self.kept.beyond.values()
         return self.found
+
+    def _cut_traceback(self) -> None:
+        """A traceback the log cuts off before its exception: a hint, at its first line, by that line's writer (the
+        lines that ended it are not all read when a long log is streamed)."""
+        cut = [_cut_traceback(self.traceback_at, self.where)]
+        self.kept.tag(cut, 0, *self.traceback_by)
+        self.found[self.mark : self.mark] = cut  # (before this line's own evidence, which is tagged later)
+        self.mark += len(cut)
 
     def _add(self, verdict: str, strength: str, why: str, platform: str | None = None) -> None:
         self.found.append(Evidence(verdict, strength, why, self.where, self.number, self.text, platform))
@@ -180,11 +202,15 @@ class _Scan:
             self._add("collective-timeout", "strong", f"a peer {LOST_PEER}", "preemptible")
         return True
 
-    def _traceback(self, line: str, was_indented: bool) -> bool:
+    def _traceback(self, line: str, was_indented: bool, prev: str) -> bool:
         """Follow a Python traceback; True when the line is part of one (and its exception, if any, recorded)."""
         if _TRACEBACK_START.search(line) and line.rstrip().endswith("last):"):
             # (a traceback flattened into one line, "...last):\n  File ...", is read as text)
             self.in_traceback, self.traceback_at = True, (self.number, self.text)
+            self.traceback_by = (self.who, self.stamp)
+            aside = _ASIDE.match(prev)
+            if not _CHAINED.match(prev):  # (a chained traceback's aside is its first part's)
+                self.aside = "" if aside is None else "ignored" if aside.group(1) else "thread"
             return True
         if not self.in_traceback and was_indented and _EXCEPTION_LINE.match(line):
             self.in_traceback = True  # the exception line of a traceback whose start was cut off
@@ -195,9 +221,19 @@ class _Scan:
         self.in_traceback = False
         match = _EXCEPTION_LINE.match(line)  # else: neither a frame nor the exception; read it as any other line
         if match is None:
-            self.found.append(_cut_traceback(self.traceback_at, self.where))
+            self._cut_traceback()
             return False
         return self._exception(line, match)
+
+    def _aside(self, name: str) -> bool:
+        """An exception Python printed and went on from (`_ASIDE`); True when it is recorded (as at most a hint)."""
+        aside, self.aside = self.aside, ""
+        if not aside:
+            return False
+        if aside == "thread":
+            why = f"unhandled {name} in a thread other than the main one (the process may have gone on)"
+            self._add("crashed", "hint", why)
+        return True  # "ignored": Python printed it and went on; it changed nothing about how the process ended
 
     def _exception(self, line: str, match: re.Match[str]) -> bool:
         """The exception line that ends a traceback; True when it is recorded as the crash (or as nothing)."""
@@ -208,16 +244,17 @@ class _Scan:
             return True
         name = match.group(2).rsplit(".", 1)[-1]
         if name == "KeyboardInterrupt":
-            self._add("terminated", "weak", "interrupted (SIGINT / Ctrl-C)")
+            self.aside = ""
+            self._add("interrupted", "strong", "a user's interrupt (KeyboardInterrupt: Ctrl-C, a notebook's stop)")
             return True
-        if name in _NOT_A_CRASH and name != "SignalException":
-            return True  # torchrun's wrapper error: its summary below names the cause
+        if self._aside(name) or (name in _NOT_A_CRASH and name != "SignalException"):
+            return True  # (torchrun's wrapper error: its summary below names the cause)
         if is_collective_timeout(line, found_in):
             self._add("collective-timeout", "strong", f"unhandled {name}: a collective timed out (a rank stopped "
                       "answering)", "torchrun")  # fmt: skip
             return True
-        if name == "SignalException" or is_oom(line, found_in):
-            return False  # read as any other line: the rules name the signal or the OOM
+        if name == "SignalException" or is_oom(line, found_in) or is_time_limit(line, found_in):
+            return False  # read as any other line: the rules name the signal, the OOM or the time limit
         if is_peer_lost(line, found_in):
             self._add("crashed", "weak", f"unhandled {name}: {PEER_LOST}", "torchrun")  # another rank's end caused it
         else:
@@ -269,7 +306,12 @@ class _Scan:
             self.block = ""  # the summary's frame
             return True
         if self.block == "failures":
-            return True  # the other ranks' codes and signals: torchrun's own teardown after the first failure
+            code_match = _EXITCODE.search(line)
+            if code_match and 0 < int(code_match.group(1)) < 128:  # a rank that failed on its own (torchrun's
+                # teardown ends the others with a signal): the cause, when the summary's root cause is not given
+                self.found.append(exit_evidence(int(code_match.group(1)), "torchrun: a rank failed, exitcode",
+                                                self.where, self.number, self.text))  # fmt: skip
+            return True  # the other ranks' signals: torchrun's own teardown after the first failure
         code_match = _EXITCODE.search(line)
         if code_match and self.block == "root":
             code = int(code_match.group(1))
@@ -284,11 +326,16 @@ class _Scan:
         if self._peer_lost(line):
             return
         found_in = present(line)
+        if found_in and not self.spot and spot_context(line, found_in):
+            self.spot = True  # (once per log: it is a fact about the machine, not an event)
+            self._add(SPOT_CONTEXT.verdict, SPOT_CONTEXT.strength, SPOT_CONTEXT.why)
         ended = exit_rule(line, self.where, self.number, self.text, found_in) if found_in else None
+        rule = rule_for(line, found_in) if found_in else None
         if ended is not None:
             self.found.append(ended)
+            if rule is not None and rule.strength == "strong" and rule.verdict != ended.verdict:
+                self._add(rule.verdict, rule.strength, rule.why, rule.platform)  # the same line names the cause
             return
-        rule = rule_for(line, found_in) if found_in else None
         if rule is not None:
             relayed = RELAYED.search(line) if rule.platform == "preemptible" else None
             if relayed is None:

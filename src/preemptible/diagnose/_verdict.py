@@ -21,7 +21,7 @@ from preemptible.diagnose._facts import journal_evidence, journal_facts
 from preemptible.diagnose._incident import Incident, initiating
 from preemptible.diagnose._input import LogInput
 from preemptible.diagnose._remedy import for_platforms, remedy
-from preemptible.diagnose._rules import CONSEQUENCES
+from preemptible.diagnose._rules import CONSEQUENCES, MACHINE_GONE
 from preemptible.diagnose._scan import TimeWindow, scan_lines
 
 CONFIRM: dict[str, list[str]] = {
@@ -41,6 +41,11 @@ CONFIRM: dict[str, list[str]] = {
         "SLURM: sacct -j $JOBID -o JobID,State,MaxRSS,ReqMem (State OUT_OF_MEMORY)",
         "Kubernetes: kubectl describe pod $POD (Last State: Terminated, Reason: OOMKilled) vs resources.limits.memory",
         "GPU: the traceback's 'Tried to allocate' figure against torch.cuda.max_memory_allocated()",
+    ],
+    "interrupted": [
+        "who pressed Ctrl-C or stopped the notebook: the ^C or KeyboardInterrupt in the log, the shell's history",
+        "a traceback after the interrupt is clean-up code failing on the way out, not the cause",
+        "torchrun: 'Received 2 death signal' (SIGINT) on the agent means the interrupt reached the launcher first",
     ],
     "collective-timeout": [
         "which rank stopped answering: the watchdog lines name the collective's SeqNum on every rank; the rank whose "
@@ -91,6 +96,14 @@ class Diagnosis:
     """What to change for this verdict (see `remedy`)."""
     verify: list[str] = field(default_factory=list)
     """The commands that show the fix worked."""
+    confidence: float = 0.0
+    """How likely the verdict is right, from how it was reached (see `CONFIDENCE`): of the corpus's verdicts at 0.8
+    or more, the fraction right is the calibration `benchmarks/diagnose_corpus.py` reports."""
+    competing: str | None = None
+    """The next most likely verdict: the strongest other verdict the evidence points to, else the one most often
+    confused with this one. For ``unknown``: the most likely cause."""
+    deciding: str = ""
+    """What would tell the verdict from the competing one: the record to look at."""
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -129,7 +142,22 @@ class Diagnosis:
         return lines
 
     def render(self) -> str:
-        lines = [f"verdict: {self.verdict}  ({self.summary})", "", "evidence:"]
+        if self.verdict == "unknown":
+            head = (
+                f"verdict: unknown  (most likely {self.competing}: {self.summary})"
+                if self.competing
+                else (f"verdict: unknown  ({self.summary})")
+            )
+        else:
+            head = f"verdict: {self.verdict}  ({self.summary})"
+        lines = [
+            head,
+            f"confidence: {self.confidence:.2f}"
+            + (f"; else {self.competing}" if self.competing and self.verdict != "unknown" else ""),
+        ]
+        if self.deciding:
+            lines.append(f"to decide: {self.deciding}")
+        lines += ["", "evidence:"]
         if not self.evidence:
             lines.append("  none recognised")
         for e in self.evidence:
@@ -189,10 +217,10 @@ def diagnose(
         evidence += journal_evidence(facts)
     if exit_code is not None:
         evidence.append(exit_evidence(exit_code, "exit code", "exit code", None, str(exit_code)))
-    verdict = _decide(evidence)
+    verdict, how = _decide(evidence)
     first, collateral = initiating(evidence, VERDICTS, prefer=verdict if verdict in _EXPLAINS else None)
     if first is not None and first.verdict != "collective-timeout" and verdict not in _EXPLAINS:
-        verdict = first.verdict  # several ranks or nodes: what happened first, not what ranks highest
+        verdict, how = first.verdict, "first"  # several ranks or nodes: what happened first, not what ranks highest
     summary = _summary(evidence, verdict, first, collateral)
     checkpoint: dict[str, Any] = {}
     lost: int | None = None
@@ -220,9 +248,11 @@ def diagnose(
     platforms = {e.platform for e in evidence if e.platform}
     confirm = for_platforms(CONFIRM[verdict], platforms)
     todo = remedy(verdict, platforms, root, saved_at=facts.committed_after_notice if facts is not None else None)
+    confidence, competing = _confidence(evidence, verdict, how)
     return Diagnosis(
         verdict, summary, evidence, exit_code, checkpoint, lost, exact, confirm, notes,
         initiating=first, collateral=collateral, fix=todo["fix"], verify=todo["verify"],
+        confidence=confidence, competing=competing, deciding=_deciding(verdict, competing, platforms),
     )  # fmt: skip
 
 
@@ -239,6 +269,8 @@ def _summary(evidence: Sequence[Evidence], verdict: str, first: Incident | None,
         summary += "; every rank in these logs was waiting: the one that stopped answering is not among them"
     elif first is not None:
         summary += f"; first: {first.who}" + (f", then {len(collateral)} collateral" if collateral else "")
+    if verdict == "completed" and any(e.verdict in _AFTER_THE_END and e.strength != "hint" for e in evidence):
+        summary += "; what failed after it failed while shutting down (the run's work was done)"
     if verdict == "terminated" and any(e.verdict == "killed" for e in evidence):
         summary += "; then killed after the grace period"
     return summary
@@ -249,13 +281,127 @@ _EXPLAINS = ("preempted", "time-limit", "oom")
 these anywhere is the verdict, and the initiating event is chosen among its evidence."""
 
 
-def _decide(evidence: Sequence[Evidence]) -> str:
+def _decide(evidence: Sequence[Evidence]) -> tuple[str, str]:
     """The verdict: the first of `VERDICTS` among the strong evidence, else the weak, else the hints. A crash that
     only says a peer went away (`_rules.CONSEQUENCES`: a lost connection, exit 76) counts only when nothing else
     does: the peer's end is the cause, and another line may name it."""
     causal = [e for e in evidence if not e.why.endswith(CONSEQUENCES)]
     verdict = _decide_among(causal) if causal else "unknown"
-    return verdict if verdict != "unknown" else _decide_among(evidence)
+    verdict = verdict if verdict != "unknown" else _decide_among(evidence)
+    if verdict == "terminated" and _failed_before_the_signal(causal):
+        return "crashed", "failed first"
+    if _reclaimed(evidence, verdict):
+        return "preempted", "spot"
+    if verdict in _AFTER_THE_END and _shutdown_noise(evidence):
+        return "completed", "after the end"
+    return verdict, "rule"
+
+
+CONFIDENCE = {
+    "strong": 0.95,
+    "strong, against": 0.7,
+    "weak": 0.75,
+    "weak, killed": 0.65,
+    "weak, against": 0.5,
+    "hint": 0.4,
+    "derived": 0.75,
+    "unknown": 0.6,
+}
+"""How often each way of reaching a verdict was right on the corpus's dev part (rounded down: the rules were tuned
+there): a verdict its own strong evidence names (evidence of verdicts it explains, later in `VERDICTS`, does not
+count against it: a preemption explains the SIGTERM), or named against evidence of a verdict before it; one only
+weak evidence names (a bare SIGKILL is as often an OOM), alone or against another; one only a hint names; one
+derived from the order of events (a failure before the signals, the run's end before the errors, a stop on a spot
+machine). ``unknown``: how often the thread itself could not say either (its most likely cause is a guess to check,
+`Diagnosis.competing`)."""
+_CONFUSED = {
+    "preempted": "terminated", "time-limit": "terminated", "oom": "killed", "interrupted": "terminated",
+    "collective-timeout": "crashed", "crashed": "oom", "terminated": "preempted", "killed": "oom",
+    "completed": "crashed",
+}  # fmt: skip
+"""The verdict most often mistaken for each, where the evidence names no other."""
+
+
+def _confidence(evidence: Sequence[Evidence], verdict: str, how: str) -> tuple[float, str | None]:
+    """The verdict's confidence and the competing verdict (for ``unknown``: the most likely cause)."""
+    causal = [e for e in evidence if e.strength in ("strong", "weak", "hint") and not e.why.endswith(CONSEQUENCES)]
+    others = [e for e in causal if e.verdict != verdict]
+    competing = next(
+        (v for strength in ("strong", "weak", "hint") for v in VERDICTS
+         if any(e.verdict == v and e.strength == strength for e in others)),
+        None,
+    )  # fmt: skip
+    if verdict == "unknown":
+        return CONFIDENCE["unknown"], competing or "killed"  # a log that just stops: ended from outside, unlogged
+    competing = competing or _CONFUSED.get(verdict)
+    if how != "rule":
+        return CONFIDENCE["derived"], competing
+    mine = {e.strength for e in evidence if e.verdict == verdict}
+    rank = VERDICTS.index(verdict)
+    if "strong" in mine:
+        against = any(e.strength != "hint" and VERDICTS.index(e.verdict) < rank for e in others)
+        key = "strong, against" if against else "strong"
+    elif "weak" in mine:
+        against = any(e.strength != "hint" for e in others)
+        key = "weak, against" if against else "weak, killed" if verdict == "killed" else "weak"
+    else:
+        key = "hint"
+    return CONFIDENCE[key], competing
+
+
+def _deciding(verdict: str, competing: str | None, platforms: set[str]) -> str:
+    """The record that would tell ``verdict`` from ``competing``."""
+    if competing is None:
+        return ""
+    check = for_platforms(CONFIRM[competing], platforms)[0]
+    if verdict == "unknown":
+        return f"for {competing}: {check}; and pass more: {CONFIRM['unknown'][0]}"
+    return f"to rule out {competing}: {check}"
+
+
+def _reclaimed(evidence: Sequence[Evidence], verdict: str) -> bool:
+    """On a spot/preemptible machine (`_rules.SPOT_CONTEXT`), a stop from outside that names no sender (weak
+    ``terminated`` evidence only), or a machine that stopped answering, is most likely the reclaim."""
+    if not any(e.strength == "context" and e.verdict == "preempted" for e in evidence):
+        return False
+    mine = [e for e in evidence if e.verdict == verdict and e.strength in ("strong", "weak")]
+    if verdict == "terminated":
+        return all(e.strength == "weak" for e in mine)
+    return verdict == "killed" and bool(mine) and all(e.why == MACHINE_GONE for e in mine)
+
+
+def _failed_before_the_signal(evidence: Sequence[Evidence]) -> bool:
+    """One task of a step failed on its own (a traceback, or a non-zero exit its launcher reports) before any sign of
+    a terminating signal in the same log: the launcher then stopped the others (srun's ``Terminated`` tasks, a
+    ``CANCELLED`` step). The failure is the cause; the signals are its consequence."""
+    first: dict[str, int] = {}
+    for e in evidence:
+        if e.verdict == "terminated" and e.strength in ("strong", "weak") and e.line is not None:
+            first[e.where] = min(first.get(e.where, e.line), e.line)
+    return any(
+        e.verdict == "crashed"
+        and e.strength in ("strong", "weak")
+        and e.line is not None
+        and e.where in first
+        and e.line < first[e.where]
+        and (e.strength == "strong" or e.reported)
+        for e in evidence
+    ) and not any(e.verdict == "terminated" and e.strength == "strong" and e.where not in first for e in evidence)
+
+
+_AFTER_THE_END = ("interrupted", "collective-timeout", "crashed", "terminated", "killed")
+"""What a run that reached its end may still print while shutting down (a queue thread cancelled, a summary or a
+logger's upload failing, a teardown's abort): after the end, none of it undoes the run's work."""
+
+
+def _shutdown_noise(evidence: Sequence[Evidence]) -> bool:
+    """The run said it reached its end (strong ``completed`` evidence in a log) and everything against that came
+    later in the same log (an exit code given with ``--exit-code`` is that later failure's, not another cause)."""
+    ends = {e.where: e.line for e in evidence if e.verdict == "completed" and e.strength == "strong" and e.line}
+    if not ends:
+        return False
+    against = [e for e in evidence if e.verdict in _AFTER_THE_END and e.strength in ("strong", "weak")]
+    return all(e.where == "exit code" or (e.where in ends and (e.line or 0) > ends[e.where]) for e in against)
 
 
 def _decide_among(evidence: Sequence[Evidence]) -> str:

@@ -1,0 +1,156 @@
+"""diagnose on the outcomes its first corpus missed (issue 55): a user's interrupt, a run that finished and then
+printed errors, schedulers' and shells' own words for an OOM, a kill or a time limit, one task failing before the
+launcher stops the rest, a stop on a spot machine; and the confidence and competing verdict every diagnosis
+carries. The lines are written from the tools' documented formats (the sourced real ones are in corpus/real)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from preemptible.cli import main
+from preemptible.diagnose import CONFIDENCE, VERDICTS, diagnose
+
+
+def _verdict(*lines: str, exit_code: int | None = None) -> str:
+    return diagnose([("log", list(lines))], exit_code=exit_code).verdict
+
+
+def test_a_user_s_interrupt_is_its_own_verdict_and_explains_the_clean_up_crash_after_it() -> None:
+    crash_in_clean_up = [
+        "Traceback (most recent call last):",
+        '  File "train.py", line 80, in <module>',
+        "    loss.backward()",
+        "KeyboardInterrupt",
+        "Traceback (most recent call last):",
+        '  File "train.py", line 95, in <module>',
+        "    writer.close()",
+        "RuntimeError: the queue is closed",
+    ]
+    assert _verdict(*crash_in_clean_up) == "interrupted"
+    assert _verdict("step 10 loss 2.0", "^CTraceback (most recent call last):", "  File 'x.py'") == "interrupted"
+    assert _verdict("srun: interrupt (one more within 1 sec to abort)") == "interrupted"
+    assert _verdict("step 10", exit_code=130) == "interrupted"  # 128 + SIGINT
+    assert _verdict("Process finished with exit code -1073741510") == "interrupted"  # Windows: Ctrl-C
+    # a SIGTERM is not an interrupt, and a crash with no interrupt is a crash
+    assert _verdict("step 10", exit_code=143) == "terminated"
+    assert _verdict(*crash_in_clean_up[4:]) == "crashed"
+
+
+def test_a_run_that_reached_its_end_stays_completed_whatever_it_prints_while_shutting_down() -> None:
+    after = ["Traceback (most recent call last):", '  File "run.py", line 9', "OSError: upload failed"]
+    done = diagnose([("log", ["step 999 loss 0.1", "Training completed. Do not forget to share your model", *after])])
+    assert done.verdict == "completed" and "while shutting down" in done.summary
+    assert _verdict("[after training is done] datetime: 2025-09-24 16:08:38", "Segmentation fault (core dumped)") == (
+        "completed"
+    )
+    # an epoch's end is not the run's end, and an error before the end is not shutdown noise
+    assert _verdict("Epoch 3 training completed", *after) == "crashed"
+    assert _verdict(*after, "Training completed. Do not forget to share your model") == "crashed"
+
+
+def test_an_exception_python_went_on_from_does_not_end_the_process() -> None:
+    ignored = [
+        "Exception ignored in: <function _DataLoaderIter.__del__ at 0x7f>",
+        "Traceback (most recent call last):",
+        '  File "dataloader.py", line 717, in __del__',
+        "RuntimeError: worker 3 is gone",
+    ]
+    assert diagnose([("log", ignored)]).evidence == []
+    thread = ["Exception in thread Thread-7:", *ignored[1:]]
+    found = diagnose([("log", thread)]).evidence
+    assert [(e.verdict, e.strength) for e in found] == [("crashed", "hint")]
+
+
+@pytest.mark.parametrize(
+    ("line", "verdict"),
+    [
+        ("已杀死", "killed"),  # zh_CN bash
+        ("Убито", "killed"),  # ru_RU bash
+        ("zsh: killed     python3 train.py --epochs 100", "killed"),
+        ("**Killed**", "killed"),
+        ("worker exited with error code -9", "killed"),
+        ("Job exited with exit status 137", "killed"),
+        ("trainer.service: Main process exited, code=killed, status=9/KILL", "killed"),
+        ("trainer.service: A process of this unit has been killed by the OOM killer.", "oom"),
+        ("Ошибка сегментирования", "crashed"),
+        ("段错误 (核心已转储)", "crashed"),
+        ("Process finished with exit code -1073741819 (0xC0000005)", "crashed"),
+        ("Windows fatal exception: access violation", "crashed"),
+        ("TERM_MEMLIMIT: job killed after reaching LSF memory usage limit.", "oom"),
+        ("TERM_RUNLIMIT: job killed after reaching LSF run time limit.", "time-limit"),
+        ("=>> PBS: job killed: walltime 3610 exceeded limit 3600", "time-limit"),
+        ("=>> PBS: job killed: mem 38427376kb exceeded limit 33554432kb", "oom"),
+        ("Job in status 2 put on hold by SYSTEM_PERIODIC_HOLD due to memory usage 3000000.", "oom"),
+        ("Event: ULOG_JOB_EVICTED for HTCondor Node train_1 (5437648.0.0)", "preempted"),
+        ("submitit WARNING (2022-07-12 04:18:45) - Caught signal SIGUSR1 on n1: this job is preempted.", "preempted"),
+        ("UncompletedJobError: Job not requeued because: timed-out and not checkpointable.", "time-limit"),
+        (" train-llm-3  aws  g5.xlarge  terminated  STOPPED_BY_USER", "terminated"),
+        ("$ kubectl delete pod mnist-ddp-worker-1", "terminated"),
+        ("failed to allocate 512.00M from device: CUDA_ERROR_OUT_OF_MEMORY: out of memory", "oom"),
+    ],
+)  # fmt: skip
+def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verdict: str) -> None:
+    assert _verdict(line) == verdict, diagnose([("log", [line])]).render()
+
+
+def test_one_task_failing_first_is_the_cause_of_the_step_s_cancellation() -> None:
+    lines = [
+        "srun: error: gpu-q-3: task 2: Exited with exit code 1",
+        "slurmstepd: error: *** STEP 4242.0 ON gpu-q-3 CANCELLED AT 2026-11-30T10:12:01 ***",
+        "srun: error: gpu-q-3: tasks 0-1,3: Terminated",
+    ]
+    assert _verdict(*lines) == "crashed"
+    assert _verdict(lines[1], lines[2], lines[0]) == "terminated"  # cancelled first: the exit 1 followed it
+
+
+def test_a_stop_from_outside_on_a_spot_machine_reads_as_the_reclaim() -> None:
+    sigterm = "/bin/bash: line 1:    72 Terminated              python train.py"
+    assert _verdict(sigterm) == "terminated"
+    assert _verdict("node pool: spot instances (g5.xlarge)", sigterm) == "preempted"
+    # a named sender is not a reclaim, spot or not
+    assert _verdict("node pool: spot instances", "*** JOB 7 ON n1 CANCELLED AT 2026-11-30T10:12:01 ***") == (
+        "terminated"
+    )
+
+
+def test_every_diagnosis_carries_a_confidence_and_the_competing_verdict() -> None:
+    named = diagnose([("log", ["slurmstepd: error: *** JOB 7 ON n1 CANCELLED AT 2026-11-30T10:12:01 DUE TO "
+                                "PREEMPTION ***"])])  # fmt: skip
+    assert named.verdict == "preempted" and named.confidence >= 0.8 and named.competing == "terminated"
+    bare = diagnose([("log", ["step 10 loss 2.0", "Killed"])])
+    assert bare.verdict == "killed" and bare.confidence < 0.8 and bare.competing == "oom"
+    assert "oom" in bare.deciding.lower() or "dmesg" in bare.deciding
+    nothing = diagnose([("log", ["step 10 loss 2.0"])])
+    assert nothing.verdict == "unknown" and nothing.competing is not None and nothing.deciding
+    assert f"most likely {nothing.competing}" in nothing.render()
+
+
+def test_the_cli_json_has_the_confidence_the_competing_verdict_and_what_decides(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "train.log"
+    log.write_text("step 10 loss 2.0\n^C\n")
+    assert main(["diagnose", str(log), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["verdict"] == "interrupted" and doc["verdict"] in VERDICTS
+    assert 0 < doc["confidence"] <= 1 and doc["competing"] in VERDICTS and doc["deciding"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from([
+    "step 1 loss 2.0", "Killed", "KeyboardInterrupt", "^C", "Training completed", "Terminated", "Segmentation fault",
+    "Traceback (most recent call last):", "RuntimeError: boom", "CUDA out of memory", "spot instances",
+    "*** JOB 1 ON n CANCELLED AT 2026-01-01T00:00:00 ***", "Exception in thread Thread-1:", "exit code 137",
+]), max_size=8), st.sampled_from([None, 0, 1, 130, 137, 143, -9]))  # fmt: skip
+def test_confidence_is_one_of_the_calibrated_values_and_the_competing_verdict_is_another(
+    lines: list[str], exit_code: int | None
+) -> None:
+    result = diagnose([("log", lines)], exit_code=exit_code)
+    assert result.confidence in CONFIDENCE.values()
+    assert result.competing is None or (result.competing in VERDICTS and result.competing != result.verdict)
+    assert result.verdict in VERDICTS
