@@ -92,6 +92,11 @@ def test_an_exception_python_went_on_from_does_not_end_the_process() -> None:
         (" train-llm-3  aws  g5.xlarge  terminated  STOPPED_BY_USER", "terminated"),
         ("$ kubectl delete pod mnist-ddp-worker-1", "terminated"),
         ("failed to allocate 512.00M from device: CUDA_ERROR_OUT_OF_MEMORY: out of memory", "oom"),
+        ("torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB", "oom"),
+        ("Container killed by YARN for exceeding memory limits. 12.1 GB of 12 GB physical memory used.", "oom"),
+        ("已终止", "terminated"),  # zh_CN bash: SIGTERM
+        ("ray.exceptions.ActorDiedError: The actor died because its node has died. Node Id: 5e1f", "killed"),
+        ("I 09-12 22:49:49 controller.py:545] Cluster is preempted or failed. Recovering...", "preempted"),
     ],
 )  # fmt: skip
 def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verdict: str) -> None:
@@ -112,6 +117,8 @@ def test_a_stop_from_outside_on_a_spot_machine_reads_as_the_reclaim() -> None:
     sigterm = "/bin/bash: line 1:    72 Terminated              python train.py"
     assert _verdict(sigterm) == "terminated"
     assert _verdict("node pool: spot instances (g5.xlarge)", sigterm) == "preempted"
+    died = "ray.exceptions.ActorDiedError: The actor died because its node has died. Node Id: 5e1f"
+    assert _verdict("worker_nodes: {use_spot: true}", died) == "preempted"  # a node gone without notice
     # a named sender is not a reclaim, spot or not
     assert _verdict("node pool: spot instances", "*** JOB 7 ON n1 CANCELLED AT 2026-11-30T10:12:01 ***") == (
         "terminated"

@@ -224,9 +224,17 @@ RULES: tuple[Rule, ...] = (
     _r(
         "preempted",
         "strong",
-        r"\b(the )?cluster is preempted\b",
+        r"\b(the )?cluster is preempted\b(?! or failed)",
         "SkyPilot's managed-job controller found the cluster preempted and is recovering it",
         "skypilot",
+    ),
+    _r(
+        "preempted",
+        "weak",
+        r"\b[Cc]luster is preempted or failed\b|^\S+\s+.*\bRECOVERING\b",
+        "SkyPilot's managed-job controller recovers the cluster: a preemption, or a failure it cannot tell apart",
+        "skypilot",
+        flags=0,
     ),
     _r(
         "preempted",
@@ -298,14 +306,14 @@ RULES: tuple[Rule, ...] = (
         "killed",
         "weak",
         r"\bINSTANCE_UNREACHABLE\b|has been marked dead because the detector has missed too many heartbeats|"
-        r"health check failed due to missing too many heartbeats",
+        r"health check failed due to missing too many heartbeats|\bits node has died\b|\bNodeDiedError\b",
         MACHINE_GONE,
         None,
     ),
     _r(
         "preempted",
         "strong",
-        r"\bINTERRUPTED_BY_NO_CAPACITY\b",
+        r"\bINTERRUPTED_BY_NO_CAPACITY\b|\binterrupted by no capacity\b",
         "dstack: the spot instance was interrupted (the cloud reclaimed the capacity)",
         "dstack",
     ),
@@ -397,7 +405,7 @@ RULES: tuple[Rule, ...] = (
         "strong",
         r"\bTERM_(MEMLIMIT|SWAP)\b|\bjob killed: p?v?mem \d+\w* exceeded limit\b|exceeded a memory resource limit|"
         r"\bdue to memory usage\b|\b(exceed(ed|s|ing)?|over) (the |its |a )?(requested |allocated |job'?s? )?memory"
-        r"( usage)? limit\b|\bmemory limit (was )?exceeded\b|\bexceed\w* (the )?h_vmem\b|\bh_vmem limit\b",
+        r"( usage)? limits?\b|\bmemory limit (was )?exceeded\b|\bexceed\w* (the )?h_vmem\b|\bh_vmem limit\b",
         "the scheduler ended the job for using more memory than it asked for (LSF, PBS, HTCondor, SGE)",
         None,
     ),
@@ -406,7 +414,8 @@ RULES: tuple[Rule, ...] = (
         "strong",
         r"\bCUDA_ERROR_OUT_OF_MEMORY\b|\bnot enough memory: you tried to allocate\b|\bstd::bad_alloc\b|"
         r"\bResourceExhaustedError\b|\bRESOURCE_EXHAUSTED: Out of memory\b|^(\w+\.)*MemoryError\b|"
-        r"\bsession crashed after using all available RAM\b",
+        r"\bsession crashed after using all available RAM\b|\b(HIP|MPS|XPU|NPU)( backend)? out of memory\b|"
+        r"\bkilled by (the )?(OOM|out of memory)\b|The paging file is too small for this operation",
         "out of memory (an allocation failed, or the notebook ran out of RAM)",
         None,
     ),
@@ -479,7 +488,8 @@ RULES: tuple[Rule, ...] = (
     _r(
         "crashed",
         "strong",
-        r"Windows fatal exception|\bSTATUS_ACCESS_VIOLATION\b|\b0xC0000005\b|\b0xC0000409\b|\b0xC00000FD\b",
+        r"the monitored command dumped core|Windows fatal exception|\bSTATUS_ACCESS_VIOLATION\b|\b0xC0000005\b|"
+        r"\b0xC0000409\b|\b0xC00000FD\b",
         "the process crashed (a Windows access violation or stack fault)",
         None,
     ),
@@ -604,6 +614,14 @@ RULES: tuple[Rule, ...] = (
         None,
         flags=0,
     ),
+    _r(
+        "terminated",
+        "weak",
+        r"(^|\s)(已终止|[\u0417\u0437]авершено|Beendet|Terminado|Complété|終了しました)\s*$",
+        "the shell reports the command died of SIGTERM (in the system's language)",
+        None,
+        flags=0,
+    ),
     # a user's own stop
     _r(
         "interrupted",
@@ -650,7 +668,7 @@ RULES: tuple[Rule, ...] = (
     _r(
         "killed",
         "weak",
-        r"(^|\s)(已杀死|[\u0423\u0443]бито|Getötet|強制終了|죽었음|Processus arrêté|Terminado \(killed\))\s*$",
+        r"(^|\s)(已杀死|[\u0423\u0443]бито|Getötet|強制終了|죽었음|Processus arrêté|Terminado \(killed\)|Morto)\s*$",
         "the shell reports the command died of SIGKILL (in the system's language)",
         None,
     ),
