@@ -183,11 +183,24 @@ def _pick(
         yield lines + 1, _decode(buf[start : stop if stop >= 0 else end])
 
 
+_ENGLISH = b"etaoinsrhldcumfpgwybvkxjqz"
+_COMMONNESS = {**{c: 30 - i for i, c in enumerate(_ENGLISH)}, ord(" "): 40, **dict.fromkeys(b"0123456789", 25),
+               **dict.fromkeys(b"[]:.,-=/_()'", 15)}  # fmt: skip
+"""How common a byte is in a training log, roughly (letters by their frequency in English; spaces, digits and a
+timestamp's punctuation are everywhere): a keyword is looked for by its rarest 4 bytes."""
+
+
+def _rarest_window(word: bytes) -> int:
+    """The offset of ``word``'s 4-byte window least likely to occur in ordinary log text ("loss for final step:" is
+    looked for by "tep:", not by "loss", which is on every line of a training log)."""
+    return min(range(len(word) - 3), key=lambda j: sum(_COMMONNESS.get(b, 1) for b in word[j : j + 4]))
+
+
 class _Gate:
-    """Where in a lowercased chunk any of many keywords starts, in one pass whatever their number: every 4-byte
+    """Where in a lowercased chunk any of many keywords occurs, in one pass whatever their number: every 4-byte
     window of the chunk (four little-endian uint32 views, one per offset) is hashed into a table of the keywords'
-    first 4 bytes, and only the windows it admits are compared with the keywords themselves. A `bytes.find` per
-    keyword costs a pass over the chunk each (150 keywords: half a minute per GiB); this costs a few vector
+    rarest 4-byte windows, and only the windows it admits are compared with the keywords themselves. A `bytes.find`
+    per keyword costs a pass over the chunk each (150 keywords: half a minute per GiB); this costs a few vector
     operations per byte. Keywords shorter than 4 bytes are found with `bytes.find`."""
 
     _BITS = 20
@@ -195,13 +208,14 @@ class _Gate:
 
     def __init__(self, keywords: tuple[bytes, ...]) -> None:
         self.short = [k for k in keywords if len(k) < 4]
-        self.by_prefix: dict[int, list[bytes]] = {}
+        self.by_window: dict[int, list[tuple[int, bytes]]] = {}  # a window: (its offset in the keyword, keyword)
         for k in keywords:
             if len(k) >= 4:
-                self.by_prefix.setdefault(int.from_bytes(k[:4], "little"), []).append(k)
-        prefixes = numpy.array(sorted(self.by_prefix), dtype=numpy.uint32)
+                j = _rarest_window(k)
+                self.by_window.setdefault(int.from_bytes(k[j : j + 4], "little"), []).append((j, k))
+        windows = numpy.array(sorted(self.by_window), dtype=numpy.uint32)
         self.table = numpy.zeros(1 << self._BITS, dtype=bool)
-        self.table[self._hash(prefixes)] = True
+        self.table[self._hash(windows)] = True
 
     def _hash(self, x: Any) -> Any:
         return (x * self._MUL) >> numpy.uint32(32 - self._BITS)
@@ -220,10 +234,12 @@ class _Gate:
                 continue
             windows = numpy.frombuffer(low, dtype="<u4", offset=k, count=count)
             admitted = numpy.flatnonzero(self.table[self._hash(windows)])
-            for i, prefix in zip(admitted.tolist(), windows[admitted].tolist(), strict=True):
+            for i, window in zip(admitted.tolist(), windows[admitted].tolist(), strict=True):
                 at = 4 * i + k
-                if any(low.startswith(word, at) for word in self.by_prefix.get(prefix, ())):
-                    yield at
+                for j, word in self.by_window.get(window, ()):
+                    if at >= j and low.startswith(word, at - j):
+                        yield at - j
+                        break
 
 
 @functools.cache
