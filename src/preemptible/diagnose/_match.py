@@ -3,18 +3,18 @@ pattern is tried, and the rules that read how a process ended."""
 
 from __future__ import annotations
 
+import functools
 import re
 import signal
+from typing import Any
 
 from preemptible.diagnose._evidence import Evidence, exit_evidence
 from preemptible.diagnose._rules import COLLATERAL_RULES, EXIT_RULES, PEER_LOST, RULES, SPOT_CONTEXT, Rule, needles
 
-RULE_TABLE = [(rule, rule.needles) for rule in RULES]
-EXIT_TABLE = [(rule, needles(rule.pattern)) for rule in EXIT_RULES]
-COLLATERAL_TABLE = [(rule, rule.needles) for rule in COLLATERAL_RULES]
-
-
-CONTEXT_TABLE = [(SPOT_CONTEXT, SPOT_CONTEXT.needles)]
+RULE_TABLE: list[tuple[Any, tuple[str, ...] | None]] = [(rule, rule.needles) for rule in RULES]
+EXIT_TABLE: list[tuple[Any, tuple[str, ...] | None]] = [(rule, needles(rule.pattern)) for rule in EXIT_RULES]
+COLLATERAL_TABLE: list[tuple[Any, tuple[str, ...] | None]] = [(rule, rule.needles) for rule in COLLATERAL_RULES]
+CONTEXT_TABLE: list[tuple[Any, tuple[str, ...] | None]] = [(SPOT_CONTEXT, SPOT_CONTEXT.needles)]
 
 
 _NEEDLES = sorted(
@@ -22,6 +22,7 @@ _NEEDLES = sorted(
 )
 
 
+@functools.lru_cache(maxsize=4096)  # (a line the scanner tests twice; a log that repeats a line)
 def present(line: str) -> frozenset[str]:
     """The rules' needles (`_rules.needles`) that are in ``line``, lowercased: one pass for all the rules."""
     low = line.lower()
@@ -37,39 +38,71 @@ def hit(
     return pattern.search(line)
 
 
+Table = list[tuple[Any, tuple[str, ...] | None]]
+_INDEX: dict[int, tuple[dict[str, list[int]], tuple[int, ...]]] = {}
+
+
+def candidates(table: Table, present: frozenset[str]) -> Table:
+    """The entries of ``table`` (in its order) one of whose needles is ``present``, and those with none: the only
+    ones that can match the line. An index from needle to entries, so a line costs the rules it could match, not
+    all of them."""
+    index = _INDEX.get(id(table))
+    if index is None:
+        by: dict[str, list[int]] = {}
+        always: list[int] = []
+        for i, (_, found_in) in enumerate(table):
+            if found_in is None:
+                always.append(i)
+            for n in found_in or ():
+                by.setdefault(n, []).append(i)
+        index = _INDEX[id(table)] = (by, tuple(always))
+    chosen = set(index[1])
+    by = index[0]
+    for n in present:
+        chosen.update(by.get(n, ()))
+    return [table[i] for i in sorted(chosen)]
+
+
+def _first(table: Table, line: str, present: frozenset[str], want: Any = None) -> Any:
+    """The first entry of ``table`` that matches ``line`` (and satisfies ``want``), or None."""
+    return next(
+        (r for r, _ in candidates(table, present) if (want is None or want(r)) and r.pattern.search(line)), None
+    )
+
+
 def is_oom(line: str, present: frozenset[str]) -> bool:
-    return any(r.verdict == "oom" and hit(r.pattern, n, line, present) for r, n in RULE_TABLE)
+    return _first(RULE_TABLE, line, present, lambda r: r.verdict == "oom") is not None
 
 
 def is_time_limit(line: str, present: frozenset[str]) -> bool:
     """A line a strong time-limit rule names (an exception that says the job timed out, as submitit's does)."""
-    return any(
-        r.verdict == "time-limit" and r.strength == "strong" and hit(r.pattern, n, line, present) for r, n in RULE_TABLE
-    )
+    return _first(RULE_TABLE, line, present, lambda r: r.verdict == "time-limit" and r.strength == "strong") is not None
 
 
 def is_collective_timeout(line: str, present: frozenset[str]) -> bool:
-    return any(r.verdict == "collective-timeout" and hit(r.pattern, n, line, present) for r, n in RULE_TABLE)
+    return _first(RULE_TABLE, line, present, lambda r: r.verdict == "collective-timeout") is not None
 
 
 def is_peer_lost(line: str, present: frozenset[str]) -> bool:
     """A line that says only that a peer went away (`_rules.PEER_LOST`)."""
-    return any(r.why == PEER_LOST and hit(r.pattern, n, line, present) for r, n in COLLATERAL_TABLE)
+    return _first(COLLATERAL_TABLE, line, present, lambda r: r.why == PEER_LOST) is not None
 
 
 def rule_for(line: str, present: frozenset[str]) -> Rule | None:
     """The first rule (`_rules.RULES`) that matches ``line``."""
-    return next((r for r, n in RULE_TABLE if hit(r.pattern, n, line, present)), None)
+    rule: Rule | None = _first(RULE_TABLE, line, present)
+    return rule
 
 
 def spot_context(line: str, present: frozenset[str]) -> bool:
     """A line that says the work runs on spot/preemptible capacity (`_rules.SPOT_CONTEXT`)."""
-    return any(hit(r.pattern, n, line, present) for r, n in CONTEXT_TABLE)
+    return _first(CONTEXT_TABLE, line, present) is not None
 
 
 def collateral_for(line: str, present: frozenset[str]) -> Rule | None:
     """The first collateral rule (`_rules.COLLATERAL_RULES`) that matches ``line``."""
-    return next((r for r, n in COLLATERAL_TABLE if hit(r.pattern, n, line, present)), None)
+    rule: Rule | None = _first(COLLATERAL_TABLE, line, present)
+    return rule
 
 
 _SIGNAL_NAMES = {"Killed": "SIGKILL", "Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS", "Aborted": "SIGABRT"}
@@ -78,8 +111,8 @@ _OOM_KILLED_REASON = re.compile(r"\bReason:\s*OOMKilled\b")
 
 def exit_rule(line: str, where: str, number: int, text: str, present: frozenset[str]) -> Evidence | None:
     """Evidence from a line that reports how a process ended (`_rules.EXIT_RULES`); ``present``: its needles."""
-    for rule, found_in in EXIT_TABLE:
-        m = hit(rule.pattern, found_in, line, present)
+    for rule, _ in candidates(EXIT_TABLE, present):
+        m = rule.pattern.search(line)
         if m is None:
             continue
         groups = {k: v for k, v in m.groupdict().items() if v is not None}
