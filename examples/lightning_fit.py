@@ -75,6 +75,7 @@ def main() -> None:
         strategy="ddp" if args.devices > 1 else "auto",
         default_root_dir=f"{args.root}-lightning",
         callbacks=[cb, L.pytorch.callbacks.ModelCheckpoint(every_n_train_steps=7, save_top_k=-1)],  # preemptible
+        log_every_n_steps=5,  # what the module logs reaches preemptible's journal at this cadence too
         enable_progress_bar=False,
         enable_model_summary=False,
         logger=L.pytorch.loggers.TensorBoardLogger(f"{args.root}-tb", version=0) if args.tensorboard else False,

@@ -141,6 +141,8 @@ def test_the_callback_replaces_the_trainer_s_own_sigterm_handling_and_exit_on_no
     assert exit_event["saved"] and exit_event["step"] == stopped >= 5  # ours: no 3 s of training on, no checkpoint-N
     assert Checkpointer(root).latest() == stopped
     assert not list((tmp_path / "out").glob("checkpoint-*"))
+    logged = [e for e in journal(root) if e["event"] == "log"]  # the Trainer's logs (logging_steps=5), forwarded
+    assert logged and {"loss", "learning_rate"} <= set(logged[0]) and logged[0]["step"] == 5, logged[:2]
 
 
 def test_two_ranks_under_torchrun_stop_together_on_one_worker_s_sigterm_and_resume_identical(

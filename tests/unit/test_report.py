@@ -160,3 +160,53 @@ def test_png_without_matplotlib_is_one_line_and_exit_2(
     err = capsys.readouterr().err
     assert "pip install 'preemptible[plot]'" in err and err.count("\n") == 1
     assert not (tmp_path / "r.png").exists()
+
+
+def test_a_notice_s_window_ends_with_its_attempt_and_the_png_s_legend_covers_no_axis_label(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two attempts, the first stopped by a notice whose 30 s window outlasts its process: the window is drawn up to
+    that attempt's end, not over the next attempt; in the picture the legend's box overlaps no axis label's box."""
+    from preemptible.report import _picture
+
+    root = tmp_path / "root"
+    attempt(root, notice_at=2)
+    attempt(root)
+    assert main(["report", str(root), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    first = doc["timeline"][0]
+    (notice,) = first["notices"]
+    assert notice["deadline_s"] > doc["timeline"][1]["start_s"]  # the window reaches past the next start
+    drawn = _picture._timeline(doc)
+    (window,) = [r for r in drawn["rows"][0]["rects"] if r["cls"] == "window"]
+    left, right = 90, 20  # the timeline's margins
+    end_x = left + first["end_s"] * (1000 - left - right) / max(doc["wall_s"], 1e-3)
+    assert float(window["x"]) + float(window["w"]) == pytest.approx(end_x, abs=1.6)
+
+    fig = _picture.picture(doc)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    page = fig.bbox
+    for ax in fig.axes:
+        label = ax.xaxis.label.get_window_extent(renderer)
+        legend = ax.get_legend()
+        assert legend is not None
+        box = legend.get_window_extent(renderer)
+        assert not box.overlaps(label), (ax.get_xlabel(), box, label)
+        assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1
+        for other in fig.axes:  # nor another panel's label
+            assert not box.overlaps(other.xaxis.label.get_window_extent(renderer))
+
+
+def test_a_figure_with_no_value_to_draw_gets_no_panel(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from preemptible.report import _picture
+
+    root = tmp_path / "root"
+    attempt(root)
+    assert main(["report", str(root), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    doc["figures"] = {"loss": doc["figures"]["loss"], "nothing": [[1, float("nan"), 1]]}
+    assert len(_picture.picture(doc).axes) == 2  # the timeline and loss; no empty "nothing"
+    doc["figures"] = {}
+    assert len(_picture.picture(doc).axes) == 1
+    assert "Figures logged" not in _picture.html(doc, str(root))

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from preemptible import dist
 from preemptible.events import Event
@@ -32,13 +34,30 @@ NOT_PASSED = {
     "exit_on_notice": "the callback's own argument",
     "prestage_every": "the framework owns the loop",
     "save_every_epochs": "the framework owns the epochs: use its own per-epoch checkpoints",
-    "keep_best": "the framework's metrics are not reported to the run",
-    "save_on_best": "the framework's metrics are not reported to the run",
+    "keep_best": "the framework keeps its own best model (its checkpoint callback); its metrics reach the journal "
+    "for preemptible report only",
+    "save_on_best": "the framework keeps its own best model (its checkpoint callback)",
     "per_rank": "the callback names the framework's per-rank state itself",
 }
 """`preemptible.Run`'s other options, and why a callback does not take them (a test holds the two to Run's
 signature: an option added to Run must be placed in one or the other). ``framework_fallback`` is the callbacks' own
 and not Run's."""
+
+
+def forward_figures(run: Run | None, metrics: Mapping[str, Any]) -> None:
+    """What the framework logged (the HF Trainer's ``logs``, Lightning's ``callback_metrics``) into the run's journal
+    as `Run.log` figures, so that ``preemptible report`` draws them: numbers and one-element tensors only (a string,
+    a bool or a vector is left out). Nothing here can stop training: a run not started yet records nothing."""
+    if run is None or run.journal is None:
+        return
+    figures: dict[str, Any] = {}
+    for name, value in metrics.items():
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int | float) or (isinstance(value, torch.Tensor) and value.numel() == 1):
+            figures[str(name)] = value
+    if figures:
+        run.log(**figures)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -52,7 +52,7 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from preemptible.errors import PreemptibleError
-from preemptible.integrations._common import FrameworkCheckpoint, Settings
+from preemptible.integrations._common import FrameworkCheckpoint, Settings, forward_figures
 from preemptible.loaders import loader_streams, put_back_loader_streams
 from preemptible.run import Run
 from preemptible.state import RNGState
@@ -367,7 +367,10 @@ class PreemptibleCallback(Callback, Settings):
             return  # accumulating gradients: no optimizer step yet, not a boundary
         self._last_step = step
         assert self.run is not None
-        if self.run.boundary(step):  # only with exit_on_notice=False: otherwise the process has ended
+        stop = self.run.boundary(step)  # True only with exit_on_notice=False: otherwise the process has ended
+        if step % max(1, trainer.log_every_n_steps or 1) == 0:  # Lightning's own logging cadence
+            forward_figures(self.run, trainer.callback_metrics)  # what the module logged, for preemptible report
+        if stop:
             self.preempted = True
             trainer.should_stop = True
 

@@ -53,7 +53,7 @@ from typing import Any
 from transformers import Trainer, TrainerCallback
 
 from preemptible.errors import PreemptibleError
-from preemptible.integrations._common import FrameworkCheckpoint, Settings
+from preemptible.integrations._common import FrameworkCheckpoint, Settings, forward_figures
 from preemptible.run import Run
 from preemptible.state import RNGState
 from preemptible.trackers import purge_from
@@ -296,6 +296,11 @@ class PreemptibleCallback(TrainerCallback, Settings):
             self.preempted = True
             control.should_training_stop = True
         return control
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        """What the Trainer logs (loss, learning rate, grad norm, its end-of-training metrics) goes into the journal
+        too, for ``preemptible report``."""
+        forward_figures(self.run, logs or {})
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         run = self.run

@@ -270,7 +270,7 @@ def _timeline(doc: Mapping[str, Any], width: int = 1000) -> dict[str, Any]:
                     _rect(
                         x(n["at_s"]),
                         y + 1,
-                        (min(n["deadline_s"], wall) - n["at_s"]) * scale,
+                        (_window_end(n, a) - n["at_s"]) * scale,
                         28,
                         cls="window",
                         title=f"the notice's window: {n['deadline_s'] - n['at_s']:.0f} s",
@@ -312,6 +312,17 @@ def _timeline(doc: Mapping[str, Any], width: int = 1000) -> dict[str, Any]:
         "axis_y": axis_y,
         "ticks": [{"x": _n(x(t)), "label": _fmt(t)} for t in _ticks(0.0, wall)],
     }
+
+
+def _window_end(notice: Mapping[str, Any], attempt: Mapping[str, Any]) -> float:
+    """Where a notice's window is drawn to: its deadline, or its attempt's end if that came first (the process was
+    gone 0.3 s after the notice: the window is drawn over that attempt, not over the ones after it)."""
+    return float(max(notice["at_s"], min(notice["deadline_s"], attempt["end_s"])))
+
+
+def _drawable(figures: Mapping[str, Sequence[Sequence[float]]]) -> list[tuple[str, Sequence[Sequence[float]]]]:
+    """The figures with at least one finite value: a figure with none would be an empty panel."""
+    return [(name, pts) for name, pts in figures.items() if any(math.isfinite(p[1]) for p in pts)]
 
 
 def timeline_svg(doc: Mapping[str, Any], width: int = 1000) -> str:
@@ -429,7 +440,7 @@ def html(doc: Mapping[str, Any], root: str) -> str:
         }
         for r in doc["runs"]
     ]
-    figures = list(doc["figures"].items())[:MAX_FIGURES]
+    figures = _drawable(doc["figures"])[:MAX_FIGURES]
     attempts = sorted({int(p[2]) for _, pts in figures for p in pts})
     marks = _marks(doc)
     return str(
@@ -468,10 +479,16 @@ def png(doc: Mapping[str, Any], path: str, fmt: str = "png") -> None:
     Raises:
         ImportError: matplotlib is not installed (``pip install 'preemptible[plot]'``).
     """
+    picture(doc).savefig(path, format=fmt)  # the format named: matplotlib never appends a suffix to the path
+
+
+def picture(doc: Mapping[str, Any]) -> Any:
+    """The matplotlib ``Figure`` `png` writes: the timeline, its legend beside it (never over an axis label), and one
+    panel per figure that has a value to draw."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figures = list(doc["figures"].items())[: MAX_FIGURES // 2]
+    figures = _drawable(doc["figures"])[: MAX_FIGURES // 2]
     rows = doc["timeline"]
     fig = Figure(figsize=(11, 1.2 + 0.45 * max(1, len(rows)) + 2.4 * len(figures)), dpi=100)
     FigureCanvasAgg(fig)
@@ -493,7 +510,7 @@ def png(doc: Mapping[str, Any], path: str, fmt: str = "png") -> None:
         ax.broken_barh(spans, (y - 0.38, 0.76), color=COLORS["save"])
         for n in a["notices"]:
             if n["deadline_s"] is not None:
-                end = min(n["deadline_s"], doc["wall_s"])  # drawn up to the last event, not past it
+                end = _window_end(n, a)
                 ax.broken_barh([(n["at_s"], end - n["at_s"])], (y - 0.45, 0.9), color=COLORS["notice"], alpha=0.18)
             ax.vlines(n["at_s"], y - 0.45, y + 0.45, color=COLORS["notice"], linewidth=2.5)
         if a["ended"] is None:
@@ -503,9 +520,9 @@ def png(doc: Mapping[str, Any], path: str, fmt: str = "png") -> None:
 
     ax.legend(
         handles=[Patch(color=c, label=w) for w, c in _LEGEND] + [Patch(color="none", label=KILLED)],
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.32),
-        ncol=3,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),  # beside the timeline: below it, it covered the axis label
+        ncol=1,
         fontsize=8,
         frameon=False,
     )
@@ -532,6 +549,6 @@ def png(doc: Mapping[str, Any], path: str, fmt: str = "png") -> None:
         label = f"{name} (clipped to ±{PNG_CLIP:.0e})" if clipped else name
         ax.set_ylabel(label, parse_math=False)  # a name's "$" is text, not a formula to parse
         ax.set_xlabel("step")
-        ax.legend(loc="best", fontsize=8)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()
-    fig.savefig(path, format=fmt)  # the format named: matplotlib never appends a suffix to the path
+    return fig
