@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import Any
 
 from preemptible.cli.args import existing_directory
@@ -22,11 +23,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true")
 
 
-def collect(root: str) -> dict[str, Any]:
+def collect(root: str, *, now: float | None = None) -> dict[str, Any]:
+    """What `inspect` shows of ``root`` (the path as the user gave it; ``resolved``: as the checkpointer reads it).
+    ``now``: the time an uncommitted leftover's removal is counted from."""
     from preemptible.checkpoint import Checkpointer
     from preemptible.store import layout
 
     ck = Checkpointer(root)
+    now = time.time() if now is None else now
     rows: list[dict[str, Any]] = []
     for info in ck.checkpoints(include_uncommitted=True):
         m = info.manifest
@@ -36,11 +40,12 @@ def collect(root: str) -> dict[str, Any]:
                 "status": info.status,
                 "bytes": info.bytes,
                 "files": len(m.files) if m else None,
+                "ranks": m.world_size if m else None,
                 "save_s": info.save_s,
                 "predicted_s": info.predicted_save_s,
                 "created": info.created,
                 "probe": m.probe if m else None,
-                "why": info.refused or info.invalid or info.error,
+                "why": info.refused or info.invalid or info.error or _leftover(ck, info, now),
             }
         )
     reasons, figures = _from_journal(ck.storage)
@@ -55,7 +60,24 @@ def collect(root: str) -> dict[str, Any]:
             done = json.loads(ck.storage.read_bytes(done_path, 1 << 16))
         except (OSError, ValueError):
             done = {"error": "unreadable DONE.json"}
-    return {"root": ck.root, "checkpoints": rows, "done": done}
+    return {"root": root, "resolved": ck.root, "checkpoints": rows, "done": done}
+
+
+def _leftover(ck: Any, info: Any, now: float) -> str | None:
+    """For an uncommitted leftover: what it is, and when it goes."""
+    if info.committed or info.refused is not None:
+        return None
+    try:
+        age = now - ck.storage.newest_mtime(info.path)
+    except OSError:
+        age = 0.0
+    left = ck.stale_after_s - age
+    when = (
+        f"the next run's start removes it (it is older than {ck.stale_after_s / 60:.0f} min)"
+        if left <= 0
+        else f"a run started after {left / 60:.0f} more min removes it (younger ones may still be being written)"
+    )
+    return f"uncommitted leftover of a save that never committed: never restored; {when}"
 
 
 _EVENT_KEYS = frozenset({"t", "event", "step", "rank", "file", "attempt"})
@@ -89,7 +111,7 @@ def _figures(figures: dict[str, Any] | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    doc = collect(args.root)
+    doc = collect(args.root)  # (shown as the user gave it: "../ckpt" stays "../ckpt")
     if args.json:
         print(json.dumps(doc, indent=1))
         return 0
@@ -98,13 +120,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"{doc['root']}: no checkpoints")
         return 0
     print(f"{doc['root']}")
-    print(f"  {'step':>12}  {'status':<11} {'reason':<10} {'MB':>10} {'save s':>8} {'predicted s':>11}  created")
+    print(
+        f"  {'step':>12}  {'status':<11} {'reason':<10} {'MB':>10} {'ranks':>5} {'save s':>8} {'predicted s':>11}  "
+        "created"
+    )
     for r in rows:
         save = f"{r['save_s']:.2f}" if r["save_s"] is not None else "-"
         pred = f"{r['predicted_s']:.2f}" if r["predicted_s"] is not None else "-"
+        ranks = str(r["ranks"]) if r["ranks"] is not None else "-"
         print(
-            f"  {r['step']:>12}  {r['status']:<11} {r['reason'] or '-':<10} {r['bytes'] / 1e6:>10.1f} {save:>8} "
-            f"{pred:>11}  {r['created'] or '-'}{_figures(r['figures'])}"
+            f"  {r['step']:>12}  {r['status']:<11} {r['reason'] or '-':<10} {r['bytes'] / 1e6:>10.1f} {ranks:>5} "
+            f"{save:>8} {pred:>11}  {r['created'] or '-'}{_figures(r['figures'])}"
         )
         if r["why"]:
             print(f"  {'':>12}  {r['why']}", file=sys.stdout)
