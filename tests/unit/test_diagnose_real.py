@@ -5,10 +5,12 @@ The floors are what each part scored when the rules last changed (see the parts'
 test part 58/61, the dev part 116/119, the second held-out part 19/21 when fresh (never tuned on). Issue 55 added
 batch 2 (169 excerpts, split before tuning: 101 to dev, 68 to test) and the verdict ``interrupted``; the test part
 was looked at twice, as the issue allows: 94/129 (72.9%) before any tuning on batch 2, 101/129 (78.3%) after
-(below the issue's 90% bar: not tuned on since). The dev part is at 198/220.
+(below the issue's 90% bar: not tuned on since). The dev part is at 198/220. The part ``fresh`` (37 excerpts
+gathered blind after the rules were frozen) was scored once: 23/37 (62.2%); its misses are listed in issue 55's
+closing note, and it has not been tuned on.
 
 The confidence each verdict carries must mean what it says: on every part, of the verdicts at 0.8 or more, at least
-90% are right (dev 97%, test 93% at the second look, holdout 100%).
+90% are right (dev 97%, test 93% at the second look, holdout 100%, fresh 15/16 when scored).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import pytest
 from preemptible.diagnose import VERDICTS, diagnose
 
 REAL = Path(__file__).resolve().parent.parent / "corpus" / "diagnose" / "real"
-FLOORS = {"dev": 198, "test": 101, "holdout": 19}
+FLOORS = {"dev": 198, "test": 101, "holdout": 19, "fresh": 23}
 CONFIDENT, CONFIDENT_RIGHT = 0.8, 0.9
 
 
@@ -65,7 +67,7 @@ def test_part_stays_at_or_above_its_recorded_accuracy(part: str) -> None:
 
 def test_corpus_is_well_formed() -> None:
     """Every case has a source, a reason and a known verdict; ids are unique across parts; no source gives more than
-    3 excerpts; the split holds at least 370 excerpts, a third of them look-alikes, and every verdict but 'unknown'
+    3 excerpts; the split holds at least 400 excerpts, a third of them look-alikes, and every verdict but 'unknown'
     in both dev and test."""
     seen: set[str] = set()
     sources: dict[str, int] = {}
@@ -83,6 +85,6 @@ def test_corpus_is_well_formed() -> None:
             per_part.setdefault(part, set()).add(case["verdict"])
             total += 1
             look_alikes += bool(case["look_alike"])
-    assert total >= 370 and look_alikes * 3 >= total
+    assert total >= 400 and look_alikes * 3 >= total
     for part in ("dev", "test"):
         assert set(VERDICTS) - {"unknown"} <= per_part[part], part
