@@ -224,7 +224,23 @@ class Recommendation:
 
 @dataclass(frozen=True, kw_only=True)
 class Plan:
-    """The verdict for one state, storage and window. ``to_json()`` has the stable keys of ``plan --json``."""
+    """The verdict for one state, storage and window. ``to_json()`` has the stable keys of ``plan --json``.
+
+    Attributes:
+        fits: the emergency save is predicted to commit inside the window, with margin.
+        predicted_save_s: the predicted seconds of the emergency save.
+        window_s: the notice window it was checked against; ``window_source`` says where it came from.
+        margin_s: window less prediction (negative: it does not fit).
+        state_bytes: bytes the save writes; ``bandwidth_bytes_per_s``: the storage's, measured or given.
+        recommendations: what to change when it does not fit (bf16 moments, pre-staging, more ranks, ...).
+        periodic_interval_s: the Young/Daly interval for periodic saves at ``mtbf_hours``.
+
+    Example:
+        >>> from preemptible import plan
+        >>> p = plan(params=1e9, window=120, bandwidth=2e9)  # 1 B parameters, fp32 AdamW, 2 GB/s storage
+        >>> p.fits, round(p.state_bytes / 1e9)  # weights and two moments: 12 bytes a parameter
+        (True, 12)
+    """
 
     state_bytes: int
     bandwidth_bytes_per_s: float
@@ -761,6 +777,17 @@ def plan(
 
     Returns:
         A `Plan`: ``fits``, ``predicted_save_s``, ``margin_s``, ``recommendations``, ``periodic_interval_s``...
+
+    Raises:
+        ValueError: neither ``state`` nor ``params`` given, an unknown ``optimizer``, ``dtype`` or ``platform``, or
+            a window that is not positive.
+
+    Example:
+        >>> from preemptible import plan
+        >>> plan(params=7e9, platform="gcp", bandwidth=1e9).fits  # 7 B parameters in 30 s at 1 GB/s: no
+        False
+        >>> plan(params=7e9, platform="gcp", bandwidth=1e9, bf16_moments=True, world_size=8).fits
+        True
     """
     if compress_setting is not None:
         warnings.warn(

@@ -227,6 +227,18 @@ def load(
         CheckpointCorruptError: the checkpoint asked for fails verification (with ``step``), or every one does.
         ValueError: a checkpoint of sharded tensors in a layout other than FSDP2's (one ``Shard`` or ``Replicate``
             placement on a 1-D mesh).
+
+    Returns:
+        ``{entry: state_dict}`` for every entry, or one entry's ``state_dict()`` when ``entry`` is given.
+
+    Example:
+        >>> import tempfile, torch
+        >>> from preemptible import Checkpointer, load
+        >>> root = tempfile.mkdtemp()
+        >>> model = torch.nn.Linear(2, 2)
+        >>> _ = Checkpointer(root).save({"model": model}, step=5).wait()
+        >>> sorted(load(root, entry="model"))
+        ['bias', 'weight']
     """
     ck = ReadOnlyRoot(root, storage_options=storage_options)
     return _verified(ck, step, lambda s: _load_step(ck, s, entry))

@@ -39,6 +39,18 @@ class Guard:
         platform: where this runs (`preemptible.sources.detect.Platform`); default: detected.
 
     Use as a context manager, or call `start` and `close`. Handlers and threads exist only in between.
+
+    Raises:
+        NoticeSourceError: a source named wrongly (unknown name, a bad signal) or started off the main thread.
+
+    Example:
+        >>> from preemptible import Guard
+        >>> with Guard(sources=[]) as guard:
+        ...     before = guard.should_stop(1)
+        ...     notice = guard.trigger(source="manual", grace=30.0)  # what a SIGTERM or a cloud's notice does
+        ...     after = guard.should_stop(2)
+        >>> before, after, notice.source
+        (False, True, 'manual')
     """
 
     def __init__(

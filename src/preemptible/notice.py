@@ -19,7 +19,17 @@ Clock = Callable[[], float]
 
 
 class NoticeKind(str, enum.Enum):
-    """What the platform is about to do."""
+    """What the platform is about to do.
+
+    ``TERMINATE`` (the machine goes: AWS terminate, a SIGTERM), ``STOP`` and ``HIBERNATE`` (AWS), ``PREEMPT`` (Azure
+    Spot, GCP), ``MAINTENANCE`` (a host event that may end the VM), ``REBALANCE`` (AWS's advisory rebalance
+    recommendation: not an end by itself; see `Run`'s ``on_advisory``).
+
+    Example:
+        >>> from preemptible import NoticeKind
+        >>> NoticeKind("preempt") is NoticeKind.PREEMPT
+        True
+    """
 
     TERMINATE = "terminate"  # the machine or process goes away (signals, AWS terminate, GCP preempted)
     STOP = "stop"  # AWS spot stop: the instance stops, its disks survive
@@ -48,6 +58,14 @@ class Notice:
         received_at: when this process saw it (UTC).
         deadline: when the machine or process goes away (UTC), or None when unknown.
         detail: provider specifics, e.g. ``SIGTERM`` or the AWS action document.
+
+    Example:
+        >>> from datetime import datetime, timedelta, timezone
+        >>> from preemptible import Notice, NoticeKind
+        >>> now = datetime.now(timezone.utc)
+        >>> n = Notice(source="aws", kind=NoticeKind.TERMINATE, received_at=now, deadline=now + timedelta(seconds=120))
+        >>> round((n.deadline - n.received_at).total_seconds())
+        120
     """
 
     source: str
@@ -124,6 +142,25 @@ class NoticeSource(Protocol):
 
     ``start`` begins watching and hands every notice to ``sink``; ``close`` stops watching and undoes whatever
     ``start`` did (restores signal handlers, joins threads). Both are called from the main thread.
+
+    Example:
+        A source of your own (a file a job manager writes, a message queue) passed to `Run` or `Guard`:
+
+        >>> from datetime import datetime, timezone
+        >>> from preemptible import Guard, Notice, NoticeKind, NoticeSource
+        >>> class Drain(NoticeSource):
+        ...     name = "drain"
+        ...     def start(self, sink):
+        ...         self.sink = sink
+        ...     def close(self):
+        ...         pass
+        >>> drain = Drain()
+        >>> now = datetime.now(timezone.utc)
+        >>> with Guard(sources=[drain]) as guard:
+        ...     drain.sink(Notice(source="drain", kind=NoticeKind.TERMINATE, received_at=now, deadline=None))
+        ...     stop = guard.should_stop(1)
+        >>> stop
+        True
     """
 
     name: str

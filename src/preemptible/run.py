@@ -148,6 +148,23 @@ class Run:
     Raises:
         UnsupportedStateError: a state entry that cannot be checkpointed (checked here, leaf by leaf), naming it.
         ValueError: an option out of its range.
+
+    Example:
+        >>> import tempfile, torch
+        >>> from preemptible import Checkpointer, Run
+        >>> model = torch.nn.Linear(4, 2)
+        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> root = tempfile.mkdtemp()
+        >>> run = Run(root, model=model, optimizer=opt, save_every=2, sources=[], async_save=False)
+        >>> for step in run.steps(4):
+        ...     loss = model(torch.randn(8, 4)).pow(2).mean()
+        ...     opt.zero_grad()
+        ...     loss.backward()
+        ...     opt.step()
+        >>> Checkpointer(root).latest()
+        4
+        >>> [step for step in Run(root, model=model, optimizer=opt, sources=[]).steps(6)]  # resumes after step 4
+        [4, 5]
     """
 
     _peers: dist.PeerWatch | None = None  # multi-node jobs: `_open` starts it

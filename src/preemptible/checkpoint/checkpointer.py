@@ -119,6 +119,24 @@ class Checkpointer:
             meanwhile), or None before the first: what the compression choice weighs compressing against. A
             background save, paced, on one thread at low priority behind training, is slower end to end than the
             destination, and so is each of its writes; this figure is not.
+
+    Raises:
+        OutsideRootError: the root (or a path under it) leads outside itself through a symbolic link.
+        StorageUnavailableError: a URL root whose fsspec backend is not installed.
+
+    Example:
+        >>> import tempfile, torch
+        >>> from preemptible import Checkpointer
+        >>> ck = Checkpointer(tempfile.mkdtemp())
+        >>> model = torch.nn.Linear(2, 2)
+        >>> ck.save({"model": model}, step=10).wait().step
+        10
+        >>> with torch.no_grad():
+        ...     _ = model.weight.zero_()
+        >>> ck.restore({"model": model})  # the newest committed step that verifies, loaded in place
+        10
+        >>> bool(model.weight.abs().sum() > 0)
+        True
     """
 
     def __init__(

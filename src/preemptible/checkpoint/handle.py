@@ -24,6 +24,16 @@ class SaveResult:
         seconds: wall time from the call to the commit.
         timings: seconds by phase (capture, write, commit).
         skipped: True when the step was already committed and nothing was written.
+
+    Example:
+        >>> import tempfile, torch
+        >>> from preemptible import Checkpointer
+        >>> ck = Checkpointer(tempfile.mkdtemp())
+        >>> result = ck.save({"model": torch.nn.Linear(2, 2)}, step=1).wait()
+        >>> result.step, result.skipped, result.bytes > 0
+        (1, False, True)
+        >>> ck.save({"model": torch.nn.Linear(2, 2)}, step=1).wait().skipped  # already committed: not rewritten
+        True
     """
 
     step: int
@@ -46,6 +56,17 @@ class SaveHandle:
     ``done()`` never blocks; ``wait()`` blocks until the save has committed (or failed) and returns its
     `SaveResult`, re-raising the save's own exception (same type, same object) if it failed. ``cancel()`` abandons
     an asynchronous save that has not committed yet (it then raises `SaveCancelled` from ``wait()``).
+
+    Raises:
+        SaveError: from ``wait()``, when the save failed (nothing was committed; earlier checkpoints are intact).
+        SaveCancelled: from ``wait()``, when the save was cancelled before it committed.
+
+    Example:
+        >>> import tempfile, torch
+        >>> from preemptible import Checkpointer
+        >>> handle = Checkpointer(tempfile.mkdtemp()).save({"model": torch.nn.Linear(2, 2)}, step=3, blocking=False)
+        >>> handle.wait().step, handle.done()
+        (3, True)
     """
 
     def __init__(

@@ -82,7 +82,8 @@ class MemoryTier:
             durable root). It must be this user's and writable by no one else (`own_directory`).
 
     Example:
-        >>> tier = MemoryTier(every=10, replicas=1)
+        >>> from preemptible import MemoryTier
+    >>> tier = MemoryTier(every=10, replicas=1)
         >>> (tier.every, tier.replicas, tier.keep)
         (10, 1, 2)
     """

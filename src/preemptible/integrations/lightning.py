@@ -188,6 +188,20 @@ class PreemptibleCallback(Callback, Settings):
             committed checkpoint (after a crash or kill), ``resume_from`` names it and Lightning resumes from it
             itself, with a warning and a ``framework_fallback`` journal event. False: ignored, with a warning.
         **options: `preemptible.Run`'s options where they apply (as for the transformers integration).
+
+    Raises:
+        PreemptibleError: an option `Run` does not apply to a Trainer (the message says why), or fitting over
+            existing checkpoints without ``ckpt_path=cb.resume_from``.
+
+    Example:
+        The three lines a training script adds (``L.Trainer(..., callbacks=[cb])`` and
+        ``trainer.fit(model, loader, ckpt_path=cb.resume_from)`` are the other two):
+
+        >>> import tempfile
+        >>> from preemptible.integrations.lightning import PreemptibleCallback
+        >>> cb = PreemptibleCallback(tempfile.mkdtemp(), save_every=50)
+        >>> cb.exit_on_notice, cb.preempted  # resume_from is read once the Trainer holds cb
+        (True, False)
     """
 
     def __init__(

@@ -116,6 +116,20 @@ class PreemptibleCallback(TrainerCallback, Settings):
             ``on_advisory``, ``requeue``, ``async_save``, ``bf16_moments``, ``probe``, ``probe_rtol``,
             ``verify_after_save``, ``compress``, ``allow_fresh_start``, ``storage_options``, ``save_interval_s``
             (timed saves: by rank 0's clock under torchrun).
+
+    Raises:
+        PreemptibleError: an option `Run` does not apply to a Trainer (``prestage_every``, ``keep_best``, ...: the
+            message says why), or training over existing checkpoints without ``resume_from_checkpoint``.
+
+    Example:
+        The three lines a training script adds (``Trainer(..., callbacks=[cb])`` and
+        ``trainer.train(resume_from_checkpoint=cb.resume_from)`` are the other two):
+
+        >>> import tempfile
+        >>> from preemptible.integrations.transformers import PreemptibleCallback
+        >>> cb = PreemptibleCallback(tempfile.mkdtemp(), save_every=50)
+        >>> cb.exit_on_notice, cb.preempted  # resume_from is read once the Trainer holds cb
+        (True, False)
     """
 
     def __init__(

@@ -400,6 +400,14 @@ class CheckpointInfo:
         error: why the manifest could not be read, or None.
         refused: why the entry is not looked into at all (see below), or None.
         invalid: why a restore rejected it (INVALID.json: a probe mismatch), or None.
+
+    Example:
+        >>> import tempfile, torch
+        >>> from preemptible import Checkpointer
+        >>> ck = Checkpointer(tempfile.mkdtemp())
+        >>> _ = ck.save({"model": torch.nn.Linear(2, 2)}, step=7).wait()
+        >>> [(info.step, info.status) for info in ck.checkpoints()]
+        [(7, 'committed')]
     """
 
     step: int
