@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import logging
 import os
 import shutil
@@ -154,6 +155,9 @@ class Wrapper:
                     os.killpg(self._child.pid, sig)
             self.guard.start()
             code = self._loop(notice_file, subreaper)
+            explained = self.explain(code)
+            if explained:
+                print(explained, file=sys.stderr, flush=True)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -188,6 +192,19 @@ class Wrapper:
             if code is not None and not self._group_alive(child.pid):
                 return code
 
+    def explain(self, code: int) -> str | None:
+        """One line after the command's end when a stop the wrapper passed on made torchrun print a traceback: its
+        agent raises ``SignalException`` on the SIGTERM (or SIGINT, SIGHUP) it was sent and prints it, though its
+        workers stopped at a step boundary as asked. None otherwise."""
+        sent = [s.name for s in self.forwarded] + ([self.relay_signal.name] if self.relayed is not None else [])
+        if not sent or not _is_torchrun(self.command):
+            return None
+        return (
+            f"preemptible run: torchrun's SignalException traceback above is torchrun reporting the {sent[0]} this "
+            f"wrapper passed on, not a crash: its workers were asked to stop at a step boundary (their journal says "
+            f"whether they committed: preemptible report ROOT); exit code {code}"
+        )
+
     @staticmethod
     def _group_alive(pgid: int) -> bool:
         try:
@@ -210,3 +227,12 @@ class Wrapper:
             if pid == child_pid:
                 return exit_status(status)
             self.reaped_orphans += 1
+
+
+def _is_torchrun(command: Sequence[str]) -> bool:
+    """``torchrun ...``, ``python -m torch.distributed.run ...`` (or ``.launch``)."""
+    if os.path.basename(command[0]) == "torchrun":
+        return True
+    return any(
+        a == "-m" and b in ("torch.distributed.run", "torch.distributed.launch") for a, b in itertools.pairwise(command)
+    )

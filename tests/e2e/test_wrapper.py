@@ -174,3 +174,26 @@ def test_the_library_inside_budgets_with_the_relayed_deadline(tmp_path: Path) ->
     assert notice["remaining_s"] > 100  # budgeted with AWS's 120 s, not the signal's default 30 s
     assert any(e["event"] == "save_committed" and e["reason"] == "emergency" for e in journal(root))
     assert os.environ.get("PREEMPTIBLE_NOTICE_FILE") is None
+
+
+def test_torchrun_s_signal_exception_after_a_forwarded_stop_gets_a_one_line_explanation(tmp_path: Path) -> None:
+    """Real torchrun under the wrapper: the SIGTERM the wrapper passes on makes torchrun's agent raise and print
+    SignalException; the wrapper then says in one line that this is the stop it passed on, not a crash."""
+    script = tmp_path / "worker.py"
+    script.write_text(PLAIN_CHILD)
+    proc = wrapper(
+        "--sources", "signal", "--", sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", str(script),
+    )  # fmt: skip
+    wait_ready(proc)
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=60)
+    assert "SignalException" in err, err[-3000:]
+    (line,) = [x for x in err.splitlines() if x.startswith("preemptible run: torchrun's SignalException")]
+    assert "SIGTERM" in line and "not a crash" in line and f"exit code {proc.returncode}" in line
+    # and a plain command gets no such line
+    plain = wrapper("--sources", "signal", "--", sys.executable, "-c", PLAIN_CHILD)
+    wait_ready(plain)
+    plain.send_signal(signal.SIGTERM)
+    _out, err = plain.communicate(timeout=30)
+    assert "SignalException" not in err and "not a crash" not in err
