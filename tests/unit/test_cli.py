@@ -118,3 +118,56 @@ def test_inspect_shows_why_each_checkpoint_was_saved_and_the_figures_logged_befo
     assert main(["inspect", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "emergency" in out and "loss=0.2 seen=16" in out
+
+
+def test_inspect_and_verify_speak_the_user_s_path_the_ranks_and_the_leftovers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The root as typed (a relative path stays relative), where a checkpoint restores, and an uncommitted leftover
+    named as such with when a run removes it."""
+    import json
+    import os
+    import time
+
+    import torch
+
+    root = tmp_path / "ckpt"
+    preemptible.Checkpointer(root).save({"model": torch.nn.Linear(2, 2)}, step=4).wait()
+    leftover = root / "step-000000000009"
+    leftover.mkdir()
+    (leftover / "rank-00000.bin").write_bytes(b"half a save")
+    monkeypatch.chdir(tmp_path)
+    assert main(["inspect", "ckpt"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "ckpt" and "saved on 1 rank, restorable on any number" in out
+    assert "uncommitted leftover of a save that never committed: never restored" in out
+    assert "a run started after 15 more min removes it" in out
+    old = time.time() - 3600
+    for p in (leftover, leftover / "rank-00000.bin"):
+        os.utime(p, (old, old))
+    assert main(["inspect", "ckpt", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["root"] == "ckpt" and doc["resolved"].endswith("ckpt") and os.path.isabs(doc["resolved"])
+    rows = {r["step"]: r for r in doc["checkpoints"]}
+    assert rows[4]["ranks"] == 1 and "the next run's start removes it" in rows[9]["why"]
+    assert main(["verify", "ckpt", "--no-mark"]) == 0
+    assert "note: saved on 1 rank, restorable on any number" in capsys.readouterr().out
+
+
+def test_a_layout_elastic_restore_cannot_reshard_keeps_the_checkpoint_on_its_world_size() -> None:
+    from preemptible.checkpoint.shards import Record, restorable
+
+    def rec(rank: int, placements: tuple[str, ...], mesh: tuple[int, ...]) -> Record:
+        return Record(rank=rank, shape=(4, 4), local=(2, 4), placements=placements, mesh=mesh, offset=None)
+
+    fsdp = {
+        "w": [rec(r, ("Shard(dim=0)",), (2,)) for r in range(2)],
+        "b": [rec(r, ("Replicate()",), (2,)) for r in range(2)],
+    }
+    assert restorable(fsdp, 2) == "saved on 2 ranks, restorable on any number"
+    tp = {**fsdp, "q": [rec(r, ("Shard(dim=1)",), (2,)) for r in range(2)]}
+    assert restorable(tp, 2) == (
+        "saved on 2 ranks, restorable only on 2: q (Shard(dim=1) on a mesh of [2]) cannot be resharded"
+    )
+    hsdp = {"w": [rec(r, ("Replicate()", "Shard(dim=0)"), (2, 2)) for r in range(4)]}
+    assert "restorable only on 4: w (Replicate(), Shard(dim=0) on a mesh of [2, 2])" in restorable(hsdp, 4)

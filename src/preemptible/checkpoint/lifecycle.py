@@ -12,6 +12,7 @@ import json
 import logging
 from collections.abc import Callable, Set
 
+from preemptible.checkpoint import shards as shard_records
 from preemptible.checkpoint.commit import Job, read_back
 from preemptible.checkpoint.listing import Listing
 from preemptible.checkpoint.reader import Reader
@@ -188,7 +189,8 @@ class Lifecycle:
             if mark and before.state is not State.UNCOMMITTED:
                 self.markers.record(directory, Transition.CONTENT_FAIL, now=self._now(), reason=str(e), by="verify")
             raise
-        notes = [f"extra file not in COMMIT.json (ignored): {n}" for n in opened.extra_files]
+        notes = [shard_records.restorable(opened.shards, opened.manifest.world_size)]
+        notes += [f"extra file not in COMMIT.json (ignored): {n}" for n in opened.extra_files]
         notes += [f"sharded tensor whose cover of the whole is not checked here: {u}" for u in opened.unchecked]
         if before.state is State.INVALID:
             notes.append(

@@ -151,3 +151,19 @@ def cover(records: Mapping[str, Sequence[Record]], world: int, bad: Bad) -> list
         if at != first.shape[dim]:
             raise bad(f"the shards of {name!r} cover {at} of its {first.shape[dim]} rows along dimension {dim}")
     return unchecked
+
+
+def restorable(records: Mapping[str, Sequence[Record]], world: int) -> str:
+    """Where a checkpoint saved on ``world`` ranks can be restored, in one line: on any number of ranks when every
+    sharded tensor is ``Shard(0)`` or ``Replicate`` on a 1-D mesh (elastic restore reads each rank's rows; plain
+    and replicated tensors are read whole), else only on ``world`` ranks, naming the tensors that keep it there."""
+    fixed = sorted(
+        f"{name} ({', '.join(recs[0].placements)} on a mesh of {list(recs[0].mesh)})"
+        for name, recs in records.items()
+        if recs and not (recs[0].replicated or recs[0].shard_dim == 0)
+    )
+    ranks = f"saved on {world} rank{'s' if world != 1 else ''}"
+    if not fixed:
+        return f"{ranks}, restorable on any number"
+    more = f" and {len(fixed) - 3} more" if len(fixed) > 3 else ""
+    return f"{ranks}, restorable only on {world}: {'; '.join(fixed[:3])}{more} cannot be resharded"

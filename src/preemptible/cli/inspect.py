@@ -46,6 +46,7 @@ def collect(root: str, *, now: float | None = None) -> dict[str, Any]:
                 "created": info.created,
                 "probe": m.probe if m else None,
                 "why": info.refused or info.invalid or info.error or _leftover(ck, info, now),
+                "restores": _restores(ck, info),
             }
         )
     reasons, figures = _from_journal(ck.storage)
@@ -61,6 +62,20 @@ def collect(root: str, *, now: float | None = None) -> dict[str, Any]:
         except (OSError, ValueError):
             done = {"error": "unreadable DONE.json"}
     return {"root": root, "resolved": ck.root, "checkpoints": rows, "done": done}
+
+
+def _restores(ck: Any, info: Any) -> str | None:
+    """Where a committed checkpoint restores: on how many ranks (its headers and state documents, not its data)."""
+    from preemptible.checkpoint.shards import restorable
+    from preemptible.errors import PreemptibleError
+
+    if not info.committed or info.error is not None or info.refused is not None:
+        return None
+    try:
+        opened = ck.reader.open(info.step)
+    except (PreemptibleError, OSError, ValueError):
+        return None  # `verify` says why
+    return restorable(opened.shards, opened.manifest.world_size)
 
 
 def _leftover(ck: Any, info: Any, now: float) -> str | None:
@@ -132,8 +147,9 @@ def run(args: argparse.Namespace) -> int:
             f"  {r['step']:>12}  {r['status']:<11} {r['reason'] or '-':<10} {r['bytes'] / 1e6:>10.1f} {ranks:>5} "
             f"{save:>8} {pred:>11}  {r['created'] or '-'}{_figures(r['figures'])}"
         )
-        if r["why"]:
-            print(f"  {'':>12}  {r['why']}", file=sys.stdout)
+        for line in (r["restores"], r["why"]):
+            if line:
+                print(f"  {'':>12}  {line}", file=sys.stdout)
     if doc["done"]:
         print(f"  finished: step {doc['done'].get('step')} at {doc['done'].get('finished')}")
     return 0

@@ -57,10 +57,10 @@ def run(args: argparse.Namespace) -> int:
             results.append({"step": step, "ok": False, "error": why, "seconds": round(time.perf_counter() - t, 3)})
     ok = bool(results) and all(r["ok"] for r in results)
     if args.json:
-        print(json.dumps({"root": ck.root, "ok": ok, "checkpoints": results}, indent=1))
+        print(json.dumps({"root": args.root, "resolved": ck.root, "ok": ok, "checkpoints": results}, indent=1))
     else:
         if not results:
-            print(f"{ck.root}: no committed checkpoints")
+            print(f"{args.root}: no committed checkpoints")
         for r in results:
             if "error" not in r:
                 rate = r["bytes"] / r["seconds"] / 1e9 if r["seconds"] else 0
