@@ -21,7 +21,7 @@ def test_the_callbacks_refuse_options_run_does_not_apply_to_a_trainer(tmp_path: 
     for cls in (HFCallback, LightningCallback):
         with pytest.raises(TypeError, match=r"got options \['prestage_every'\]; expected those of preemptible.Run"):
             cls(tmp_path, prestage_every=3)
-        with pytest.raises(TypeError, match=r"keep_best: the framework's metrics are not reported"):
+        with pytest.raises(TypeError, match=r"keep_best: the framework keeps its own best model"):
             cls(tmp_path, keep_best=("loss", "min"))
         assert cls(tmp_path, keep=3, probe_rtol=1e-4).options == {"keep": 3, "probe_rtol": 1e-4}
         assert cls(tmp_path, compress=True).options == {"compress": True}

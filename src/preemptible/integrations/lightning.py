@@ -190,8 +190,8 @@ class PreemptibleCallback(Callback, Settings):
         **options: `preemptible.Run`'s options where they apply (as for the transformers integration).
 
     Raises:
-        PreemptibleError: an option `Run` does not apply to a Trainer (the message says why), or fitting over
-            existing checkpoints without ``ckpt_path=cb.resume_from``.
+        TypeError: an option `Run` does not apply to a Trainer (the message says why).
+        PreemptibleError: fitting over existing checkpoints without ``ckpt_path=cb.resume_from``.
 
     Example:
         The three lines a training script adds (``L.Trainer(..., callbacks=[cb])`` and

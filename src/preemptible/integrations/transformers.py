@@ -118,8 +118,9 @@ class PreemptibleCallback(TrainerCallback, Settings):
             (timed saves: by rank 0's clock under torchrun).
 
     Raises:
-        PreemptibleError: an option `Run` does not apply to a Trainer (``prestage_every``, ``keep_best``, ...: the
-            message says why), or training over existing checkpoints without ``resume_from_checkpoint``.
+        TypeError: an option `Run` does not apply to a Trainer (``prestage_every``, ``keep_best``, ...: the
+            message says why).
+        PreemptibleError: training over existing checkpoints without ``resume_from_checkpoint``.
 
     Example:
         The three lines a training script adds (``Trainer(..., callbacks=[cb])`` and
