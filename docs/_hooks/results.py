@@ -1,0 +1,1 @@
+"""mkdocs hook: renders the committed benchmark results into the pages that ask for them."""
