@@ -765,8 +765,9 @@ def plan(
         state: a live `Run` or mapping of stateful objects (exact bytes); or describe it with ``params``,
             ``optimizer`` (adamw, adam, sgd, none), ``dtype`` (fp32, bf16, fp16) and ``bf16_moments``.
         world_size: data-parallel ranks striping the save.
-        window, platform: the notice window in seconds, or the platform whose window applies (aws 120, gcp 30,
-            azure 30, gke 15, k8s 30, slurm 60 unless given).
+        window: the notice window in seconds.
+        platform: the platform whose window applies when ``window`` is not given (aws 120, gcp 30, azure 30,
+            gke 15, k8s 30, slurm 60).
         step_time: seconds per step (the notice can land just after a boundary).
         mtbf_hours: mean time between preemptions, for the Young/Daly periodic interval.
         bandwidth: the destination's bytes per second, instead of measuring ``root``.

@@ -373,7 +373,9 @@ class Checkpointer:
         ``VALID.json``). An I/O error marks nothing. ``mark=False`` leaves every file untouched.
 
         Raises:
-            CheckpointNotFoundError, CheckpointCorruptError, OSError (could not verify).
+            CheckpointNotFoundError: no committed checkpoint ``step``.
+            CheckpointCorruptError: it failed verification.
+            OSError: it could not be verified.
         """
         return self.lifecycle.verify(step, mark=mark)
 
