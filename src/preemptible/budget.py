@@ -235,7 +235,7 @@ class Plan:
         recommendations: what to change when it does not fit (bf16 moments, pre-staging, more ranks, ...).
         periodic_interval_s: the Young/Daly interval for periodic saves at ``mtbf_hours``.
 
-    Example:
+    Examples:
         >>> from preemptible import plan
         >>> p = plan(params=1e9, window=120, bandwidth=2e9)  # 1 B parameters, fp32 AdamW, 2 GB/s storage
         >>> p.fits, round(p.state_bytes / 1e9)  # weights and two moments: 12 bytes a parameter
@@ -783,7 +783,7 @@ def plan(
         ValueError: neither ``state`` nor ``params`` given, an unknown ``optimizer``, ``dtype`` or ``platform``, or
             a window that is not positive.
 
-    Example:
+    Examples:
         >>> from preemptible import plan
         >>> plan(params=7e9, platform="gcp", bandwidth=1e9).fits  # 7 B parameters in 30 s at 1 GB/s: no
         False

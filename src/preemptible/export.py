@@ -231,7 +231,7 @@ def load(
     Returns:
         ``{entry: state_dict}`` for every entry, or one entry's ``state_dict()`` when ``entry`` is given.
 
-    Example:
+    Examples:
         >>> import tempfile, torch
         >>> from preemptible import Checkpointer, load
         >>> root = tempfile.mkdtemp()

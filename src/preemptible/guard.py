@@ -43,7 +43,7 @@ class Guard:
     Raises:
         NoticeSourceError: a source named wrongly (unknown name, a bad signal) or started off the main thread.
 
-    Example:
+    Examples:
         >>> from preemptible import Guard
         >>> with Guard(sources=[]) as guard:
         ...     before = guard.should_stop(1)

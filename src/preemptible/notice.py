@@ -25,7 +25,7 @@ class NoticeKind(str, enum.Enum):
     Spot, GCP), ``MAINTENANCE`` (a host event that may end the VM), ``REBALANCE`` (AWS's advisory rebalance
     recommendation: not an end by itself; see `Run`'s ``on_advisory``).
 
-    Example:
+    Examples:
         >>> from preemptible import NoticeKind
         >>> NoticeKind("preempt") is NoticeKind.PREEMPT
         True
@@ -59,7 +59,7 @@ class Notice:
         deadline: when the machine or process goes away (UTC), or None when unknown.
         detail: provider specifics, e.g. ``SIGTERM`` or the AWS action document.
 
-    Example:
+    Examples:
         >>> from datetime import datetime, timedelta, timezone
         >>> from preemptible import Notice, NoticeKind
         >>> now = datetime.now(timezone.utc)
@@ -143,7 +143,7 @@ class NoticeSource(Protocol):
     ``start`` begins watching and hands every notice to ``sink``; ``close`` stops watching and undoes whatever
     ``start`` did (restores signal handlers, joins threads). Both are called from the main thread.
 
-    Example:
+    Examples:
         A source of your own (a file a job manager writes, a message queue) passed to `Run` or `Guard`:
 
         >>> from datetime import datetime, timezone

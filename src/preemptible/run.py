@@ -116,7 +116,7 @@ class Run:
         compress: write tensor files compressed (lossless, byte-grouped zstd: ``.safetensors.zst``): ``"auto"``
             (default) compresses a save when this state's measured compression makes it at least 10% faster on the
             destination's measured bandwidth (object stores, network disks; not a fast local disk), True always,
-            False never. See the README's "Compression".
+            False never. See docs/storage.md ("Compression").
         per_rank: under several ranks (torchrun), the state entries that differ between ranks (a data loader's
             position, a dict of per-rank counters): each rank saves and restores its own. Every other entry is
             taken to be the same on every rank (DDP) and saved once; each save checks that it is (see
@@ -149,7 +149,7 @@ class Run:
         UnsupportedStateError: a state entry that cannot be checkpointed (checked here, leaf by leaf), naming it.
         ValueError: an option out of its range.
 
-    Example:
+    Examples:
         >>> import tempfile, torch
         >>> from preemptible import Checkpointer, Run
         >>> model = torch.nn.Linear(4, 2)

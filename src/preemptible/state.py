@@ -31,7 +31,7 @@ from preemptible.store import tagged_json
 class Stateful(Protocol):
     """Anything with ``state_dict()`` and ``load_state_dict()``, as in PyTorch.
 
-    Example:
+    Examples:
         Any object of yours that has the two methods is saved and restored with the rest of the state:
 
         >>> from preemptible import Stateful
@@ -56,7 +56,7 @@ class RNGState:
 
     Dropout masks, data augmentation and shuffles draw from these; resuming bit-identically needs them back.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from preemptible import RNGState
         >>> rng = RNGState()

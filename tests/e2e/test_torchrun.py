@@ -90,7 +90,7 @@ def test_sigterm_to_torchrun_stops_every_rank_at_one_step_and_resumes_exactly(
 def test_the_readmes_bare_loop_under_torchrun_stops_both_ranks_at_one_step_each_with_its_own_random_streams(
     tmp_path: Path,
 ) -> None:
-    """The README's "Lower layers" loop (`tests/scripts/bare_loop.py`) launched by torchrun as it stands: SIGTERM to
+    """The docs' custom loop (`tests/scripts/bare_loop.py`) launched by torchrun as it stands: SIGTERM to
     torchrun stops both ranks at one step, whose checkpoint holds each rank's random streams in a file of its own
     (``per_rank=["rng"]``; without it the emergency save reports that the streams differ between ranks); both
     ranks resume there and end bit-identical to a run never stopped."""

@@ -1,4 +1,4 @@
-"""The README's "Lower layers" loop as it stands there: a `Guard` and a `Checkpointer`, no `Run`, saving only on a
+"""The custom loop of docs/porting.md as it stands: a `Guard` and a `Checkpointer`, no `Run`, saving only on a
 notice (plus a line saying how its save was planned). Deterministic data from the step and dropout (the RNG state
 matters), so a resumed run ends bit-identical to one never interrupted. Prints a line per step and, at the end, a
 digest of the model and optimizer state.
@@ -42,7 +42,7 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     total = args.steps
 
-    # From here on, the README's loop.
+    # From here on, the docs' loop.
     guard = preemptible.Guard()
     ckpt = preemptible.Checkpointer(args.root, keep=3, per_rank=["rng"])
     state = {"model": model, "optimizer": optimizer, "rng": preemptible.RNGState()}
@@ -60,7 +60,7 @@ def main() -> None:
                 deadline = notice.deadline.timestamp() if notice and notice.deadline else None
                 ckpt.save(state, step + 1, reason="emergency", deadline=deadline)
                 guard.acknowledge(notice)
-                print(f"saved step={step + 1} plan={ckpt.steady.last}", flush=True)  # not in the README: for the test
+                print(f"saved step={step + 1} plan={ckpt.steady.last}", flush=True)  # not in the docs: for the test
                 raise SystemExit(guard.platform.exit_code)
     print(f"final resumed_from={start} digest={digest({'model': model, 'optimizer': optimizer})}", flush=True)
 

@@ -1,6 +1,6 @@
 """A script in the shape of PyTorch's DDP tutorial (a ``Trainer`` class with ``_run_batch``, ``_run_epoch`` and
 ``train``; ``DistributedSampler`` with ``set_epoch``; a peek at the first batch for its size at each epoch's start),
-written here for the tests, with its snapshot save/load replaced by `preemptible.Run` as the README says. Dropout
+written here for the tests, with its snapshot save/load replaced by `preemptible.Run` as docs/porting.md says. Dropout
 and a shuffling sampler make the random streams and the data order matter.
 
     torchrun --nproc-per-node 2 tests/scripts/ddp_tutorial.py --root DIR --epochs 3 [--save-interval 5]

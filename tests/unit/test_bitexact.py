@@ -88,7 +88,7 @@ def stateful_dataloader() -> tuple[dict[str, Any], Callable[[int], None]]:
     seen: list[float] = []
 
     def fresh_iterator(epoch: int | None) -> Any:
-        # The README's data-loader recipe: (1) seed each epoch's shuffle from the epoch number, as
+        # The data-loader recipe of docs/porting.md: (1) seed each epoch's shuffle from the epoch number, as
         # DistributedSampler.set_epoch does, so an epoch's order never depends on how the previous one was
         # reached; (2) make iterators under a forked RNG: a new iterator draws a seed from the global RNG, and a
         # resumed run makes one more iterator than an uninterrupted one.

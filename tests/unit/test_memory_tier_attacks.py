@@ -1,4 +1,4 @@
-"""Attacks on the memory tier's promises (README: "A memory tier"), one process each: what a damaged, shared or
+"""Attacks on the memory tier's promises (docs/distributed.md), one process each: what a damaged, shared or
 cluttered tier directory does to a restore, the byte bound, leaks, and the settings' errors."""
 
 from __future__ import annotations

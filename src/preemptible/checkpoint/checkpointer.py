@@ -97,7 +97,7 @@ class Checkpointer:
         probe: a function returning a loss on a fixed batch (see `preemptible.validate`): stored at save,
             recomputed after restore; a mismatch beyond ``probe_rtol`` (relative) invalidates that checkpoint.
         verify_after_save: read every file back and check its checksum before committing (off by default: it
-            costs a full read of the checkpoint; see the README for the measured cost).
+            costs a full read of the checkpoint; docs/performance.md has the measured cost).
         compress: write tensor files compressed (``.safetensors.zst``: byte-grouped zstd, lossless): True, False,
             or ``"auto"`` (default): per save, from this state's compression ratio and speed measured on this CPU
             and the destination's bandwidth measured by earlier saves, compress when that makes the save at least
@@ -124,7 +124,7 @@ class Checkpointer:
         OutsideRootError: the root (or a path under it) leads outside itself through a symbolic link.
         StorageUnavailableError: a URL root whose fsspec backend is not installed.
 
-    Example:
+    Examples:
         >>> import tempfile, torch
         >>> from preemptible import Checkpointer
         >>> ck = Checkpointer(tempfile.mkdtemp())

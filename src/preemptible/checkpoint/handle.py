@@ -25,7 +25,7 @@ class SaveResult:
         timings: seconds by phase (capture, write, commit).
         skipped: True when the step was already committed and nothing was written.
 
-    Example:
+    Examples:
         >>> import tempfile, torch
         >>> from preemptible import Checkpointer
         >>> ck = Checkpointer(tempfile.mkdtemp())
@@ -61,7 +61,7 @@ class SaveHandle:
         SaveError: from ``wait()``, when the save failed (nothing was committed; earlier checkpoints are intact).
         SaveCancelled: from ``wait()``, when the save was cancelled before it committed.
 
-    Example:
+    Examples:
         >>> import tempfile, torch
         >>> from preemptible import Checkpointer
         >>> handle = Checkpointer(tempfile.mkdtemp()).save({"model": torch.nn.Linear(2, 2)}, step=3, blocking=False)

@@ -81,7 +81,7 @@ class MemoryTier:
             None: ``$PREEMPTIBLE_MEMORY_DIR``, else ``/dev/shm/preemptible-<uid>-<job>`` (the job named after the
             durable root). It must be this user's and writable by no one else (`own_directory`).
 
-    Example:
+    Examples:
         >>> from preemptible import MemoryTier
     >>> tier = MemoryTier(every=10, replicas=1)
         >>> (tier.every, tier.replicas, tier.keep)

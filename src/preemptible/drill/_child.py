@@ -72,7 +72,7 @@ def clean_exit(code: int | None, child: Child) -> tuple[bool, str]:
     if code == 1 and isinstance(ranks, int) and ranks > 1:
         return True, (
             f"exit code 1 from torchrun's agent after the signal; rank 0 chose {expected} (torchrun exits 1 after "
-            "a SIGTERM: see the README's torchrun section for how to make the orchestrator restart the job)"
+            "a SIGTERM: see docs/distributed.md (torchrun) for how to make the orchestrator restart the job)"
         )
     return False, f"exit code {code}; the run chose {expected}"
 

@@ -193,7 +193,7 @@ class PreemptibleCallback(Callback, Settings):
         TypeError: an option `Run` does not apply to a Trainer (the message says why).
         PreemptibleError: fitting over existing checkpoints without ``ckpt_path=cb.resume_from``.
 
-    Example:
+    Examples:
         The three lines a training script adds (``L.Trainer(..., callbacks=[cb])`` and
         ``trainer.fit(model, loader, ckpt_path=cb.resume_from)`` are the other two):
 

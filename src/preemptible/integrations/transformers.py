@@ -122,7 +122,7 @@ class PreemptibleCallback(TrainerCallback, Settings):
             message says why).
         PreemptibleError: training over existing checkpoints without ``resume_from_checkpoint``.
 
-    Example:
+    Examples:
         The three lines a training script adds (``Trainer(..., callbacks=[cb])`` and
         ``trainer.train(resume_from_checkpoint=cb.resume_from)`` are the other two):
 

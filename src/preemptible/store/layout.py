@@ -166,7 +166,7 @@ def _lower_hex(text: str) -> bool:
 
 @dataclass(frozen=True, kw_only=True)
 class Manifest:
-    """The contents of ``COMMIT.json`` (keys are stable and documented in the README)."""
+    """The contents of ``COMMIT.json`` (keys are stable and documented in docs/format.md)."""
 
     format_version: int = PLAIN_FORMAT_VERSION
     step: int
@@ -401,7 +401,7 @@ class CheckpointInfo:
         refused: why the entry is not looked into at all (see below), or None.
         invalid: why a restore rejected it (INVALID.json: a probe mismatch), or None.
 
-    Example:
+    Examples:
         >>> import tempfile, torch
         >>> from preemptible import Checkpointer
         >>> ck = Checkpointer(tempfile.mkdtemp())
