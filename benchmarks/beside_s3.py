@@ -27,6 +27,7 @@ import logging, sys
 logging.getLogger("werkzeug").setLevel(logging.ERROR)
 from moto.server import ThreadedMotoServer
 from preemptible.bench import PacedProxy
+
 server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
 server.start()
 proxy = PacedProxy(server.get_host_and_port(), float(sys.argv[1]))
@@ -81,4 +82,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from _record import recorded  # benchmarks/_record.py: the result, with machine, date and command
+
+    recorded(main, "beside-s3")

@@ -13,4 +13,6 @@ import sys
 from preemptible.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main(["bench", *sys.argv[1:]]))
+    from _record import recorded  # benchmarks/_record.py: the result, with machine, date and command
+
+    sys.exit(recorded(lambda: main(["bench", *sys.argv[1:]]), "checkpoint"))

@@ -313,4 +313,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from _record import recorded  # benchmarks/_record.py: the result, with machine, date and command
+
+    recorded(main, "compression")

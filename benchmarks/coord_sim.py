@@ -44,6 +44,7 @@ from typing import Any
 SERVER = """
 import sys, time, datetime
 import torch.distributed as d
+
 s = d.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=600))
 print(s.port, flush=True)
 sys.stdin.read()
@@ -374,4 +375,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from _record import recorded  # benchmarks/_record.py: the result, with machine, date and command
+
+    recorded(main, "coord-sim")

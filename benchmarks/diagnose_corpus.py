@@ -99,4 +99,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from _record import recorded  # benchmarks/_record.py: the result, with machine, date and command
+
+    sys.exit(recorded(main, "diagnose-corpus"))

@@ -64,5 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from _record import recorded  # benchmarks/_record.py: the result, with machine, date and command
+
     os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
-    sys.exit(main())
+    sys.exit(recorded(main, "diagnose-speed"))

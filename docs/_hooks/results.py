@@ -108,7 +108,9 @@ def render_file(name: str, data: Any) -> str:
 
 def walk(value: Any, path: str, blocks: list[Any]) -> None:
     """Scalars (and lists of them) become field rows; a list of records or a set of named records a table."""
-    if _plain(value):
+    if path == "output" and isinstance(value, list) and all(isinstance(v, str) for v in value):
+        blocks.append("<pre><code>" + html.escape("\n".join(value)) + "</code></pre>")  # what the benchmark printed
+    elif _plain(value):
         _row(blocks, path or "(value)", value)
     elif isinstance(value, list) and all(isinstance(v, dict) for v in value):
         records = [_flat(v) for v in value]
