@@ -49,6 +49,25 @@ def test_every_error_says_when_it_is_raised_and_what_to_do(name: str) -> None:
     assert doc and "What to do:" in doc, f"{name}: say when it is raised and what to do"
 
 
+def _callback_methods() -> list[tuple[str, Any]]:
+    out = []
+    for module in ("preemptible.integrations.transformers", "preemptible.integrations.lightning"):
+        cls = __import__(module, fromlist=["PreemptibleCallback"]).PreemptibleCallback
+        for name, member in vars(cls).items():
+            if not name.startswith("_"):
+                out.append(
+                    (f"{module.rsplit('.', 1)[1]}.{name}", member.fget if isinstance(member, property) else member)
+                )
+    return out
+
+
+@pytest.mark.parametrize(("name", "method"), _callback_methods(), ids=[n for n, _ in _callback_methods()])
+def test_the_callbacks_public_methods_have_their_sections(name: str, method: Any) -> None:
+    doc = method.__doc__ or ""  # its own, not the framework's inherited one
+    needed = ["Returns:", "Raises:", "Examples:"] + (["Args:"] if _takes_arguments(method) else [])
+    assert all(s in doc for s in needed), (name, [s for s in needed if s not in doc])
+
+
 def _examples() -> list[tuple[str, Any]]:
     seen: list[tuple[str, Any]] = []
     for name in PUBLIC:

@@ -229,7 +229,18 @@ class PreemptibleCallback(Callback, Settings):
         """``preemptible:<root>`` when the root holds a committed checkpoint (verified, with fallback, when Lightning
         loads it at the start of ``fit``), else None: pass it as ``trainer.fit(..., ckpt_path=cb.resume_from)``.
         After a crash that left a ``ModelCheckpoint`` file newer than any of preemptible's: that file's path (see
-        ``framework_fallback``; the Trainer holding this callback is found in the calling code's variables)."""
+        ``framework_fallback``; the Trainer holding this callback is found in the calling code's variables).
+
+        Returns:
+            ``preemptible:<root>``, a ``ModelCheckpoint`` file (``framework_fallback``), or None on a fresh start.
+
+        Raises:
+            PreemptibleError: read before ``L.Trainer(..., callbacks=[cb])`` was built.
+
+        Examples:
+            ``trainer.fit(model, loader, ckpt_path=cb.resume_from)``: ``tests/e2e/test_lightning.py`` runs it through a
+            real preemption and resume.
+        """
         from preemptible.checkpoint import Checkpointer
 
         root = os.environ.get("PREEMPTIBLE_ROOT", "").strip() or self.root
@@ -244,6 +255,23 @@ class PreemptibleCallback(Callback, Settings):
 
     # Lightning's hooks ---------------------------------------------------------------------------------------
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """At ``fit``: registers preemptible's checkpoint IO beside Lightning's and wraps the data loaders so their
+        position is saved.
+
+        Args:
+            trainer: the Lightning ``Trainer``.
+            pl_module: the ``LightningModule`` being fitted.
+            stage: ``fit`` (other stages are left alone).
+
+        Returns:
+            None.
+
+        Raises:
+            Nothing.
+
+        Examples:
+            The framework calls it; ``tests/e2e/test_lightning.py`` runs it under real training.
+        """
         if stage != "fit":
             return
         self._trainer = trainer
@@ -314,9 +342,40 @@ class PreemptibleCallback(Callback, Settings):
         connector.received_sigterm = False
 
     def on_sanity_check_start(self, trainer: Any, pl_module: Any) -> None:
+        """Takes SIGTERM/SIGUSR1 from Lightning's own handlers before validation's sanity check, so a notice is never
+        lost to them.
+
+        Args:
+            trainer: the Lightning ``Trainer``.
+            pl_module: the ``LightningModule`` being fitted.
+
+        Returns:
+            None.
+
+        Raises:
+            Nothing.
+
+        Examples:
+            The framework calls it; ``tests/e2e/test_lightning.py`` runs it under real training.
+        """
         self._take_signals(trainer)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        """Takes the signals again (Lightning installs its handlers when training starts).
+
+        Args:
+            trainer: the Lightning ``Trainer``.
+            pl_module: the ``LightningModule`` being fitted.
+
+        Returns:
+            None.
+
+        Raises:
+            Nothing.
+
+        Examples:
+            The framework calls it; ``tests/e2e/test_lightning.py`` runs it under real training.
+        """
         self._take_signals(trainer)
         fallback = self.fallback
         if fallback is not None and fallback.step is not None and trainer.global_step != fallback.step:
@@ -328,6 +387,23 @@ class PreemptibleCallback(Callback, Settings):
             )
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        """Opens the run and restores what ``resume_from`` named: the module, optimizers, schedulers, loops, random
+        streams and the loaders' position.
+
+        Args:
+            trainer: the Lightning ``Trainer``.
+            pl_module: the ``LightningModule`` being fitted.
+
+        Returns:
+            None.
+
+        Raises:
+            PreemptibleError: fitting over existing checkpoints while ``ckpt_path`` was not given
+                ``cb.resume_from``.
+
+        Examples:
+            The framework calls it; ``tests/e2e/test_lightning.py`` runs it under real training.
+        """
         run = self.run
         assert run is not None
         if self.fallback is not None:  # Lightning loads its own file (ckpt_path=cb.resume_from)
@@ -374,6 +450,26 @@ class PreemptibleCallback(Callback, Settings):
         self.take_cadence(run, cadence(trainer))
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """The step boundary after each optimizer step (not each accumulated batch): what the module logged goes to the
+        journal at Lightning's logging cadence, a due periodic save runs, and on a notice the emergency save and the
+        exit (or ``trainer.should_stop`` with ``exit_on_notice=False``).
+
+        Args:
+            trainer: the Lightning ``Trainer``.
+            pl_module: the ``LightningModule`` being fitted.
+            outputs: the training step's outputs (unused).
+            batch: the batch (unused).
+            batch_idx: its index in the epoch: the loaders' saved position.
+
+        Returns:
+            None.
+
+        Raises:
+            Nothing: the emergency path exits with the exit policy's code.
+
+        Examples:
+            The framework calls it; ``tests/e2e/test_lightning.py`` runs it under real training.
+        """
         for loader in self._loaders:
             loader.completed = batch_idx + 1
         step = trainer.global_step
@@ -389,11 +485,42 @@ class PreemptibleCallback(Callback, Settings):
             trainer.should_stop = True
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        """Commits the final checkpoint unless the run was preempted.
+
+        Args:
+            trainer: the Lightning ``Trainer``.
+            pl_module: the ``LightningModule`` being fitted.
+
+        Returns:
+            None.
+
+        Raises:
+            Nothing.
+
+        Examples:
+            The framework calls it; ``tests/e2e/test_lightning.py`` runs it under real training.
+        """
         run = self.run
         if run is not None and not self.preempted:
             run._finish(trainer.global_step)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """After ``fit``: closes the run (sources stopped, handlers restored, the journal's exit).
+
+        Args:
+            trainer: the Lightning ``Trainer``.
+            pl_module: the ``LightningModule`` being fitted.
+            stage: ``fit`` (other stages are left alone).
+
+        Returns:
+            None.
+
+        Raises:
+            Nothing.
+
+        Examples:
+            The framework calls it; ``tests/e2e/test_lightning.py`` runs it under real training.
+        """
         if stage == "fit" and self.run is not None:
             self.run.close()
 

@@ -149,6 +149,22 @@ class PreemptibleCallback(TrainerCallback, Settings):
 
     # the Trainer -----------------------------------------------------------------------------------------------
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Remembers the Trainer this callback belongs to (``resume_from`` restores into its model).
+
+        Args:
+            args: the Trainer's ``TrainingArguments``.
+            state: the Trainer's ``TrainerState`` (``global_step``, ``max_steps``).
+            control: the Trainer's ``TrainerControl``.
+
+        Returns:
+            None.
+
+        Raises:
+            Nothing.
+
+        Examples:
+            The framework calls it; ``tests/e2e/test_hf_trainer.py`` runs it under real training.
+        """
         trainer = _calling_trainer()
         if trainer is None:
             raise PreemptibleError(
@@ -210,7 +226,21 @@ class PreemptibleCallback(TrainerCallback, Settings):
         """What ``trainer.train(resume_from_checkpoint=...)`` needs to continue from preemptible's newest valid
         checkpoint, or None on a fresh start. The first read restores and verifies it (see the module docs). After a
         crash that left the Trainer's own ``checkpoint-N`` newer than any of preemptible's: that directory (see
-        ``framework_fallback``)."""
+        ``framework_fallback``).
+
+        Returns:
+            A directory for ``resume_from_checkpoint``, or None on a fresh start.
+
+        Raises:
+            PreemptibleError: read before ``Trainer(..., callbacks=[cb])`` was built (it restores into the Trainer's
+                model).
+            CheckpointCorruptError: every checkpoint under the root fails verification (and no framework checkpoint is
+                newer).
+
+        Examples:
+            ``trainer.train(resume_from_checkpoint=cb.resume_from)``: ``tests/e2e/test_hf_trainer.py`` runs it through a
+            real preemption and resume.
+        """
         if not self._resolved:
             self._resolve()
         return self.fallback.path if self.fallback is not None else self._resume_dir
@@ -261,6 +291,25 @@ class PreemptibleCallback(TrainerCallback, Settings):
 
     # training ------------------------------------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Opens the run: the notice sources start, the Trainer's own SIGTERM handling is replaced, and what
+        ``resume_from`` restored (optimizer, scheduler, scaler, random streams, the sampler's position) is put back
+        into the Trainer.
+
+        Args:
+            args: the Trainer's ``TrainingArguments``.
+            state: the Trainer's ``TrainerState`` (``global_step``, ``max_steps``).
+            control: the Trainer's ``TrainerControl``.
+
+        Returns:
+            None.
+
+        Raises:
+            PreemptibleError: training over existing checkpoints while ``resume_from_checkpoint`` was not given
+                ``cb.resume_from``.
+
+        Examples:
+            The framework calls it; ``tests/e2e/test_hf_trainer.py`` runs it under real training.
+        """
         read = self._resolved  # resume_from was read before train()
         if not read:
             self._resolve()
@@ -306,6 +355,24 @@ class PreemptibleCallback(TrainerCallback, Settings):
             log.warning("[rank=%d] a resume will not be bit-identical: %s", run.rank, why)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        """The step boundary: a due periodic save, and on a notice the emergency save and the exit (or, with
+        ``exit_on_notice=False``, ``control.should_training_stop``).
+
+        Args:
+            args: the Trainer's ``TrainingArguments``.
+            state: the Trainer's ``TrainerState`` (``global_step``, ``max_steps``).
+            control: the Trainer's ``TrainerControl``.
+
+        Returns:
+            ``control``, with ``should_training_stop`` set after a notice when ``exit_on_notice=False``.
+
+        Raises:
+            Nothing: a failed periodic save is journaled and training goes on; the emergency path exits with the
+                exit policy's code.
+
+        Examples:
+            The framework calls it; ``tests/e2e/test_hf_trainer.py`` runs it under real training.
+        """
         assert self.run is not None
         if self.run.boundary(state.global_step):  # only with exit_on_notice=False: otherwise the process ended
             self.preempted = True
@@ -314,10 +381,43 @@ class PreemptibleCallback(TrainerCallback, Settings):
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         """What the Trainer logs (loss, learning rate, grad norm, its end-of-training metrics) goes into the journal
-        too, for ``preemptible report``."""
+        too, for ``preemptible report``.
+
+        Args:
+            args: the Trainer's ``TrainingArguments``.
+            state: the Trainer's ``TrainerState`` (``global_step``, ``max_steps``).
+            control: the Trainer's ``TrainerControl``.
+            logs: what the Trainer logged (numbers are forwarded; strings and vectors are left out).
+
+        Returns:
+            None.
+
+        Raises:
+            Nothing: a figure can never stop training.
+
+        Examples:
+            The framework calls it; ``tests/e2e/test_hf_trainer.py`` runs it under real training.
+        """
         forward_figures(self.run, logs or {})
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Commits the final checkpoint (unless the run was preempted) and closes the run (sources stopped, handlers
+        restored, the journal's exit).
+
+        Args:
+            args: the Trainer's ``TrainingArguments``.
+            state: the Trainer's ``TrainerState`` (``global_step``, ``max_steps``).
+            control: the Trainer's ``TrainerControl``.
+
+        Returns:
+            None.
+
+        Raises:
+            Nothing.
+
+        Examples:
+            The framework calls it; ``tests/e2e/test_hf_trainer.py`` runs it under real training.
+        """
         run = self.run
         if run is None:
             return
