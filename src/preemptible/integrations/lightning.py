@@ -267,7 +267,7 @@ class PreemptibleCallback(Callback, Settings):
             None.
 
         Raises:
-            Nothing.
+            Nothing: no error of its own.
 
         Examples:
             The framework calls it; ``tests/e2e/test_lightning.py`` runs it under real training.
@@ -353,7 +353,7 @@ class PreemptibleCallback(Callback, Settings):
             None.
 
         Raises:
-            Nothing.
+            Nothing: no error of its own.
 
         Examples:
             The framework calls it; ``tests/e2e/test_lightning.py`` runs it under real training.
@@ -371,7 +371,7 @@ class PreemptibleCallback(Callback, Settings):
             None.
 
         Raises:
-            Nothing.
+            Nothing: no error of its own.
 
         Examples:
             The framework calls it; ``tests/e2e/test_lightning.py`` runs it under real training.
@@ -495,7 +495,7 @@ class PreemptibleCallback(Callback, Settings):
             None.
 
         Raises:
-            Nothing.
+            Nothing: no error of its own.
 
         Examples:
             The framework calls it; ``tests/e2e/test_lightning.py`` runs it under real training.
@@ -516,7 +516,7 @@ class PreemptibleCallback(Callback, Settings):
             None.
 
         Raises:
-            Nothing.
+            Nothing: no error of its own.
 
         Examples:
             The framework calls it; ``tests/e2e/test_lightning.py`` runs it under real training.

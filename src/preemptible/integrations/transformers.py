@@ -160,7 +160,7 @@ class PreemptibleCallback(TrainerCallback, Settings):
             None.
 
         Raises:
-            Nothing.
+            Nothing: no error of its own.
 
         Examples:
             The framework calls it; ``tests/e2e/test_hf_trainer.py`` runs it under real training.
@@ -413,7 +413,7 @@ class PreemptibleCallback(TrainerCallback, Settings):
             None.
 
         Raises:
-            Nothing.
+            Nothing: no error of its own.
 
         Examples:
             The framework calls it; ``tests/e2e/test_hf_trainer.py`` runs it under real training.
