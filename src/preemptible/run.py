@@ -17,7 +17,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -848,8 +848,14 @@ class Run:
         """
         if self.journal is None:
             raise PreemptibleError("Run.log() needs a started run: call it inside `for step in run.steps(...)`")
+        self._log_figures(self.step, figures)
+
+    def _log_figures(self, step: int, figures: Mapping[str, Any]) -> None:
+        """Journal ``figures`` as logged during ``step`` (0-based: the step `steps` yielded). The framework callbacks
+        call it with the step before their boundary's count of completed steps."""
+        assert self.journal is not None
         kept = user_fields({k: _figure(v) for k, v in figures.items()})
-        self.journal.event(Event.LOG, self.step, **kept)
+        self.journal.event(Event.LOG, step, **kept)
         self.saves.figures.update(kept)
 
     def save(self, reason: str = SaveReason.MANUAL) -> SaveResult:

@@ -79,3 +79,13 @@ def test_the_drilled_run_is_the_first_start_before_the_resume_and_the_restart_fr
     first = _figures(s0=1.0, s1=2.0, s2=3.0, s3=4.0)  # killed after step 3; the last checkpoint was at 2
     restart = _figures(s2=3.5, s3=4.5, s4=5.5)
     assert spliced(first, restart, 2) == _figures(s0=1.0, s1=2.0, s2=3.5, s3=4.5, s4=5.5)
+
+
+def test_the_step_a_framework_stopped_in_before_logging_it_is_not_a_difference() -> None:
+    """The HF Trainer logs a step's figures after ``on_step_end``, where the process stopped: the drilled run never
+    logged the step before the resume (3, resumed at 4). Any other step missing from the drilled run differs."""
+    reference = _figures(s0=1.0, s1=0.9, s2=0.8, s3=0.7, s4=0.6)
+    ours = _figures(s0=1.0, s1=0.9, s2=0.8, s4=0.6)
+    assert first_divergence(ours, reference, resumed_at=4) is None
+    d = first_divergence(ours, reference, resumed_at=5)  # step 3 is not the one before the resume: a difference
+    assert d is not None and d.step == 3 and "not logged in the drilled run" in d.describe()

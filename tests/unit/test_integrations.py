@@ -62,6 +62,26 @@ def test_lightning_resume_from_names_the_root_once_it_holds_a_checkpoint(tmp_pat
     assert cb.resume_from == f"preemptible:{tmp_path / 'ckpt'}"
 
 
+def test_lightning_resume_from_is_read_with_a_module_made_before_the_trainer(tmp_path: Path) -> None:
+    """The README's order: the module exists (not attached to any Trainer: its ``trainer`` property raises) when
+    ``cb.resume_from`` is read in the call to ``fit``; the callback finds its Trainer all the same."""
+    import lightning as L
+
+    from preemptible.integrations.lightning import PreemptibleCallback
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+    model = Module()
+    with pytest.raises(RuntimeError):
+        _ = model.trainer  # what Lightning does before fit
+    cb = PreemptibleCallback(tmp_path / "ckpt")
+    trainer = L.Trainer(max_epochs=1, callbacks=[cb], logger=False, enable_progress_bar=False)
+    assert trainer is not None and model is not None and cb.resume_from is None
+
+
 class Writer:
     def __init__(self, fail: bool = False) -> None:
         self.flushes = 0

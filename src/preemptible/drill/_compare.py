@@ -175,9 +175,16 @@ def _ordinal(n: int) -> str:
 
 def first_divergence(ours: Figures, reference: Figures, *, resumed_at: int) -> Divergence | None:
     """The first step whose figures differ (exact equality of the values as journaled: 1 and 1.0 differ), and the
-    first figure that differs there, in the order the reference run logged them; None when every step's are equal."""
+    first figure that differs there, in the order the reference run logged them; None when every step's are equal.
+
+    One step is not compared when the drilled run has no figures of it at all: the last step before the stop
+    (``resumed_at - 1``). A framework logs a step's figures after its step-end hook (the HF Trainer's ``on_log``
+    comes after ``on_step_end``), and the process stopped in that hook, so that step was trained and saved but
+    never logged; the resumed run starts after it."""
     for step in sorted(set(ours) | set(reference)):
         a, b = ours.get(step, []), reference.get(step, [])
+        if not a and step == resumed_at - 1:
+            continue
         for i in range(max(len(a), len(b))):
             x, y = (a[i] if i < len(a) else {}), (b[i] if i < len(b) else {})
             for name in [*y, *(k for k in x if k not in y)]:

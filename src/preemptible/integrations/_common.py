@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,20 +45,28 @@ signature: an option added to Run must be placed in one or the other). ``framewo
 and not Run's."""
 
 
+_NOT_A_FIGURE = re.compile(r"runtime|per_second|flos|^train_loss$")
+"""What a framework logs that is not a figure of the training itself: timings (``train_runtime``,
+``train_samples_per_second``) and ``train_loss``, the HF Trainer's average over one process's steps, which differs
+after a resume: a drill's exact comparison of figures would fail on them."""
+
+
 def forward_figures(run: Run | None, metrics: Mapping[str, Any]) -> None:
     """What the framework logged (the HF Trainer's ``logs``, Lightning's ``callback_metrics``) into the run's journal
     as `Run.log` figures, so that ``preemptible report`` draws them: numbers and one-element tensors only (a string,
-    a bool or a vector is left out). Nothing here can stop training: a run not started yet records nothing."""
+    a bool or a vector is left out; so are timings, `_NOT_A_FIGURE`). They are journaled as logged during the step
+    before the boundary (the framework's ``global_step`` counts completed steps; `Run.log`'s step is 0-based).
+    Nothing here can stop training: a run not started yet records nothing."""
     if run is None or run.journal is None:
         return
     figures: dict[str, Any] = {}
     for name, value in metrics.items():
-        if isinstance(value, bool):
+        if isinstance(value, bool) or _NOT_A_FIGURE.search(str(name)):
             continue
         if isinstance(value, int | float) or (isinstance(value, torch.Tensor) and value.numel() == 1):
             figures[str(name)] = value
     if figures:
-        run.log(**figures)
+        run._log_figures(max(run.step - 1, 0), figures)
 
 
 @dataclass(frozen=True, kw_only=True)

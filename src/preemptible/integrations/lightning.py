@@ -630,8 +630,19 @@ def _calling_trainer(callback: PreemptibleCallback) -> Any:
         if frame is None:
             return None
         for value in list(frame.f_locals.values()):
-            for candidate in (value, getattr(value, "trainer", None) if not isinstance(value, type) else None):
+            for candidate in (value, _trainer_of(value)):
                 if isinstance(candidate, Trainer) and any(c is callback for c in getattr(candidate, "callbacks", [])):
                     return candidate
         frame = frame.f_back
     return None
+
+
+def _trainer_of(value: Any) -> Any:
+    """``value.trainer`` (a LightningModule's), or None: a module not attached to a Trainer yet raises RuntimeError
+    from that property (Lightning 2.x), and any other object may raise anything from an attribute it computes."""
+    if isinstance(value, type):
+        return None
+    try:
+        return getattr(value, "trainer", None)
+    except Exception:  # a property that refuses (LightningModule before fit): not this callback's Trainer
+        return None
