@@ -48,6 +48,17 @@ def test_a_log_of_the_first_attempt_is_judged_against_the_first_attempt(two_atte
     assert "attempt 1 of 2 (chosen by the logs' time range)" in result.render()
 
 
+def test_a_log_without_timestamps_is_placed_by_preemptible_s_own_lines(two_attempts: tuple[Path, list[str]]) -> None:
+    """Attempt 1's stderr as the process printed it (no timestamps): its "... received; stopping at step N" line
+    names the attempt whose journal has that notice."""
+    root, log = two_attempts
+    bare = [line.split(" ", 2)[2] for line in log]  # the logger's date and time taken off again
+    result = diagnose([("attempt1.log", bare)], root=str(root))
+    assert result.checkpoint["attempt"] == 1, result.render()
+    assert result.checkpoint["attempt_chosen_by"].startswith("preemptible's own lines in the logs (a notice at step")
+    assert result.verdict == "terminated" and result.checkpoint["notice_step"] is not None
+
+
 def test_attempt_last_and_a_number_choose_explicitly(two_attempts: tuple[Path, list[str]]) -> None:
     root, log = two_attempts
     assert diagnose([("attempt1.log", log)], root=str(root), attempt="last").checkpoint["attempt"] == 2

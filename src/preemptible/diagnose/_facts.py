@@ -68,7 +68,7 @@ def _choose(
     if window is None:
         return last, "the last (no logs given to match by time)"
     if window.first is None or window.last is None:
-        return last, "the last (the logs carry no timestamps)"
+        return _placed_by_own_lines(attempts, window) or (last, "the last (the logs carry no timestamps)")
     spans = [_span(events) for _, _, events in attempts]
     best, overlap = None, -1.0
     for i, span in enumerate(spans):
@@ -84,6 +84,25 @@ def _choose(
     if best is None:
         return last, "the last (the logs' times match no attempt)"
     return best, "the logs' time range"
+
+
+def _placed_by_own_lines(attempts: list[tuple[int, str, list[Record]]], window: TimeWindow) -> tuple[int, str] | None:
+    """The one attempt whose journal has the notice step or the resume step preemptible's own lines in the logs
+    name (`TimeWindow.stops`, ``.resumes``), or None when they name none or several."""
+    if not window.stops and not window.resumes:
+        return None
+    matches = []
+    for i, (_, _, events) in enumerate(attempts):
+        notices = {r.step for r in events if r.event == Event.NOTICE}
+        resumes = {r.step for r in events if r.event == Event.RESUME}
+        if window.stops & notices or window.resumes & resumes:
+            matches.append(i)
+    if len(matches) != 1:
+        return None
+    said = [f"a notice at step {s}" for s in sorted(window.stops)] + [
+        f"a resume at step {s}" for s in sorted(window.resumes)
+    ]
+    return matches[0], f"preemptible's own lines in the logs ({', '.join(said[:3])})"
 
 
 def journal_facts(root: str, *, attempt: int | str | None = None, window: TimeWindow | None = None) -> JournalFacts:

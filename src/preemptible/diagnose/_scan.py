@@ -54,15 +54,28 @@ def _strip_prefix(line: str) -> str:
 _TIMESTAMP = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)")
 
 
+_OWN_STOP = re.compile(r"\bnotice \(.*\) received; stopping at step (\d+)")
+_OWN_RESUME = re.compile(r"\] resumed from the checkpoint of step (\d+)")
+
+
 class TimeWindow:
     """The earliest and latest timestamps (``2026-11-30T19:05:23``, ``2026-11-30 19:05:23``) in the logs read,
-    taken as UTC when they carry no zone: which attempt of a run the logs belong to."""
+    taken as UTC when they carry no zone: which attempt of a run the logs belong to. Also the steps preemptible's
+    own lines name (``... received; stopping at step 85``, ``resumed from the checkpoint of step 85``): they place
+    a log that carries no timestamps."""
 
     def __init__(self) -> None:
         self.first: float | None = None
         self.last: float | None = None
+        self.stops: set[int] = set()
+        self.resumes: set[int] = set()
 
     def see(self, line: str) -> None:
+        if "step" in line:
+            for pattern, steps in ((_OWN_STOP, self.stops), (_OWN_RESUME, self.resumes)):
+                own = pattern.search(line)
+                if own is not None and len(steps) < 64:
+                    steps.add(int(own.group(1)))
         match = None if untimed(line) else _TIMESTAMP.search(line[:80])
         if match is None:
             return
