@@ -317,7 +317,7 @@ def test_a_reference_drill_of_an_exact_epoch_loop_passes_with_its_stop_mid_epoch
     report = Drill([*EPOCH_LOOP, "--root", str(root)], reference=True).run()
     assert report.passed, report.render()
     text = report.render()
-    assert "stop: mid-epoch: epoch 1, after 4 of 8 batches (step 12)" in text
+    assert "stop: mid-epoch: epoch 1 (0-based, as run.epochs counts), after 4 of 8 batches (step 12)" in text
     assert "PASS  figures logged at each step equal the uninterrupted run's" in text
     assert report.first_differing_step is None
     held, notice = _held(root)  # from the journal: the stop was not at an epoch boundary

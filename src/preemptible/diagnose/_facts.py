@@ -66,9 +66,9 @@ def _choose(
     if attempt == "last":
         return last, "--attempt last"
     if window is None:
-        return last, "the last (no logs given to match by time)"
+        return last, "the last: no logs given to match by time"
     if window.first is None or window.last is None:
-        return _placed_by_own_lines(attempts, window) or (last, "the last (the logs carry no timestamps)")
+        return _placed_by_own_lines(attempts, window) or (last, "the last: the logs carry no timestamps")
     spans = [_span(events) for _, _, events in attempts]
     best, overlap = None, -1.0
     for i, span in enumerate(spans):
@@ -82,7 +82,7 @@ def _choose(
         if hi > lo and hi - lo >= overlap:
             best, overlap = i, hi - lo
     if best is None:
-        return last, "the last (the logs' times match no attempt)"
+        return last, "the last: the logs' times match no attempt"
     return best, "the logs' time range"
 
 

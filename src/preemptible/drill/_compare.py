@@ -170,7 +170,10 @@ class Divergence:
 
 
 def _ordinal(n: int) -> str:
-    return {1: "first", 2: "second", 3: "third"}.get(n, f"{n}th")
+    if n in (1, 2, 3):
+        return ("first", "second", "third")[n - 1]
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def first_divergence(ours: Figures, reference: Figures, *, resumed_at: int) -> Divergence | None:

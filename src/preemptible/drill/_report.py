@@ -118,8 +118,8 @@ class DrillReport:
         m = self.moment
         if m.get("aim") == "mid-epoch":
             return (
-                f"mid-epoch: epoch {m.get('epoch')}, after {m.get('batches_done')} of {m.get('epoch_batches')} "
-                f"batches (step {m.get('step')})"
+                f"mid-epoch: epoch {m.get('epoch')} (0-based, as run.epochs counts), after {m.get('batches_done')} "
+                f"of {m.get('epoch_batches')} batches (step {m.get('step')})"
             )
         if m.get("aim") == "first-save":
             return f"once the first checkpoint committed (step {m.get('step')})"
