@@ -6,7 +6,7 @@ with its place on a page).
 A benchmark's ``__main__`` calls ``recorded(main, "name")``: what ``main`` prints is shown as it runs and kept as
 the result's ``output`` (the lines a reader would have copied by hand). ``PREEMPTIBLE_BENCH_RECORD=0`` writes
 nothing. Benchmarks that write their own structured result (memory_tier.py, nodes_bench.py, gpu_suite.py) record
-the machine, the date and the command themselves.
+the machine (the same `gpu_suite.machine`), the date and the command themselves.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import contextlib
 import io
 import json
 import os
-import platform
 import sys
 import time
 from collections.abc import Callable
@@ -26,17 +25,11 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def machine() -> dict[str, Any]:
-    """The machine a result was measured on: CPU, cores, memory, OS, Python, torch and its accelerator."""
-    info: dict[str, Any] = {
-        "cpu": platform.processor() or platform.machine(),
-        "cores": os.cpu_count(),
-        "os": f"{platform.system()} {platform.release()}",
-        "python": platform.python_version(),
-    }
-    with contextlib.suppress(OSError, ValueError):
-        with open("/proc/meminfo") as f:
-            kib = int(next(line for line in f if line.startswith("MemTotal")).split()[1])
-        info["MemTotal"] = kib * 1024
+    """The machine a result was measured on: `gpu_suite.machine`, the one description the benchmarks record (CPUs,
+    memory, platform, Python), and the torch build with its accelerator."""
+    from gpu_suite import machine as described
+
+    info = described()
     with contextlib.suppress(ImportError):
         import torch
 

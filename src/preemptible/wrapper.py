@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import itertools
 import logging
 import os
 import shutil
@@ -230,9 +229,5 @@ class Wrapper:
 
 
 def _is_torchrun(command: Sequence[str]) -> bool:
-    """``torchrun ...``, ``python -m torch.distributed.run ...`` (or ``.launch``)."""
-    if os.path.basename(command[0]) == "torchrun":
-        return True
-    return any(
-        a == "-m" and b in ("torch.distributed.run", "torch.distributed.launch") for a, b in itertools.pairwise(command)
-    )
+    """``torchrun ...``, ``python -m torch.distributed.run ...`` (or ``.launch``): as `dist.agent_pid` knows it."""
+    return any(name in arg for arg in command[:4] for name in dist.AGENT_NAMES)

@@ -17,7 +17,8 @@ def add_parser(sub: Any) -> None:
         "inspect",
         help="list the checkpoints under a root: step, state, why it was saved, bytes, save and predicted seconds, "
         "the figures last logged before it",
-        description="Reads manifests and the journal only (fast); `preemptible verify` checks every byte.",
+        description="Reads manifests, state documents, tensor headers and the journal, never tensor data (fast); "
+        "`preemptible verify` checks every byte.",
     )
     p.add_argument("root", type=existing_directory)
     p.add_argument("--json", action="store_true")
