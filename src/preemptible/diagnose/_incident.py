@@ -183,10 +183,10 @@ def initiating(
     # a rank another rank's peer watch found gone (preemptible's peer_lost names it): where the trouble started,
     # unless something came before it
     causes += [e for e in timeouts if e.strength == "strong" and e.why.endswith(LOST_PEER)]
-    if any(not e.reported for e in causes + timeouts):
-        causes = [e for e in causes if not e.reported]  # a process's own words before a launcher's summary of it
     if prefer is not None and any(e.verdict == prefer for e in causes):
         causes = [e for e in causes if e.verdict == prefer]
+    if any(not e.reported for e in causes + timeouts):
+        causes = [e for e in causes if not e.reported]  # a process's own words before a launcher's summary of it
     first: Incident | None = None
     chosen: Evidence | None = None
     if causes:

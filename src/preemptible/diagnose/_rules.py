@@ -365,9 +365,18 @@ RULES: tuple[Rule, ...] = (
     ),
     _r(
         "time-limit",
+        "weak",
+        r"\bqmaster enforced h_rt, h_cpu,? or h_vmem limit\b",
+        "SGE's qmaster killed the job at a hard limit: h_rt or h_cpu (a time limit; h_vmem makes allocations fail "
+        "instead, which the program reports itself)",
+        "sge",
+    ),
+    _r(
+        "time-limit",
         "strong",
-        r"\btimed-out and not checkpointable\b|\bJob has timed out\b|\bMAX_DURATION_EXCEEDED\b",
-        "the job reached its time limit (submitit, dstack)",
+        r"\btimed-out and not checkpointable\b|\bJob has timed out\b|\bMAX_DURATION_EXCEEDED\b|"
+        r"\bFunctionTimeoutError\b|\bhit its timeout of \d+",
+        "the job reached its time limit (submitit, dstack, Modal)",
         None,
     ),
     # out of memory
@@ -405,7 +414,7 @@ RULES: tuple[Rule, ...] = (
         "strong",
         r"\bTERM_(MEMLIMIT|SWAP)\b|\bjob killed: p?v?mem \d+\w* exceeded limit\b|exceeded a memory resource limit|"
         r"\bdue to memory usage\b|\b(exceed(ed|s|ing)?|over) (the |its |a )?(requested |allocated |job'?s? )?memory"
-        r"( usage)? limits?\b|\bmemory limit (was )?exceeded\b|\bexceed\w* (the )?h_vmem\b|\bh_vmem limit\b",
+        r"( usage)? limits?\b|\bmemory limit (was )?exceeded\b|\bexceed\w* (the )?h_vmem\b|(?<!or )\bh_vmem limit\b",
         "the scheduler ended the job for using more memory than it asked for (LSF, PBS, HTCondor, SGE)",
         None,
     ),
@@ -495,6 +504,29 @@ RULES: tuple[Rule, ...] = (
     ),
     _r(
         "crashed",
+        "strong",
+        r"\b(free|malloc|realloc)\(\): (invalid|corrupted|unaligned)|double free or corruption|munmap_chunk\(\): "
+        r"invalid pointer|corrupted size vs\. prev_size|\bSignal: (Segmentation fault|Aborted|Bus error|"
+        r"Floating point exception|Illegal instruction) \(\d+\)",
+        "the process crashed (glibc found its heap corrupted and aborted it, or a signal handler reports the fault)",
+        None,
+    ),
+    _r(
+        "crashed",
+        "hint",
+        r"\bPrimary job +terminated normally, but \d+ process(es)? returned\b",
+        "a process of the job exited non-zero and mpirun aborted the rest (its next line, if given, says how it ended)",
+        "mpirun",
+    ),
+    _r(
+        "crashed",
+        "weak",
+        r"executable file not found in \$PATH|: command not found$",
+        "the job's program could not be started",
+        None,
+    ),
+    _r(
+        "crashed",
         "weak",
         r"^terminate called after throwing an instance of",
         "an uncaught C++ exception aborted the process (its 'what()' line says why: a watchdog's timeout, an error)",
@@ -534,14 +566,14 @@ RULES: tuple[Rule, ...] = (
     _r(
         "terminated",
         "strong",
-        r"Received (15|Signals\.SIGTERM) death signal|got signal: 15\b|Signal 15 \(SIGTERM\) received",
+        r"Received (15|Signals\.SIGTERM) death signal|got (signal|sigval) ?: ?15\b|Signal 15 \(SIGTERM\) received",
         "torchrun received SIGTERM",
         "torchrun",
     ),
     _r(
         "terminated",
         "strong",
-        r"Received (1|3|Signals\.SIG(HUP|QUIT)) death signal|got signal: (1|3)\b",
+        r"Received (1|3|Signals\.SIG(HUP|QUIT)) death signal|got (signal|sigval) ?: ?(1|3)\b",
         "torchrun received a terminating signal",
         "torchrun",
     ),
@@ -601,6 +633,14 @@ RULES: tuple[Rule, ...] = (
     _r(
         "terminated",
         "weak",
+        r"\bjobs? SIGHUPed\b|\bReceived (OS )?signal '?hangup'?|\bline \d+: +\d+ Hangup\b|^Hangup$|"
+        r"\bJob '?\w+'? (was )?stopped\.?$|\bJob \S+ has been stopped\b",
+        "the command was stopped from outside: its terminal hung up (SIGHUP), or a user stopped the job (ray job stop)",
+        None,
+    ),
+    _r(
+        "terminated",
+        "weak",
         r"closing signal SIG(HUP|QUIT)\b",
         "torchrun passed a terminal hang-up or interrupt on to its workers (it forwards only signals it received)",
         "torchrun",
@@ -626,8 +666,8 @@ RULES: tuple[Rule, ...] = (
     _r(
         "interrupted",
         "strong",
-        r"Received (2|Signals\.SIGINT) death signal|got signal: 2\b|Received SIGINT: \d+|"
-        r"Detected KeyboardInterrupt|^\s*KeyboardInterrupt\s*$|\binterrupt \(one more within \d+ sec to abort\)|"
+        r"Received (2|Signals\.SIGINT) death signal|got (signal|sigval) ?: ?2\b|Received SIGINT: \d+|"
+        r"Detected KeyboardInterrupt|^\s*KeyboardInterrupt:?\s*$|^KeyboardInterrupt\s+Traceback \(most recent call|\binterrupt \(one more within \d+ sec to abort\)|"
         r"\bsending Ctrl-C to\b|hit ctrl-c again to forcibly terminate|\binterrupted by signal 2\b|"
         r"\binterrupted by (the )?user\b",
         "a user's interrupt (Ctrl-C, SIGINT)",
@@ -655,7 +695,7 @@ RULES: tuple[Rule, ...] = (
         "torchrun SIGKILLed workers that outlived the shutdown grace period",
         "torchrun",
     ),
-    _r("killed", "weak", r"Signal 9 \(SIGKILL\) received|got signal: 9\b", "SIGKILL (cannot be caught)", "torchrun"),
+    _r("killed", "weak", r"Signal 9 \(SIGKILL\) received|got (signal|sigval) ?: ?9\b", "SIGKILL (cannot be caught)", "torchrun"),
     _r(
         "killed",
         "weak",
@@ -731,9 +771,19 @@ RULES: tuple[Rule, ...] = (
         r"\b(training|train|optimization) (is )?(finished|completed?|done)\b|'train_runtime':|"
         r"\bfinished (training|optimization)\b|\[after training is done\]|End time of running main|"
         r"\bExperiment \S+ has completed\b|\b\d+ epochs? completed in\b|\bdone training\b|\bTotal training time:|"
-        r"\btraining of experiment is done\b|\bDONE_BY_RUNNER\b|\bLoss for final step:|\*\*\* Best metric:",
-        "the training loop reports it reached its end",
+        r"\btraining of experiment is done\b|\bDONE_BY_RUNNER\b|\bLoss for final step:|\*\*\* Best metric:|"
+        r"\bjob (completed|finished) successfully\b|"
+        r"(^|\] |\s)(train|training|steps|optimization|optimizing): +100%\|[^|]*\| *(?P<last>\d+)/(?P=last)\b",
+        "the training loop reports it reached its end (its own words, or its progress bar at the last step)",
         None,
+    ),
+    _r(
+        "completed",
+        "weak",
+        r"destroy_process_group\(\) was not called before program exit|process group has NOT been destroyed before",
+        "the program reached its exit (PyTorch warns of a process group left open as the interpreter shuts down); "
+        "a failure logged before it would have ended the run",
+        "torchrun",
     ),
     _r(
         "completed",

@@ -260,6 +260,8 @@ class _Scan:
             self.aside = ""
             self._add("interrupted", "strong", "a user's interrupt (KeyboardInterrupt: Ctrl-C, a notebook's stop)")
             return True
+        if self.aside == "thread" and (is_collective_timeout(line, found_in) or is_oom(line, found_in)):
+            self.aside = ""  # a timed-out collective or an OOM is one whichever thread met it
         if self._aside(name) or (name in _NOT_A_CRASH and name != "SignalException"):
             return True  # (torchrun's wrapper error: its summary below names the cause)
         if is_collective_timeout(line, found_in):

@@ -218,8 +218,9 @@ def diagnose(
     if exit_code is not None:
         evidence.append(exit_evidence(exit_code, "exit code", "exit code", None, str(exit_code)))
     verdict, how = _decide(evidence)
-    first, collateral = initiating(evidence, VERDICTS, prefer=verdict if verdict in _EXPLAINS else None)
-    if first is not None and first.verdict != "collective-timeout" and verdict not in _EXPLAINS:
+    leads = verdict in _EXPLAINS or how == "failed first"  # it explains what the other ranks or tasks then logged
+    first, collateral = initiating(evidence, VERDICTS, prefer=verdict if leads else None)
+    if first is not None and first.verdict != "collective-timeout" and not leads:
         verdict, how = first.verdict, "first"  # several ranks or nodes: what happened first, not what ranks highest
     summary = _summary(evidence, verdict, first, collateral)
     checkpoint: dict[str, Any] = {}
