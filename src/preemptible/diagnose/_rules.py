@@ -667,7 +667,8 @@ RULES: tuple[Rule, ...] = (
         "interrupted",
         "strong",
         r"Received (2|Signals\.SIGINT) death signal|got (signal|sigval) ?: ?2\b|Received SIGINT: \d+|"
-        r"Detected KeyboardInterrupt|^\s*KeyboardInterrupt:?\s*$|^KeyboardInterrupt\s+Traceback \(most recent call|\binterrupt \(one more within \d+ sec to abort\)|"
+        r"Detected KeyboardInterrupt|^\s*KeyboardInterrupt:?\s*$|^KeyboardInterrupt\s+Traceback \(most recent call|"
+        r"\binterrupt \(one more within \d+ sec to abort\)|"
         r"\bsending Ctrl-C to\b|hit ctrl-c again to forcibly terminate|\binterrupted by signal 2\b|"
         r"\binterrupted by (the )?user\b",
         "a user's interrupt (Ctrl-C, SIGINT)",
@@ -695,7 +696,13 @@ RULES: tuple[Rule, ...] = (
         "torchrun SIGKILLed workers that outlived the shutdown grace period",
         "torchrun",
     ),
-    _r("killed", "weak", r"Signal 9 \(SIGKILL\) received|got (signal|sigval) ?: ?9\b", "SIGKILL (cannot be caught)", "torchrun"),
+    _r(
+        "killed",
+        "weak",
+        r"Signal 9 \(SIGKILL\) received|got (signal|sigval) ?: ?9\b",
+        "SIGKILL (cannot be caught)",
+        "torchrun",
+    ),
     _r(
         "killed",
         "weak",
