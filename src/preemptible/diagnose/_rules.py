@@ -275,6 +275,16 @@ RULES: tuple[Rule, ...] = (
     _r(
         "preempted",
         "strong",
+        r"\b(job|task|pod|instance|vm|node|worker|machine|allocation|trial|workload|replica|host)s?\b( \S+){0,3} "
+        r"(was|were|has been|have been|got|is being|being) (preempted|reclaimed)\b(?! or)|^(job|task|instance|node) "
+        r"(preempted|reclaimed)\b|\bpreempted by (a |an )?(higher|high)[- ]priority\b|\b(spot|preemptible) (instance|vm"
+        r"|node|capacity)s? (was |were |has been )?(reclaimed|interrupted|preempted)\b",
+        "the platform or scheduler reports the work was preempted (a reclaim, or a higher-priority job)",
+        None,
+    ),
+    _r(
+        "preempted",
+        "strong",
         r"\bthis job is preempted\b",
         "submitit caught the scheduler's preemption signal and requeues the job",
         "submitit",
@@ -359,7 +369,8 @@ RULES: tuple[Rule, ...] = (
         "time-limit",
         "strong",
         r"\bjob killed: (walltime|cput) \d+ exceeded limit\b|\b(exceed(ed|s)?|reach(ed|es)?|due to|hit) (the |its |a "
-        r"|maximum |hard )?(wall[ -]?clock|wall[ -]?time|run[ -]?time) (time )?limit\b|\bwalltime exceeded\b",
+        r"|maximum |hard )?(wall[ -]?clock|wall[ -]?time|run[ -]?time|job'?s? time|time) (time )?limit\b|"
+        r"\b(wall ?time|time) limit (was )?(exceeded|reached)\b|\bwalltime exceeded\b|\bDUE TO TIME LIMIT\b",
         "the scheduler ended the job at its wall-clock limit (PBS, Moab, HTCondor, SGE)",
         None,
     ),
@@ -385,7 +396,8 @@ RULES: tuple[Rule, ...] = (
         "oom",
         "strong",
         r"Out of memory: Killed process|\boom-kill\b|Memory cgroup out of memory|\boom_reaper\b|"
-        r"killed by the OOM killer",
+        r"killed by the OOM killer|\bout[- ]of[- ]memory killer\b|^(\S+ )*\[ *\d+\.\d+\] Killed process \d+ \(|"
+        r"^Killed process \d+ \(\S+\) total-vm",
         "the kernel's OOM killer",
         "kernel",
     ),
@@ -424,7 +436,9 @@ RULES: tuple[Rule, ...] = (
         r"\bCUDA_ERROR_OUT_OF_MEMORY\b|\bnot enough memory: you tried to allocate\b|\bstd::bad_alloc\b|"
         r"\bResourceExhaustedError\b|\bRESOURCE_EXHAUSTED: Out of memory\b|^(\w+\.)*MemoryError\b|"
         r"\bsession crashed after using all available RAM\b|\b(HIP|MPS|XPU|NPU)( backend)? out of memory\b|"
-        r"\bkilled by (the )?(OOM|out of memory)\b|The paging file is too small for this operation",
+        r"\bkilled by (the )?(OOM|out of memory)\b|The paging file is too small for this operation|"
+        r"\b(ran|runs|running|run) out of (GPU |host |system |device )?memory\b|"
+        r"^(\w+ )?(fatal )?error: out of memory\b",
         "out of memory (an allocation failed, or the notebook ran out of RAM)",
         None,
     ),
@@ -501,6 +515,15 @@ RULES: tuple[Rule, ...] = (
         r"\b0xC0000409\b|\b0xC00000FD\b",
         "the process crashed (a Windows access violation or stack fault)",
         None,
+    ),
+    _r(
+        "crashed",
+        "strong",
+        r"\bline \d+: +\d+ (Aborted|Floating point exception|Illegal instruction)\b|"
+        r"^(Aborted|Floating point exception|Illegal instruction)( \(core dumped\))?$",
+        "the process crashed: the shell reports it died of SIGABRT, SIGFPE or SIGILL",
+        None,
+        flags=0,
     ),
     _r(
         "crashed",
@@ -598,6 +621,14 @@ RULES: tuple[Rule, ...] = (
         r"\bThe node was low on resource\b|\bReason:\s*Evicted\b|Eviction manager: pod is evicted|"
         r"eviction manager: must evict",
         "Kubernetes evicted the pod (node pressure)",
+        "k8s",
+    ),
+    _r(
+        "terminated",
+        "weak",
+        r"\b(pod|container)s? (was |were |has been |have been |got )?evicted\b|\bevicted due to (node|memory|disk|"
+        r"ephemeral[- ]storage) pressure\b",
+        "Kubernetes evicted the pod (node pressure, a drain or the eviction API)",
         "k8s",
     ),
     _r(
@@ -893,6 +924,32 @@ EXIT_RULES: tuple[ExitRule, ...] = (
         re.compile(r"\bcode=(killed|dumped), status=(?P<signum>\d+)/"), "systemd: the service's process died of signal"
     ),
     ExitRule(re.compile(r"\bcode=exited, status=(?P<code>\d+)/"), "systemd: the service's process exited with"),
+    # a signal in anyone's words: "terminated by signal 15", "died of SIGKILL", "exited with signal 9"; a process's
+    # own handler: "Received SIGTERM, shutting down", "caught signal 2" (the same verdict as dying of it)
+    ExitRule(
+        re.compile(
+            r"\b(terminated|killed|exited|died|ended|stopped|aborted|interrupted)\b( \w+){0,2} (by|with|on|of|from|due "
+            r"to|after)( the| a)? (signal:? ?(?P<signum>\d+)\b|(signal:? ?)?(?P<signame>SIG[A-Z0-9]+)\b)",
+            re.I,
+        ),
+        "a process ended by signal",
+    ),
+    ExitRule(
+        re.compile(
+            r"\b(received|receiving|caught|catching|got|trapped|handling)\b:?( the| a)? (signal:? ?(?P<signum>(1|2|3|9|"
+            r"10|12|15))\b|(signal:? ?)?(?P<signame>SIG(TERM|INT|HUP|QUIT|KILL|USR1|USR2))\b)",
+            re.I,
+        ),
+        "the process received signal",
+    ),
+    ExitRule(
+        re.compile(
+            r"\b(signal (?P<signum>1|2|3|10|12|15)|(?P<signame>SIG(TERM|INT|HUP|QUIT|USR1|USR2))) (was )?"
+            r"(received|caught)\b"
+        ),
+        "the process received signal",
+    ),
+    ExitRule(re.compile(r"\bexited with (exit )?(code|status):? (?P<code>-?\d+)\b", re.I), "a process exited with"),
     # the same facts in a tool's own words: "error code -9", "exit status 137", "exitCode: 137", "returncode=-9"
     ExitRule(
         re.compile(r"\b(exit|return)[ _]?(code|status)s?\b\W{0,4}(?<!-)(?P<code>\d+|-[2-9]|-[1-6]\d)\b", re.I),
