@@ -810,9 +810,26 @@ RULES: tuple[Rule, ...] = (
         r"\bfinished (training|optimization)\b|\[after training is done\]|End time of running main|"
         r"\bExperiment \S+ has completed\b|\b\d+ epochs? completed in\b|\bdone training\b|\bTotal training time:|"
         r"\btraining of experiment is done\b|\bDONE_BY_RUNNER\b|\bLoss for final step:|\*\*\* Best metric:|"
-        r"\bjob (completed|finished) successfully\b|"
+        r"\bjob (completed|finished) successfully\b|\btraining took\b|^\W*(training|train) (is )?(done|finished)\b|"
+        r"\b(saving|saved|writing|wrote) (the )?final (model|checkpoint|weights)\b|\bfinal (model|checkpoint|weights) "
+        r"(is )?saved\b|"
         r"(^|\] |\s)(train|training|steps|optimization|optimizing): +100%\|[^|]*\| *(?P<last>\d+)/(?P=last)\b",
         "the training loop reports it reached its end (its own words, or its progress bar at the last step)",
+        None,
+    ),
+    _r(
+        "completed",
+        "weak",
+        r"\b(run|job|pipeline|task|workflow) (completed|finished|succeeded) successfully\b|\bstatus: SUCCEEDED\b|"
+        r"^Status: Succeeded$|\bJob '\S+' succeeded\b",
+        "the job's runner reports it finished (its own status: succeeded, done)",
+        None,
+    ),
+    _r(
+        "crashed",
+        "hint",
+        r"^(\S+ )?(job|run) failed\.?$|^Status: Failed$|\bJob '\S+' failed\b|\bChildFailedError\b",
+        "the job's runner reports it failed (how is not said: a crash, or an end from outside)",
         None,
     ),
     _r(
