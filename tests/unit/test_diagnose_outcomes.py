@@ -103,6 +103,89 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
     assert _verdict(line) == verdict, diagnose([("log", [line])]).render()
 
 
+@pytest.mark.parametrize(
+    ("line", "verdict"),
+    [
+        # a signal or an exit in anyone's words: the process's own handler, a supervisor, a tool
+        ("INFO: Received SIGTERM, shutting down gracefully", "terminated"),
+        ("Caught signal 15, saving and exiting", "terminated"),
+        ("signal 15 received, exiting", "terminated"),
+        ("worker 3 terminated by signal 15", "terminated"),
+        ("child process died of SIGKILL", "killed"),
+        ("rank 2 exited with signal 9", "killed"),
+        ("ERROR: process 4121 exited with code -15", "terminated"),
+        ("Received SIGINT, stopping", "interrupted"),
+        ("zsh: warning: 1 jobs SIGHUPed", "terminated"),
+        ("2017/03/16 13:50:06 bds: Received OS signal 'hangup'", "terminated"),
+        ("nohup.sh: line 4: 81061 Hangup                  python train.py", "terminated"),
+        ("torch.distributed.elastic.multiprocessing.api.SignalException: Process 81061 got sigval:1", "terminated"),
+        ("KeyboardInterrupt: ", "interrupted"),
+        ("KeyboardInterrupt                         Traceback (most recent call last)", "interrupted"),
+        # faults in the shell's, glibc's and a signal handler's words
+        ("./run.sh: line 3: 4242 Aborted                 (core dumped) python train.py", "crashed"),
+        ("Floating point exception (core dumped)", "crashed"),
+        ("free(): invalid next size (normal)", "crashed"),
+        ("double free or corruption (!prev)", "crashed"),
+        ("[node-0:391803] Signal: Aborted (6)", "crashed"),
+        ('exec: "train": executable file not found in $PATH', "crashed"),
+        # memory, time, evictions and preemptions in plain words
+        ("[123456.789] Killed process 4242 (python) total-vm:83886080kB, anon-rss:80000000kB", "oom"),
+        ("the worker was killed by the out-of-memory killer", "oom"),
+        ("the process ran out of memory while loading the dataset", "oom"),
+        ("Job 4242 exceeded its time limit and was cancelled", "time-limit"),
+        ("modal.exception.FunctionTimeoutError: Task's current input in-abc hit its timeout of 300s", "time-limit"),
+        ("failed       37  : qmaster enforced h_rt, h_cpu, or h_vmem limit", "time-limit"),
+        ("Warning: pod was evicted due to node pressure", "terminated"),
+        ("task 7 was preempted by a higher-priority job", "preempted"),
+        ("Spot instance i-0abc was reclaimed", "preempted"),
+        # gloo's timeout is a collective's, in whichever thread it surfaced
+        ("RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:72] Timed out waiting 1800000ms for recv operation to "
+         "complete", "collective-timeout"),
+    ],
+)  # fmt: skip
+def test_signals_exits_and_ends_in_plain_words(line: str, verdict: str) -> None:
+    assert _verdict(line) == verdict, diagnose([("log", [line])]).render()
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "The cluster may be preempted or failed; recovering",  # a wrapper's guess about a healthy node
+        "Registering a signal handler for SIGTERM",
+        "if the job is preempted it will be requeued",
+        "Epoch 1/5: 100%|██████████| 49/49 [21:57<00:00, 26.90s/img]",  # an epoch's bar, not the run's
+        "Loading checkpoint shards: 100%|██████████| 4/4 [00:15<00:00]",
+    ],
+)
+def test_words_that_only_look_like_an_end_decide_nothing(line: str) -> None:
+    assert _verdict(line) == "unknown", diagnose([("log", [line])]).render()
+
+
+def test_a_thread_s_timed_out_collective_still_counts_and_its_other_exceptions_stay_hints() -> None:
+    head = ["Exception in thread Thread-9:", "Traceback (most recent call last):", '  File "comm.py", line 9, in _recv']
+    timeout = "RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:72] Timed out waiting 1800000ms for recv operation"
+    assert _verdict(*head, timeout) == "collective-timeout"
+    found = diagnose([("log", [*head, "RuntimeError: queue closed"])]).evidence
+    assert [(e.verdict, e.strength) for e in found] == [("crashed", "hint")]
+
+
+def test_a_run_at_its_last_step_or_its_normal_exit_is_done_whatever_crashes_in_teardown() -> None:
+    free = ["terminate called after throwing an instance of 'c10::Error'", "  what():  Trying to free a pointer"]
+    bar = "Train: 100%|██████████| 742/742 [1:50:01<00:00, 10.37s/it]"
+    assert _verdict(bar, *free) == "completed"
+    assert _verdict("Train:  99%|█████████▉| 741/742 [1:50:01<00:08, 10.37s/it]", *free) == "crashed"
+    exit_warning = (
+        "[rank0]:[W310 01:07:17.2347 ProcessGroupNCCL.cpp:1250] Warning: WARNING: process group has NOT been "
+        "destroyed before we destruct ProcessGroupNCCL. On normal program exit, the application should call "
+        "destroy_process_group."
+    )
+    assert _verdict("Processed prompts: 100%|█| 1/1", exit_warning) == "completed"
+    failed = "E0529 07:39:13.791000 10689 api.py:869] failed (exitcode: 1) local_rank: 0 (pid: 10754) of binary: py"
+    assert _verdict(exit_warning, failed) == "crashed"  # a worker that then exits 1 did fail
+    submitit = ["[submitit][INFO] - Job completed successfully", "[submitit][WARNING] - Bypassing signal SIGTERM"]
+    assert _verdict(*submitit) == "completed"
+
+
 def test_one_task_failing_first_is_the_cause_of_the_step_s_cancellation() -> None:
     lines = [
         "srun: error: gpu-q-3: task 2: Exited with exit code 1",
@@ -111,6 +194,10 @@ def test_one_task_failing_first_is_the_cause_of_the_step_s_cancellation() -> Non
     ]
     assert _verdict(*lines) == "crashed"
     assert _verdict(lines[1], lines[2], lines[0]) == "terminated"  # cancelled first: the exit 1 followed it
+    # the others then killed on two nodes: still the failed task's crash, and it is the initiating event
+    killed = ["srun: error: gpu-q-3: tasks 0-1: Killed", "srun: error: gpu-q-4: tasks 4-7: Killed"]
+    found = diagnose([("log", [lines[0], lines[1], *killed])])
+    assert found.verdict == "crashed" and found.initiating is not None and found.initiating.verdict == "crashed"
 
 
 def test_a_stop_from_outside_on_a_spot_machine_reads_as_the_reclaim() -> None:
