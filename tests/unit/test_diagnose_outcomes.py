@@ -138,6 +138,17 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("Warning: pod was evicted due to node pressure", "terminated"),
         ("task 7 was preempted by a higher-priority job", "preempted"),
         ("Spot instance i-0abc was reclaimed", "preempted"),
+        ("The job has exceeded the maximum execution time of 30m0s", "time-limit"),  # a CI runner's job timeout
+        ("Error: Max duration exceeded", "time-limit"),  # dstack
+        ("CRITICAL Keyboard Interrupt. Ending early.", "interrupted"),
+        ("2018-11-06 11:32:27.452292: F tensorflow/core/common_runtime/gpu/gpu_event_mgr.cc:274] Unexpected Event "
+         "status: 1", "crashed"),  # a glog FATAL line
+        ("pytorchjob-worker-0                 0/1     Error     0          12m", "crashed"),
+        ('"message": "Job is being cancelled",', "terminated"),
+        ("wandb: Waiting for W&B process to finish... (failed 1). Press Control-C to abort syncing.", "crashed"),
+        ("wandb: Program ended successfully.", "completed"),
+        ("RuntimeError: Job 1393 failed: Task failed because the node it was running on is dead or unavailable.",
+         "killed"),  # the machine went away: not a crash of its own
         # gloo's timeout is a collective's, in whichever thread it surfaced
         ("RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:72] Timed out waiting 1800000ms for recv operation to "
          "complete", "collective-timeout"),
@@ -169,6 +180,13 @@ def test_a_thread_s_timed_out_collective_still_counts_and_its_other_exceptions_s
     assert [(e.verdict, e.strength) for e in found] == [("crashed", "hint")]
 
 
+def test_a_traceback_whose_frames_lost_their_indentation_is_still_one_traceback() -> None:
+    lines = ["Traceback (most recent call last):", 'File "./tools/test.py", line 262, in <module>', "    main()",
+             "AssertionError"]  # fmt: skip
+    found = diagnose([("log", lines)]).evidence
+    assert [(e.verdict, e.strength, e.line) for e in found] == [("crashed", "strong", 4)]
+
+
 def test_a_run_at_its_last_step_or_its_normal_exit_is_done_whatever_crashes_in_teardown() -> None:
     free = ["terminate called after throwing an instance of 'c10::Error'", "  what():  Trying to free a pointer"]
     bar = "Train: 100%|██████████| 742/742 [1:50:01<00:00, 10.37s/it]"
@@ -184,6 +202,11 @@ def test_a_run_at_its_last_step_or_its_normal_exit_is_done_whatever_crashes_in_t
     assert _verdict(exit_warning, failed) == "crashed"  # a worker that then exits 1 did fail
     submitit = ["[submitit][INFO] - Job completed successfully", "[submitit][WARNING] - Bypassing signal SIGTERM"]
     assert _verdict(*submitit) == "completed"
+    wandb_end = [
+        "wandb: Run summary:", "wandb:   loss 5.9", "Exception in thread IntMsgThr:",
+        "Traceback (most recent call last):", '  File "threading.py", line 9', "BrokenPipeError: [Errno 32]",
+    ]  # fmt: skip
+    assert _verdict(*wandb_end) == "completed"
 
 
 def test_one_task_failing_first_is_the_cause_of_the_step_s_cancellation() -> None:

@@ -9,7 +9,16 @@ import signal
 from typing import Any
 
 from preemptible.diagnose._evidence import Evidence, exit_evidence
-from preemptible.diagnose._rules import COLLATERAL_RULES, EXIT_RULES, PEER_LOST, RULES, SPOT_CONTEXT, Rule, needles
+from preemptible.diagnose._rules import (
+    COLLATERAL_RULES,
+    EXIT_RULES,
+    MACHINE_GONE,
+    PEER_LOST,
+    RULES,
+    SPOT_CONTEXT,
+    Rule,
+    needles,
+)
 
 RULE_TABLE: list[tuple[Any, tuple[str, ...] | None]] = [(rule, rule.needles) for rule in RULES]
 EXIT_TABLE: list[tuple[Any, tuple[str, ...] | None]] = [(rule, needles(rule.pattern)) for rule in EXIT_RULES]
@@ -81,6 +90,12 @@ def is_time_limit(line: str, present: frozenset[str]) -> bool:
 
 def is_collective_timeout(line: str, present: frozenset[str]) -> bool:
     return _first(RULE_TABLE, line, present, lambda r: r.verdict == "collective-timeout") is not None
+
+
+def machine_gone(line: str, present: frozenset[str]) -> bool:
+    """A line that says the machine under the work went away (`_rules.MACHINE_GONE`): an exception that says so
+    reports an end from outside, not a crash of its own."""
+    return _first(RULE_TABLE, line, present, lambda r: r.why == MACHINE_GONE) is not None
 
 
 def is_peer_lost(line: str, present: frozenset[str]) -> bool:

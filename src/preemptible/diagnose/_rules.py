@@ -316,7 +316,8 @@ RULES: tuple[Rule, ...] = (
         "killed",
         "weak",
         r"\bINSTANCE_UNREACHABLE\b|has been marked dead because the detector has missed too many heartbeats|"
-        r"health check failed due to missing too many heartbeats|\bits node has died\b|\bNodeDiedError\b",
+        r"health check failed due to missing too many heartbeats|\bits node has died\b|\bNodeDiedError\b|"
+        r"\bthe node it was running on is dead\b",
         MACHINE_GONE,
         None,
     ),
@@ -386,8 +387,10 @@ RULES: tuple[Rule, ...] = (
         "time-limit",
         "strong",
         r"\btimed-out and not checkpointable\b|\bJob has timed out\b|\bMAX_DURATION_EXCEEDED\b|"
-        r"\bFunctionTimeoutError\b|\bhit its timeout of \d+",
-        "the job reached its time limit (submitit, dstack, Modal)",
+        r"\bFunctionTimeoutError\b|\bhit its timeout of \d+|\b(exceeded|reached|hit) (the |its )?max(imum)? "
+        r"(execution |run ?|allowed )?(time|duration)\b|\bmax(imum)?[ _]duration (was )?exceeded\b|"
+        r"\bexecution time (limit )?(was )?exceeded\b",
+        "the job reached its time limit (submitit, dstack, Modal, CI runners)",
         None,
     ),
     # out of memory
@@ -558,6 +561,14 @@ RULES: tuple[Rule, ...] = (
     _r(
         "crashed",
         "strong",
+        r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: F \S+:\d+\]|^F\d{4} [\d:.]+ +\d+ \S+:\d+\] Check failed: ",
+        "a fatal check aborted the process (a glog FATAL line: TensorFlow, XLA, a native library)",
+        None,
+        flags=0,
+    ),
+    _r(
+        "crashed",
+        "strong",
         r"fallen off the bus|\bNVRM: Xid\b|^Check failed: ",
         "the GPU or a native library failed (an Xid error, a GPU off the bus, a failed CHECK)",
         None,
@@ -664,9 +675,10 @@ RULES: tuple[Rule, ...] = (
     _r(
         "terminated",
         "weak",
+        r"\b(job|run|task|workflow|operation) (is being|was|has been) (cancell?ed|canceling|cancelling)\b|"
         r"\bjobs? SIGHUPed\b|\bReceived (OS )?signal '?hangup'?|\bline \d+: +\d+ Hangup\b|^Hangup$|"
         r"\bJob '?\w+'? (was )?stopped\.?$|\bJob \S+ has been stopped\b",
-        "the command was stopped from outside: its terminal hung up (SIGHUP), or a user stopped the job (ray job stop)",
+        "the command was stopped from outside: its terminal hung up (SIGHUP), or a user cancelled or stopped the job",
         None,
     ),
     _r(
@@ -701,7 +713,7 @@ RULES: tuple[Rule, ...] = (
         r"Detected KeyboardInterrupt|^\s*KeyboardInterrupt:?\s*$|^KeyboardInterrupt\s+Traceback \(most recent call|"
         r"\binterrupt \(one more within \d+ sec to abort\)|"
         r"\bsending Ctrl-C to\b|hit ctrl-c again to forcibly terminate|\binterrupted by signal 2\b|"
-        r"\binterrupted by (the )?user\b",
+        r"\binterrupted by (the )?user\b|\bkeyboard interrupt\b",
         "a user's interrupt (Ctrl-C, SIGINT)",
         None,
     ),
@@ -792,6 +804,14 @@ RULES: tuple[Rule, ...] = (
         flags=0,
     ),
     _r("crashed", "weak", r"\bJobState=(FAILED|BOOT_FAIL)\b", "scontrol: job state FAILED", "slurm"),
+    _r(
+        "crashed",
+        "weak",
+        r"^\S+\s+\d+/\d+\s+(Error|CrashLoopBackOff)\s+\d+",
+        "Kubernetes: the pod's container exited non-zero (kubectl get pods: Error)",
+        "k8s",
+        flags=0,
+    ),
     _r("terminated", "weak", r"\bJobState=CANCELLED\b", "scontrol: job state CANCELLED", "slurm"),
     _r("completed", "weak", r"\bJobState=COMPLETED\b", "scontrol: job state COMPLETED", "slurm"),
     _r(
@@ -824,6 +844,23 @@ RULES: tuple[Rule, ...] = (
         r"^Status: Succeeded$|\bJob '\S+' succeeded\b",
         "the job's runner reports it finished (its own status: succeeded, done)",
         None,
+    ),
+    _r(
+        "completed",
+        "weak",
+        r"^wandb: Run (summary|history):|^wandb: Program ended successfully|^wandb: Waiting for W&B process to finish"
+        r".*\(success\)",
+        "wandb closed the run (its summary is printed when the script ends; a failed exit says 'failed')",
+        "wandb",
+        flags=0,
+    ),
+    _r(
+        "crashed",
+        "weak",
+        r"^wandb: Waiting for W&B process to finish.*\(failed \d+\)|^wandb: Program failed with code \d+",
+        "wandb saw the script exit non-zero",
+        "wandb",
+        flags=0,
     ),
     _r(
         "crashed",

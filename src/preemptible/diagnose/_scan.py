@@ -18,6 +18,7 @@ from preemptible.diagnose._match import (
     is_oom,
     is_peer_lost,
     is_time_limit,
+    machine_gone,
     present,
     rule_for,
     spot_context,
@@ -27,6 +28,7 @@ from preemptible.diagnose._rules import LOST_PEER, PEER_LOST, PEER_NODE, RELAYED
 _NATIVE_FRAME = re.compile(r"^frame #\d+: ")
 _TRACEBACK_START = re.compile(r"Traceback \(most recent call last\):")
 _BARE_EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*\.)?([A-Z]\w*)?(Error|Exception): ?\S")
+_FRAME = re.compile(r'^File "[^"]*", line \d+')
 _CHAINED = re.compile(r"(During handling of the above exception|The above exception was the direct cause)")
 _EXCEPTION_LINE = re.compile(
     r"^(\[[^\]]*\]:?\s*)?([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failure|Warning)\b|[A-Za-z_][\w.]*Error)(:.*)?$"
@@ -229,8 +231,9 @@ class _Scan:
             self.in_traceback = True  # the exception line of a traceback whose start was cut off
         if not self.in_traceback:
             return False
-        if line[:1] in (" ", "\t") or not line.strip() or _CHAINED.match(line):
-            return True  # frames, source lines, carets, "During handling of ..." between chained tracebacks
+        if line[:1] in (" ", "\t") or not line.strip() or _CHAINED.match(line) or _FRAME.match(line):
+            return True  # frames (indented, or not where a log lost its indentation), source lines, carets, "During
+            # handling of ..." between chained tracebacks
         self.in_traceback = False
         match = _EXCEPTION_LINE.match(line)  # else: neither a frame nor the exception; read it as any other line
         if match is None:
@@ -268,8 +271,15 @@ class _Scan:
             self._add("collective-timeout", "strong", f"unhandled {name}: a collective timed out (a rank stopped "
                       "answering)", "torchrun")  # fmt: skip
             return True
-        if name == "SignalException" or is_oom(line, found_in) or is_time_limit(line, found_in):
-            return False  # read as any other line: the rules name the signal, the OOM or the time limit
+        if (
+            name == "SignalException"
+            or is_oom(line, found_in)
+            or is_time_limit(line, found_in)
+            or machine_gone(line, found_in)
+        ):
+            return (
+                False  # read as any other line: the rules name the signal, the OOM, the time limit or the lost machine
+            )
         if is_peer_lost(line, found_in):
             self._add("crashed", "weak", f"unhandled {name}: {PEER_LOST}", "torchrun")  # another rank's end caused it
         else:
