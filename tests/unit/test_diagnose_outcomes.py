@@ -149,6 +149,15 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("wandb: Program ended successfully.", "completed"),
         ("RuntimeError: Job 1393 failed: Task failed because the node it was running on is dead or unavailable.",
          "killed"),  # the machine went away: not a crash of its own
+        ("Error: the spot instance was terminated", "preempted"),
+        ("Server.SpotInstanceTermination: Spot instance termination", "preempted"),
+        ("Job state: PREEMPTED", "preempted"),
+        ("slurmstepd: error: *** JOB 12 STEPD TERMINATED ON n1 AT 2024-01-01T00:00:00 DUE TO JOB NOT ENDING WITH "
+         "SIGNALS ***", "killed"),
+        ("Your notebook tried to allocate more memory than is available. It has restarted.", "oom"),
+        ("  Warning  BackOff  1m  kubelet  Back-off restarting failed container trainer in pod t-0", "crashed"),
+        ("ray.exceptions.RayTaskError(ValueError): ray::train() (pid=1, ip=10.0.0.4)", "crashed"),
+        ("Node is shutting down, evicting pods", "terminated"),  # graceful node shutdown: spot only if said
         # gloo's timeout is a collective's, in whichever thread it surfaced
         ("RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:72] Timed out waiting 1800000ms for recv operation to "
          "complete", "collective-timeout"),

@@ -139,6 +139,14 @@ RULES: tuple[Rule, ...] = (
     _r(
         "preempted",
         "strong",
+        r"\b(job |task |run )?(state|status)\W{1,3}PREEMPTED\b",
+        "the scheduler or platform reports the job's state PREEMPTED",
+        None,
+        flags=0,
+    ),
+    _r(
+        "preempted",
+        "strong",
         r"\*\*\* (JOB|STEP) \S+ (ON \S+ )?CANCELLED AT \S+ DUE TO PREEMPTION",
         "SLURM cancelled the job to preempt it",
         "slurm",
@@ -175,7 +183,8 @@ RULES: tuple[Rule, ...] = (
     _r(
         "preempted",
         "strong",
-        r"spot instance interruption|\bSPOT_ITN\b|\bBidEvictedEvent\b|spot[ -]interruption notice",
+        r"spot instance interruption|\bSPOT_ITN\b|\bBidEvictedEvent\b|spot[ -]interruption notice|"
+        r"\bSpot ?Instance ?Termination\b|\bspot instance (was |has been )?(terminated|stopped|interrupted)\b",
         "AWS Spot interruption notice",
         "aws",
     ),
@@ -438,7 +447,8 @@ RULES: tuple[Rule, ...] = (
         "strong",
         r"\bCUDA_ERROR_OUT_OF_MEMORY\b|\bnot enough memory: you tried to allocate\b|\bstd::bad_alloc\b|"
         r"\bResourceExhaustedError\b|\bRESOURCE_EXHAUSTED: Out of memory\b|^(\w+\.)*MemoryError\b|"
-        r"\bsession crashed after using all available RAM\b|\b(HIP|MPS|XPU|NPU)( backend)? out of memory\b|"
+        r"\bsession crashed after using all available RAM\b|tried to allocate more memory than is available|"
+        r"\b(HIP|MPS|XPU|NPU)( backend)? out of memory\b|"
         r"\bkilled by (the )?(OOM|out of memory)\b|The paging file is too small for this operation|"
         r"\b(ran|runs|running|run) out of (GPU |host |system |device )?memory\b|"
         r"^(\w+ )?(fatal )?error: out of memory\b",
@@ -592,6 +602,13 @@ RULES: tuple[Rule, ...] = (
     _r(
         "killed",
         "strong",
+        r"DUE TO JOB NOT ENDING WITH SIGNALS",
+        "SLURM SIGKILLed the job's processes after they outlived the signals that should have ended them",
+        "slurm",
+    ),
+    _r(
+        "killed",
+        "strong",
         r"DUE TO NODE FAILURE|\bNODE_FAIL\b",
         "the node failed (everything on it died at once)",
         "slurm",
@@ -637,6 +654,7 @@ RULES: tuple[Rule, ...] = (
     _r(
         "terminated",
         "weak",
+        r"\bNode is shutting down, evicting pods\b|\bdetected new shutdown event\b|"
         r"\b(pod|container)s? (was |were |has been |have been |got )?evicted\b|\bevicted due to (node|memory|disk|"
         r"ephemeral[- ]storage) pressure\b",
         "Kubernetes evicted the pod (node pressure, a drain or the eviction API)",
@@ -804,6 +822,15 @@ RULES: tuple[Rule, ...] = (
         flags=0,
     ),
     _r("crashed", "weak", r"\bJobState=(FAILED|BOOT_FAIL)\b", "scontrol: job state FAILED", "slurm"),
+    _r(
+        "crashed",
+        "weak",
+        r"\bBack-off restarting failed container\b|\bTrial \S+ errored after \d+ iterations\b|"
+        r"^(\w+\.)*RayTaskError\(\w+\)",
+        "the program failed on its own (Kubernetes restarts its failed container; Ray reports a trial's or a task's "
+        "error)",
+        None,
+    ),
     _r(
         "crashed",
         "weak",
