@@ -189,6 +189,27 @@ def test_a_thread_s_timed_out_collective_still_counts_and_its_other_exceptions_s
     assert [(e.verdict, e.strength) for e in found] == [("crashed", "hint")]
 
 
+def test_what_fails_in_an_end_of_training_hook_or_as_queues_close_fails_after_the_run_s_work() -> None:
+    hook = [
+        "Traceback (most recent call last):",
+        '  File "train.py", line 9, in <module>',
+        '  File "ultralytics/engine/trainer.py", line 421, in _do_train',
+        '  File "ultralytics/utils/callbacks/hub.py", line 70, in on_train_end',
+        "ValueError: upload failed: 413 Payload Too Large",
+    ]
+    assert _verdict(*hook) == "completed"
+    assert _verdict(*hook[:3], hook[4]) == "crashed"  # the same error inside the loop is a crash
+    queue = [
+        "Exception in thread QueueRunnerThread-fifo_queue-fifo_queue_enqueue:",
+        "Traceback (most recent call last):",
+        '  File "tensorflow/python/training/queue_runner_impl.py", line 238, in _run',
+        "tensorflow.python.framework.errors_impl.CancelledError: Enqueue operation was cancelled",
+    ]
+    assert _verdict(*queue) == "completed"
+    oom = "tensorflow.python.framework.errors_impl.ResourceExhaustedError: OOM when allocating tensor"
+    assert _verdict(oom, *queue) == "oom"  # queues closed after another error: that error decides
+
+
 def test_a_traceback_whose_frames_lost_their_indentation_is_still_one_traceback() -> None:
     lines = ["Traceback (most recent call last):", 'File "./tools/test.py", line 262, in <module>', "    main()",
              "AssertionError"]  # fmt: skip

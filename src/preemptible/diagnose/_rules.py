@@ -109,6 +109,14 @@ STORE_LOST = (
 RELAYED = re.compile(r"\(seen by rank (\d+)\)")
 """A notice one rank got and the others learned through the job's store (`dist`): the rank that got it."""
 PEER_LOST_TAG = tag(Event.PEER_LOST)
+END_HOOK = re.compile(
+    r'^\s*File "[^"]*", line \d+, in (on_train_end|on_fit_end|on_training_end|on_train_finish|on_run_end|'
+    r"on_experiment_end|_exit_function)\b"
+)
+"""A traceback's frame in an end-of-training hook (Keras, Hugging Face, Lightning, Ultralytics callbacks; Python's
+exit handlers): the loop had ended before what fails there."""
+END_HOOK_WORDS = ("_end", "_finish", "_exit_function")
+"""Needles of `END_HOOK`: the streamed reader (`_input.scan_keywords`) must not skip such a frame."""
 _MISSING = re.compile(r"\branks? \[([\d, ]+)\] did not answer\b")
 _STORE = re.compile(r"\bthe job's store at (\S+?):\d+ is unreachable\b")
 
@@ -437,7 +445,8 @@ RULES: tuple[Rule, ...] = (
         "oom",
         "strong",
         r"\bTERM_(MEMLIMIT|SWAP)\b|\bjob killed: p?v?mem \d+\w* exceeded limit\b|exceeded a memory resource limit|"
-        r"\bdue to memory usage\b|\b(exceed(ed|s|ing)?|over) (the |its |a )?(requested |allocated |job'?s? )?memory"
+        r"\bdue to memory usage\b|\b(excessive|too much) (memory|RAM)\b|"
+        r"\b(exceed(ed|s|ing)?|over) (the |its |a )?(requested |allocated |job'?s? )?memory"
         r"( usage)? limits?\b|\bmemory limit (was )?exceeded\b|\bexceed\w* (the )?h_vmem\b|(?<!or )\bh_vmem limit\b",
         "the scheduler ended the job for using more memory than it asked for (LSF, PBS, HTCondor, SGE)",
         None,

@@ -23,12 +23,24 @@ from preemptible.diagnose._match import (
     rule_for,
     spot_context,
 )
-from preemptible.diagnose._rules import LOST_PEER, PEER_LOST, PEER_NODE, RELAYED, SPOT_CONTEXT, STORE_LOST, peer_lost
+from preemptible.diagnose._rules import (
+    END_HOOK,
+    LOST_PEER,
+    PEER_LOST,
+    PEER_NODE,
+    RELAYED,
+    SPOT_CONTEXT,
+    STORE_LOST,
+    peer_lost,
+)
 
 _NATIVE_FRAME = re.compile(r"^frame #\d+: ")
 _TRACEBACK_START = re.compile(r"Traceback \(most recent call last\):")
 _BARE_EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*\.)?([A-Z]\w*)?(Error|Exception): ?\S")
 _FRAME = re.compile(r'^File "[^"]*", line \d+')
+_QUEUE_CLOSED = re.compile(
+    r"\bEnqueue operation was cancelled\b|\bCancelledError\b.*\b(queue|Queue)\b.*\b(closed|cancell?ed)\b"
+)
 _CHAINED = re.compile(r"(During handling of the above exception|The above exception was the direct cause)")
 _EXCEPTION_LINE = re.compile(
     r"^(\[[^\]]*\]:?\s*)?([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failure|Warning)\b|[A-Za-z_][\w.]*Error)(:.*)?$"
@@ -127,6 +139,7 @@ class _Scan:
         self.traceback_at: tuple[int, str] | None = None  # where the traceback being read started
         self.traceback_by: tuple[str | None, str | None] = (None, None)  # its writer and time
         self.aside = ""  # "ignored" | "thread": the traceback being read did not end the process (see `_ASIDE`)
+        self.in_end_hook = False  # the traceback being read runs in an end-of-training hook (see `_rules.END_HOOK`)
         self.prev_line = ""  # the line before this one (when it was read)
         self.spot = False  # a line said the work runs on spot/preemptible capacity
         self.who: str | None = None
@@ -221,7 +234,7 @@ class _Scan:
         """Follow a Python traceback; True when the line is part of one (and its exception, if any, recorded)."""
         if _TRACEBACK_START.search(line) and line.rstrip().endswith("last):"):
             # (a traceback flattened into one line, "...last):\n  File ...", is read as text)
-            self.in_traceback, self.traceback_at = True, (self.number, self.text)
+            self.in_traceback, self.traceback_at, self.in_end_hook = True, (self.number, self.text), False
             self.traceback_by = (self.who, self.stamp)
             aside = _ASIDE.match(prev)
             if not _CHAINED.match(prev):  # (a chained traceback's aside is its first part's)
@@ -231,6 +244,10 @@ class _Scan:
             self.in_traceback = True  # the exception line of a traceback whose start was cut off
         if not self.in_traceback:
             return False
+        if END_HOOK.match(line) and not self.in_end_hook:
+            self.in_end_hook = True
+            self._add("completed", "strong", "the training loop had ended: this traceback runs in its end-of-training "
+                      "hook (what failed there failed after the run's work was done)")  # fmt: skip
         if line[:1] in (" ", "\t") or not line.strip() or _CHAINED.match(line) or _FRAME.match(line):
             return True  # frames (indented, or not where a log lost its indentation), source lines, carets, "During
             # handling of ..." between chained tracebacks
@@ -251,6 +268,21 @@ class _Scan:
             self._add("crashed", "hint", why)
         return True  # "ignored": Python printed it and went on; it changed nothing about how the process ended
 
+    def _not_a_failure(self, name: str, line: str) -> bool:
+        """An exception that says how the process was stopped, not that it failed: a user's interrupt, or an input
+        queue cancelled under its threads as the program closed it; True when recorded (in any thread)."""
+        if name == "KeyboardInterrupt":
+            self.aside = ""
+            self._add("interrupted", "strong", "a user's interrupt (KeyboardInterrupt: Ctrl-C, a notebook's stop)")
+            return True
+        if _QUEUE_CLOSED.search(line):
+            self.aside = ""
+            why = ("an input queue was cancelled under its threads: the program closed its queues on its way out (at "
+                   "the end of training; after another error, that error decides)")  # fmt: skip
+            self._add("completed", "weak", why)
+            return True
+        return False
+
     def _exception(self, line: str, match: re.Match[str]) -> bool:
         """The exception line that ends a traceback; True when it is recorded as the crash (or as nothing)."""
         found_in = present(line)
@@ -259,9 +291,7 @@ class _Scan:
             self.found.append(ended)  # a worker's death reported as an exception: the signal or code is the cause
             return True
         name = match.group(2).rsplit(".", 1)[-1]
-        if name == "KeyboardInterrupt":
-            self.aside = ""
-            self._add("interrupted", "strong", "a user's interrupt (KeyboardInterrupt: Ctrl-C, a notebook's stop)")
+        if self._not_a_failure(name, line):
             return True
         if self.aside == "thread" and (is_collective_timeout(line, found_in) or is_oom(line, found_in)):
             self.aside = ""  # a timed-out collective or an OOM is one whichever thread met it
@@ -277,9 +307,7 @@ class _Scan:
             or is_time_limit(line, found_in)
             or machine_gone(line, found_in)
         ):
-            return (
-                False  # read as any other line: the rules name the signal, the OOM, the time limit or the lost machine
-            )
+            return False  # read as any other line: the rules name the signal, the OOM, the time limit, the machine
         if is_peer_lost(line, found_in):
             self._add("crashed", "weak", f"unhandled {name}: {PEER_LOST}", "torchrun")  # another rank's end caused it
         else:
