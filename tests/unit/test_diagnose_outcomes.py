@@ -158,6 +158,15 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("  Warning  BackOff  1m  kubelet  Back-off restarting failed container trainer in pod t-0", "crashed"),
         ("ray.exceptions.RayTaskError(ValueError): ray::train() (pid=1, ip=10.0.0.4)", "crashed"),
         ("Node is shutting down, evicting pods", "terminated"),  # graceful node shutdown: spot only if said
+        ("State: TIMEOUT (exit code 0)", "time-limit"),  # seff: the job's state, not its exit code, says how
+        ("State: CANCELLED (exit code 0)", "terminated"),
+        ("State: PREEMPTED (exit code 0)", "preempted"),
+        ("UncompletedJobError: Job 42 (task: 0) with path /p/42_0_result.pkl has not produced any output (state: "
+         "TIMEOUT)", "time-limit"),
+        ("4242            train    gpu       acct      8 OUT_OF_ME+    0:125", "oom"),  # sacct's cut column
+        ("submitit INFO (2021-04-01 02:26:27,643) - Job has not timed out. Ran 61 minutes out of requested 120 "
+         "minutes.", "preempted"),
+        ("slurmstepd: error: *** JOB 42 ON n1 CANCELLED AT 2024-01-01T00:00:00 DUE TO JOB REQUEUE ***", "preempted"),
         # gloo's timeout is a collective's, in whichever thread it surfaced
         ("RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:72] Timed out waiting 1800000ms for recv operation to "
          "complete", "collective-timeout"),

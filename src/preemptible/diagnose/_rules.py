@@ -147,8 +147,8 @@ RULES: tuple[Rule, ...] = (
     _r(
         "preempted",
         "strong",
-        r"\b(job |task |run )?(state|status)\W{1,3}PREEMPTED\b",
-        "the scheduler or platform reports the job's state PREEMPTED",
+        r"\b(job |task |run )?([Ss]tate|[Ss]tatus)\W{1,3}PREEMPTED\b|\bJob has not timed out\b",
+        "the scheduler or platform reports the job's state PREEMPTED (submitit: stopped before its time limit)",
         None,
         flags=0,
     ),
@@ -350,6 +350,14 @@ RULES: tuple[Rule, ...] = (
     _r(
         "time-limit",
         "strong",
+        r"\b([Ss]tate|[Ss]tatus)\W{1,3}(TIMEOUT|DEADLINE)\b",
+        "the scheduler reports the job's state TIMEOUT (seff, submitit, sacct's words)",
+        "slurm",
+        flags=0,
+    ),
+    _r(
+        "time-limit",
+        "strong",
         r"\*\*\* (JOB|STEP) \S+ (ON \S+ )?CANCELLED AT \S+ DUE TO TIME LIMIT",
         "SLURM time limit reached",
         "slurm",
@@ -421,7 +429,13 @@ RULES: tuple[Rule, ...] = (
         "the kernel's OOM killer",
         "kernel",
     ),
-    _r("oom", "strong", r"Detected \d+ oom[-_]kill event|\bOUT_OF_MEMORY\b", "SLURM: the step was OOM-killed", "slurm"),
+    _r(
+        "oom",
+        "strong",
+        r"Detected \d+ oom[-_]kill event|\bOUT_OF_MEMORY\b|\bOUT_OF_ME\+",
+        "SLURM: the step was OOM-killed",
+        "slurm",
+    ),
     _r("oom", "strong", r"srun: error: \S+: tasks? [\d,-]+: Out Of Memory$", "srun: a task was OOM-killed", "slurm"),
     _r("oom", "strong", r"\bOOM[ -]?Killed\b(?![\"']?\s*[:=]\s*false)", "container OOM-killed", "k8s"),
     _r("oom", "strong", r"Out of memory: Kill process", "the kernel's OOM killer", "kernel"),
@@ -849,6 +863,22 @@ RULES: tuple[Rule, ...] = (
         flags=0,
     ),
     _r("terminated", "weak", r"\bJobState=CANCELLED\b", "scontrol: job state CANCELLED", "slurm"),
+    _r(
+        "terminated",
+        "strong",
+        r"\b([Ss]tate|[Ss]tatus)\W{1,3}CANCELLED\b",
+        "the scheduler reports the job's state CANCELLED (scancel, or an admin)",
+        "slurm",
+        flags=0,
+    ),
+    _r(
+        "preempted",
+        "weak",
+        r"CANCELLED AT \S+ DUE TO JOB REQUEUE\b",
+        "SLURM requeued the job (a preemption in requeue mode, or a requeue its own signal handler asked for before "
+        "the time limit)",
+        "slurm",
+    ),
     _r("completed", "weak", r"\bJobState=COMPLETED\b", "scontrol: job state COMPLETED", "slurm"),
     _r(
         "completed",
