@@ -167,6 +167,11 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("submitit INFO (2021-04-01 02:26:27,643) - Job has not timed out. Ran 61 minutes out of requested 120 "
          "minutes.", "preempted"),
         ("slurmstepd: error: *** JOB 42 ON n1 CANCELLED AT 2024-01-01T00:00:00 DUE TO JOB REQUEUE ***", "preempted"),
+        ("numpy.core._exceptions._ArrayMemoryError: Unable to allocate 3.00 GiB for an array", "oom"),
+        ("RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", "oom"),
+        ("ClientError: Training job exceeded MaxRuntimeInSeconds provided", "time-limit"),
+        ("The spot instance i-0abc was interrupted", "preempted"),
+        ("Spot VM evicted by Azure", "preempted"),
         # gloo's timeout is a collective's, in whichever thread it surfaced
         ("RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:72] Timed out waiting 1800000ms for recv operation to "
          "complete", "collective-timeout"),

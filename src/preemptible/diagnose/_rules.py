@@ -192,9 +192,18 @@ RULES: tuple[Rule, ...] = (
         "preempted",
         "strong",
         r"spot instance interruption|\bSPOT_ITN\b|\bBidEvictedEvent\b|spot[ -]interruption notice|"
-        r"\bSpot ?Instance ?Termination\b|\bspot instance (was |has been )?(terminated|stopped|interrupted)\b",
+        r"\bSpot ?Instance ?Termination\b",
         "AWS Spot interruption notice",
         "aws",
+    ),
+    _r(
+        "preempted",
+        "strong",
+        r"\bspot (instance|vm|node)s?\b( \S+){0,2} (was |were |has been |got )?"
+        r"(terminated|stopped|interrupted|evicted)\b|"
+        r"\bspot (vm )?eviction\b|\b(vm|vmss|virtual machine)s?\b( \S+){0,2} (was|has been|got) evicted\b",
+        "a spot instance was interrupted (terminated by its cloud; Azure calls it an eviction)",
+        None,
     ),
     _r(
         "preempted",
@@ -412,7 +421,9 @@ RULES: tuple[Rule, ...] = (
         "time-limit",
         "strong",
         r"\btimed-out and not checkpointable\b|\bJob has timed out\b|\bMAX_DURATION_EXCEEDED\b|"
-        r"\bFunctionTimeoutError\b|\bhit its timeout of \d+|\b(exceeded|reached|hit) (the |its )?max(imum)? "
+        r"\bFunctionTimeoutError\b|\bhit its timeout of \d+|\bMaxRuntimeExceeded\b|\bexceeded MaxRuntime|"
+        r"\b(job|task|run|function) (has )?exceeded (the |its )?(configured |maximum )?timeout\b|"
+        r"\b(exceeded|reached|hit) (the |its )?max(imum)? "
         r"(execution |run ?|allowed )?(time|duration)\b|\bmax(imum)?[ _]duration (was )?exceeded\b|"
         r"\bexecution time (limit )?(was )?exceeded\b",
         "the job reached its time limit (submitit, dstack, Modal, CI runners)",
@@ -471,6 +482,7 @@ RULES: tuple[Rule, ...] = (
         r"\bCUDA_ERROR_OUT_OF_MEMORY\b|\bnot enough memory: you tried to allocate\b|\bstd::bad_alloc\b|"
         r"\bResourceExhaustedError\b|\bRESOURCE_EXHAUSTED: Out of memory\b|^(\w+\.)*MemoryError\b|"
         r"\bsession crashed after using all available RAM\b|tried to allocate more memory than is available|"
+        r"\bUnable to allocate [\d.]+ [KMGT]i?B\b|\b(CUBLAS|CUDNN)_STATUS_ALLOC_FAILED\b|"
         r"\b(HIP|MPS|XPU|NPU)( backend)? out of memory\b|"
         r"\bkilled by (the )?(OOM|out of memory)\b|The paging file is too small for this operation|"
         r"\b(ran|runs|running|run) out of (GPU |host |system |device )?memory\b|"
