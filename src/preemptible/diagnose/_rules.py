@@ -927,7 +927,7 @@ RULES: tuple[Rule, ...] = (
         "completed",
         "weak",
         r"^wandb: Run (summary|history):|^wandb: Program ended successfully|^wandb: Waiting for W&B process to finish"
-        r".*\(success\)",
+        r".*\(success\)|^wandb: Synced \d+ W&B file|^wandb: \S+ [\d.]+ [KMG]B of [\d.]+ [KMG]B uploaded",
         "wandb closed the run (its summary is printed when the script ends; a failed exit says 'failed')",
         "wandb",
         flags=0,
