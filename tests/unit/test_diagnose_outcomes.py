@@ -60,7 +60,11 @@ def test_an_exception_python_went_on_from_does_not_end_the_process() -> None:
         '  File "dataloader.py", line 717, in __del__',
         "RuntimeError: worker 3 is gone",
     ]
-    assert diagnose([("log", ignored)]).evidence == []
+    # Python printed it and went on: only a hint that the interpreter was shutting down at the program's end
+    assert [(e.verdict, e.strength) for e in diagnose([("log", ignored)]).evidence] == [("completed", "hint")]
+    assert _verdict("Traceback (most recent call last):", '  File "t.py", line 3', "ValueError: bad", *ignored) == (
+        "crashed"
+    )  # a failure before it decides
     thread = ["Exception in thread Thread-7:", *ignored[1:]]
     found = diagnose([("log", thread)]).evidence
     assert [(e.verdict, e.strength) for e in found] == [("crashed", "hint")]

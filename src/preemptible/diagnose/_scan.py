@@ -266,7 +266,11 @@ class _Scan:
         if aside == "thread":
             why = f"unhandled {name} in a thread other than the main one (the process may have gone on)"
             self._add("crashed", "hint", why)
-        return True  # "ignored": Python printed it and went on; it changed nothing about how the process ended
+        else:  # "ignored": Python printed it and went on; it changed nothing about how the process ended
+            why = (f"{name} in a destructor or an exit handler, which Python ignored: most often printed as the "
+                   "interpreter shuts down at the program's end")  # fmt: skip
+            self._add("completed", "hint", why)
+        return True
 
     def _not_a_failure(self, name: str, line: str) -> bool:
         """An exception that says how the process was stopped, not that it failed: a user's interrupt, or an input
