@@ -176,6 +176,11 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("ClientError: Training job exceeded MaxRuntimeInSeconds provided", "time-limit"),
         ("The spot instance i-0abc was interrupted", "preempted"),
         ("Spot VM evicted by Azure", "preempted"),
+        ("The replica master 0 ran out-of-memory and exited with a non-zero status of 247.", "oom"),
+        ("E xla_util.cc:88] RESOURCE_EXHAUSTED: Attempting to reserve 6.48G at the bottom of memory.", "oom"),
+        ("ERROR    You do not have enough GPU memory available to train the selected model", "oom"),
+        ("ERROR: Job failed: execution took longer than 1h0m0s seconds", "time-limit"),
+        ("t-0   ml   Evicted   node-9   Pod The node had condition: [DiskPressure].", "terminated"),
         # gloo's timeout is a collective's, in whichever thread it surfaced
         ("RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:72] Timed out waiting 1800000ms for recv operation to "
          "complete", "collective-timeout"),

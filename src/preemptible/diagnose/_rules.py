@@ -425,7 +425,7 @@ RULES: tuple[Rule, ...] = (
         r"\b(job|task|run|function) (has )?exceeded (the |its )?(configured |maximum )?timeout\b|"
         r"\b(exceeded|reached|hit) (the |its )?max(imum)? "
         r"(execution |run ?|allowed )?(time|duration)\b|\bmax(imum)?[ _]duration (was )?exceeded\b|"
-        r"\bexecution time (limit )?(was )?exceeded\b",
+        r"\bexecution time (limit )?(was )?exceeded\b|\bexecution took longer than\b|\b(the )?timeout was exceeded\b",
         "the job reached its time limit (submitit, dstack, Modal, CI runners)",
         None,
     ),
@@ -485,9 +485,18 @@ RULES: tuple[Rule, ...] = (
         r"\bUnable to allocate [\d.]+ [KMGT]i?B\b|\b(CUBLAS|CUDNN)_STATUS_ALLOC_FAILED\b|"
         r"\b(HIP|MPS|XPU|NPU)( backend)? out of memory\b|"
         r"\bkilled by (the )?(OOM|out of memory)\b|The paging file is too small for this operation|"
-        r"\b(ran|runs|running|run) out of (GPU |host |system |device )?memory\b|"
+        r"\b(ran|runs|running|run) out[- ]of[- ](GPU |host |system |device )?memory\b|"
+        r"\bRESOURCE_EXHAUSTED: (Attempting to (reserve|allocate)|.*\b(memory|HBM)\b)|"
         r"^(\w+ )?(fatal )?error: out of memory\b",
         "out of memory (an allocation failed, or the notebook ran out of RAM)",
+        None,
+    ),
+    _r(
+        "oom",
+        "weak",
+        r"\b(do not|don't|does not|doesn't) have enough (GPU |host |system |device )?(memory|RAM)\b|"
+        r"\bnot enough (GPU |host |system |device )?(memory|RAM)( available| left)?\b",
+        "a program or library says there was not enough memory",
         None,
     ),
     _r(
@@ -681,7 +690,8 @@ RULES: tuple[Rule, ...] = (
     _r(
         "terminated",
         "strong",
-        r"\bThe node was low on resource\b|\bReason:\s*Evicted\b|Eviction manager: pod is evicted|"
+        r"\bThe node was low on resource\b|"
+        r"\bThe node had condition: \[\w*Pressure\]|\bReason:\s*Evicted\b|Eviction manager: pod is evicted|"
         r"eviction manager: must evict",
         "Kubernetes evicted the pod (node pressure)",
         "k8s",
