@@ -181,6 +181,10 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("ERROR    You do not have enough GPU memory available to train the selected model", "oom"),
         ("ERROR: Job failed: execution took longer than 1h0m0s seconds", "time-limit"),
         ("t-0   ml   Evicted   node-9   Pod The node had condition: [DiskPressure].", "terminated"),
+        ("Killed: 9", "killed"),  # macOS's shell
+        ("229/230 [============================>.] - ETA: 2s - loss: 0.2038 - acc: 0.9209Killed", "killed"),
+        ("forrtl: error (200): program aborting due to control-C event", "interrupted"),  # Intel's runtime, Windows
+        ("terminate called after throwing an instance of 'gloo::TimeoutException'", "collective-timeout"),
         # gloo's timeout is a collective's, in whichever thread it surfaced
         ("RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:72] Timed out waiting 1800000ms for recv operation to "
          "complete", "collective-timeout"),
@@ -253,6 +257,9 @@ def test_a_run_at_its_last_step_or_its_normal_exit_is_done_whatever_crashes_in_t
     assert _verdict("Processed prompts: 100%|█| 1/1", exit_warning) == "completed"
     failed = "E0529 07:39:13.791000 10689 api.py:869] failed (exitcode: 1) local_rank: 0 (pid: 10754) of binary: py"
     assert _verdict(exit_warning, failed) == "crashed"  # a worker that then exits 1 did fail
+    hung = "slurmstepd: error: *** STEP 42.2 ON n1 CANCELLED AT 2025-12-03T14:53:02 DUE TO TIME LIMIT ***"
+    assert _verdict("[after training is done] datetime: 2025-12-03 14:45:03", hung) == "completed"  # a hung teardown
+    assert _verdict(hung, "[after training is done] datetime: 2025-12-03 14:45:03") == "time-limit"
     submitit = ["[submitit][INFO] - Job completed successfully", "[submitit][WARNING] - Bypassing signal SIGTERM"]
     assert _verdict(*submitit) == "completed"
     wandb_end = [

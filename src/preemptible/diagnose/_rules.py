@@ -513,7 +513,8 @@ RULES: tuple[Rule, ...] = (
         r"Watchdog caught collective operation timeout|\bNCCL timeout\b|Timed out waiting \d+ ?ms for "
         r"(recv|send) operation|\bcollective operation timeout\b|\bNCCL watchdog thread terminated\b|"
         r"WorkNCCL\(SeqNum=\d+.*Timeout\(ms\)=\d+\) ran for|store based barrier|watchdog got stuck for \d+ "
-        r"seconds|Terminating the process after attempting to dump debug info",
+        r"seconds|Terminating the process after attempting to dump debug info|\bgloo::TimeoutException\b|"
+        r"\bgloo/transport/\S+\] TIMEOUT\b",
         "a collective timed out: a rank stopped answering (NCCL/Gloo watchdog)",
         "torchrun",
     ),
@@ -776,7 +777,7 @@ RULES: tuple[Rule, ...] = (
         r"Detected KeyboardInterrupt|^\s*KeyboardInterrupt:?\s*$|^KeyboardInterrupt\s+Traceback \(most recent call|"
         r"\binterrupt \(one more within \d+ sec to abort\)|"
         r"\bsending Ctrl-C to\b|hit ctrl-c again to forcibly terminate|\binterrupted by signal 2\b|"
-        r"\binterrupted by (the )?user\b|\bkeyboard interrupt\b",
+        r"\binterrupted by (the )?user\b|\bkeyboard interrupt\b|\bprogram aborting due to control-C event\b",
         "a user's interrupt (Ctrl-C, SIGINT)",
         None,
     ),
@@ -813,7 +814,7 @@ RULES: tuple[Rule, ...] = (
         "killed",
         "weak",
         r"\bline \d+: +\d+ Killed\b|^\[\d+\][+-]? +Killed\b|^[*_]*Killed[*_]*$|: tasks? [\d,-]+: Killed|"
-        r"\]Killed\s*$|^zsh: killed\b",
+        r"[\d\]%)]Killed\s*$|^zsh: killed\b|^Killed: 9$",
         "the shell reports the command died of SIGKILL",
         None,
         flags=0,

@@ -390,9 +390,10 @@ def _failed_before_the_signal(evidence: Sequence[Evidence]) -> bool:
     ) and not any(e.verdict == "terminated" and e.strength == "strong" and e.where not in first for e in evidence)
 
 
-_AFTER_THE_END = ("interrupted", "collective-timeout", "crashed", "terminated", "killed")
+_AFTER_THE_END = ("preempted", "time-limit", "interrupted", "collective-timeout", "crashed", "terminated", "killed")
 """What a run that reached its end may still print while shutting down (a queue thread cancelled, a summary or a
-logger's upload failing, a teardown's abort): after the end, none of it undoes the run's work."""
+logger's upload failing, a teardown's abort or hang until the time limit or a reclaim ends it): after the end, none of
+it undoes the run's work."""
 
 
 def _shutdown_noise(evidence: Sequence[Evidence]) -> bool:
