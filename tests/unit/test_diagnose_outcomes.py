@@ -99,7 +99,7 @@ def test_an_exception_python_went_on_from_does_not_end_the_process() -> None:
         ("torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB", "oom"),
         ("Container killed by YARN for exceeding memory limits. 12.1 GB of 12 GB physical memory used.", "oom"),
         ("已终止", "terminated"),  # zh_CN bash: SIGTERM
-        ("ray.exceptions.ActorDiedError: The actor died because its node has died. Node Id: 5e1f", "killed"),
+        ("ray.exceptions.ActorDiedError: The actor died because its node has died. Node Id: 5e1f", "preempted"),
         ("I 09-12 22:49:49 controller.py:545] Cluster is preempted or failed. Recovering...", "preempted"),
     ],
 )  # fmt: skip
@@ -152,7 +152,7 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("wandb: Waiting for W&B process to finish... (failed 1). Press Control-C to abort syncing.", "crashed"),
         ("wandb: Program ended successfully.", "completed"),
         ("RuntimeError: Job 1393 failed: Task failed because the node it was running on is dead or unavailable.",
-         "killed"),  # the machine went away: not a crash of its own
+         "preempted"),  # the machine went away without notice (most often a reclaim): not a crash of its own
         ("Error: the spot instance was terminated", "preempted"),
         ("Server.SpotInstanceTermination: Spot instance termination", "preempted"),
         ("Job state: PREEMPTED", "preempted"),

@@ -92,7 +92,10 @@ PEER_NODE = (
     "and this one restarts with the nodes that remain"
 )
 """What exit code 76 says: a consequence of another node's end, never its cause."""
-MACHINE_GONE = "the machine stopped answering without notice (a reclaim without a notice, a crash, a network partition)"
+MACHINE_GONE = (
+    "the machine stopped answering without notice: most often reclaimed without one (a spot or preemptible machine); "
+    "else a crash of the machine or a network partition"
+)
 CONSEQUENCES = (PEER_LOST, PEER_NODE)
 """The endings of the ``why`` of evidence that says only that another rank or node went away: never the cause while
 something else explains it (`_verdict._decide`, `_incident.initiating`)."""
@@ -339,7 +342,7 @@ RULES: tuple[Rule, ...] = (
         "ray",
     ),
     _r(
-        "killed",
+        "preempted",
         "weak",
         r"\bINSTANCE_UNREACHABLE\b|has been marked dead because the detector has missed too many heartbeats|"
         r"health check failed due to missing too many heartbeats|\bits node has died\b|\bNodeDiedError\b|"

@@ -362,13 +362,14 @@ def _deciding(verdict: str, competing: str | None, platforms: set[str]) -> str:
 
 def _reclaimed(evidence: Sequence[Evidence], verdict: str) -> bool:
     """On a spot/preemptible machine (`_rules.SPOT_CONTEXT`), a stop from outside that names no sender (weak
-    ``terminated`` evidence only), or a machine that stopped answering, is most likely the reclaim."""
+    ``terminated`` evidence only) is most likely the reclaim (a machine that stopped answering reads as one
+    anywhere: `_rules.MACHINE_GONE`)."""
     if not any(e.strength == "context" and e.verdict == "preempted" for e in evidence):
         return False
     mine = [e for e in evidence if e.verdict == verdict and e.strength in ("strong", "weak")]
     if verdict == "terminated":
         return all(e.strength == "weak" for e in mine)
-    return verdict == "killed" and bool(mine) and all(e.why == MACHINE_GONE for e in mine)
+    return False
 
 
 def _failed_before_the_signal(evidence: Sequence[Evidence]) -> bool:
