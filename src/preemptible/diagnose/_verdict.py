@@ -21,7 +21,7 @@ from preemptible.diagnose._facts import journal_evidence, journal_facts
 from preemptible.diagnose._incident import Incident, initiating
 from preemptible.diagnose._input import LogInput
 from preemptible.diagnose._remedy import for_platforms, remedy
-from preemptible.diagnose._rules import CONSEQUENCES, MACHINE_GONE
+from preemptible.diagnose._rules import CONSEQUENCES
 from preemptible.diagnose._scan import TimeWindow, scan_lines
 
 CONFIRM: dict[str, list[str]] = {
