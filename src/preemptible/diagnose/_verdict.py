@@ -367,9 +367,7 @@ def _reclaimed(evidence: Sequence[Evidence], verdict: str) -> bool:
     if not any(e.strength == "context" and e.verdict == "preempted" for e in evidence):
         return False
     mine = [e for e in evidence if e.verdict == verdict and e.strength in ("strong", "weak")]
-    if verdict == "terminated":
-        return all(e.strength == "weak" for e in mine)
-    return False
+    return verdict == "terminated" and all(e.strength == "weak" for e in mine)
 
 
 def _failed_before_the_signal(evidence: Sequence[Evidence]) -> bool:
