@@ -12,7 +12,17 @@ import pytest
 
 import preemptible.diagnose as diag
 import preemptible.diagnose._input as diag_input
-from preemptible.diagnose import COLLATERAL_RULES, EXIT_RULES, RULES, LogInput, diagnose, needles, read_log, scan_lines
+from preemptible.diagnose import (
+    COLLATERAL_RULES,
+    EXIT_RULES,
+    RULES,
+    LogInput,
+    diagnose,
+    needles,
+    read_log,
+    scan_keywords,
+    scan_lines,
+)
 
 REAL = Path(__file__).resolve().parent.parent / "corpus" / "diagnose" / "real"
 CASES = [c for part in ("dev", "test", "holdout") for c in json.loads((REAL / f"{part}.json").read_text())["cases"]]
@@ -94,3 +104,10 @@ def test_a_line_longer_than_a_chunk_is_cut_and_the_next_line_is_read(monkeypatch
     blob = b"x" * 100_000 + b" Killed\n" + b"Segmentation fault (core dumped)\n"
     evidence = scan_lines(LogInput("x", io.BytesIO(blob)), "x")
     assert [(e.line, e.verdict) for e in evidence] == [(2, "crashed")]
+
+
+def test_every_keyword_but_the_terminal_s_ctrl_c_is_found_by_the_vectorised_gate() -> None:
+    """A keyword shorter than 4 bytes costs a `bytes.find` pass over every chunk (the gate hashes 4-byte windows):
+    three such ("got", "job", "run") made a 1 GiB log take 8.6 s instead of 6.2 s. A rule's needles must be 4 bytes
+    or more; only the terminal's echo of Ctrl-C ("^C") is shorter."""
+    assert [k for k in scan_keywords() if len(k) < 4] == [b"^c"]

@@ -957,7 +957,7 @@ RULES: tuple[Rule, ...] = (
     _r(
         "crashed",
         "hint",
-        r"^(\S+ )?(job|run) failed\.?$|^Status: Failed$|\bJob '\S+' failed\b|\bChildFailedError\b",
+        r"^(\S+ )?(job failed|run failed)\.?$|^Status: Failed$|\bJob '\S+' failed\b|\bChildFailedError\b",
         "the job's runner reports it failed (how is not said: a crash, or an end from outside)",
         None,
     ),
@@ -1082,8 +1082,8 @@ EXIT_RULES: tuple[ExitRule, ...] = (
     ),
     ExitRule(
         re.compile(
-            r"\b(received|receiving|caught|catching|got|trapped|handling)\b:?( the| a)? (signal:? ?(?P<signum>(1|2|3|9|"
-            r"10|12|15))\b|(signal:? ?)?(?P<signame>SIG(TERM|INT|HUP|QUIT|KILL|USR1|USR2))\b)",
+            r"(\b(received|receiving|caught|catching|trapped|handling)\b:? |\bgot )(the |a )?(signal:? ?"
+            r"(?P<signum>(1|2|3|9|10|12|15))\b|(signal:? ?)?(?P<signame>SIG(TERM|INT|HUP|QUIT|KILL|USR1|USR2))\b)",
             re.I,
         ),
         "the process received signal",
