@@ -185,6 +185,17 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("229/230 [============================>.] - ETA: 2s - loss: 0.2038 - acc: 0.9209Killed", "killed"),
         ("forrtl: error (200): program aborting due to control-C event", "interrupted"),  # Intel's runtime, Windows
         ("terminate called after throwing an instance of 'gloo::TimeoutException'", "collective-timeout"),
+        ("W0922 14:15:28.519321  4997 init.cc:234] *** SIGSEGV (@0x0) received by PID 4796 (TID 0x7f2d) from PID 0; "
+         "stack trace: ***", "crashed"),  # glog's failure-signal handler (Paddle, TensorFlow)
+        ("Stopping training early as no improvement observed in last 100 epochs.", "completed"),
+        ("Epoch 00042: early stopping", "completed"),  # Keras
+        ("[ignite.engine.engine.Engine][INFO] - Engine run complete. Time taken: 00:01:45.348", "completed"),
+        (" validation results at the end of training for val data | lm_loss value: 2.53E+00 |", "completed"),
+        ("ERROR: InterruptException:", "interrupted"),  # Julia's Ctrl-C
+        ("job 3132467 exceeded MEM usage hard limit (2528 > 1126)", "oom"),  # PBS
+        ("Container rank 0 status failed cmd ['python', '-u', 'train.py'] code 1 log log/workerlog.0", "crashed"),
+        ("(autoscaler +44m27s) Instance k-1a5e (node IP: 10.1.140.199) will be terminated soon (reason: "
+         "kubernetes-pod-termination).", "preempted"),
         # gloo's timeout is a collective's, in whichever thread it surfaced
         ("RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:72] Timed out waiting 1800000ms for recv operation to "
          "complete", "collective-timeout"),
@@ -235,6 +246,13 @@ def test_what_fails_in_an_end_of_training_hook_or_as_queues_close_fails_after_th
     assert _verdict(*queue) == "completed"
     oom = "tensorflow.python.framework.errors_impl.ResourceExhaustedError: OOM when allocating tensor"
     assert _verdict(oom, *queue) == "oom"  # queues closed after another error: that error decides
+
+
+def test_another_process_s_line_inside_a_traceback_does_not_cut_it() -> None:
+    lines = ["Traceback (most recent call last):", "Process actor_6:", '  File "popen_fork.py", line 28, in poll',
+             "    pid, sts = os.waitpid(self.pid, flag)", "KeyboardInterrupt"]  # fmt: skip
+    found = diagnose([("log", lines)]).evidence
+    assert [(e.verdict, e.strength, e.line) for e in found] == [("interrupted", "strong", 5)]
 
 
 def test_a_traceback_whose_frames_lost_their_indentation_is_still_one_traceback() -> None:

@@ -44,6 +44,18 @@ def scan_keywords() -> tuple[bytes, ...] | None:
     return tuple(k.encode() for k in kept)
 
 
+def read_alone(line: str) -> bool:
+    """Whether the streamed reader reads ``line`` for itself (one of `scan_keywords` in it, lowercased as the reader
+    lowercases bytes: ASCII letters only); any line when some rule has no needle. Other lines it reads only as the line
+    before one that has: the scanner skips them inside a traceback, where they are another process's interleaved
+    output, so that reading every line and reading the stream agree."""
+    keywords = scan_keywords()
+    if keywords is None:
+        return True
+    low = line.encode(errors="replace").lower()
+    return any(k in low for k in keywords)
+
+
 class LogInput:
     """The lines of one log, read as a stream with bounded memory (`SCAN_CHUNK` bytes at a time, each line cut at
     `MAX_LINE_CHARS`) and bounded length (`MAX_LOG_BYTES`). ``note`` says what was left out, once it is read.

@@ -336,6 +336,14 @@ RULES: tuple[Rule, ...] = (
     _r("preempted", "strong", r"\bTERM_PREEMPT\b", "LSF preempted the job", "lsf"),
     _r(
         "preempted",
+        "weak",
+        r"\bwill be terminated soon \(reason: ",
+        "the cluster's autoscaler says an instance under the work is going away (a pod's or instance's termination: a "
+        "reclaim, a scale-down, a drain)",
+        "ray",
+    ),
+    _r(
+        "preempted",
         "strong",
         r"\bAUTOSCALER_DRAIN_PREEMPTED\b|\bpreempted by (the )?autoscaler\b",
         "Ray: the node was drained because its instance was preempted",
@@ -473,7 +481,8 @@ RULES: tuple[Rule, ...] = (
         "oom",
         "strong",
         r"\bTERM_(MEMLIMIT|SWAP)\b|\bjob killed: p?v?mem \d+\w* exceeded limit\b|exceeded a memory resource limit|"
-        r"\bdue to memory usage\b|\b(excessive|too much) (memory|RAM)\b|"
+        r"\bdue to memory usage\b|\bexceeded (the )?(mem|memory) usage (hard |soft )?limit\b|\b(excessive|"
+        r"too much) (memory|RAM)\b|"
         r"\b(exceed(ed|s|ing)?|over) (the |its |a )?(requested |allocated |job'?s? )?memory"
         r"( usage)? limits?\b|\bmemory limit (was )?exceeded\b|\bexceed\w* (the )?h_vmem\b|(?<!or )\bh_vmem limit\b",
         "the scheduler ended the job for using more memory than it asked for (LSF, PBS, HTCondor, SGE)",
@@ -589,6 +598,7 @@ RULES: tuple[Rule, ...] = (
     _r(
         "crashed",
         "strong",
+        r"\*\*\* SIG(SEGV|ABRT|BUS|FPE|ILL) \(@0x[0-9a-f]+\) received by PID\b|"
         r"\b(free|malloc|realloc)\(\): (invalid|corrupted|unaligned)|double free or corruption|munmap_chunk\(\): "
         r"invalid pointer|corrupted size vs\. prev_size|\bSignal: (Segmentation fault|Aborted|Bus error|"
         r"Floating point exception|Illegal instruction) \(\d+\)",
@@ -780,7 +790,8 @@ RULES: tuple[Rule, ...] = (
         r"Detected KeyboardInterrupt|^\s*KeyboardInterrupt:?\s*$|^KeyboardInterrupt\s+Traceback \(most recent call|"
         r"\binterrupt \(one more within \d+ sec to abort\)|"
         r"\bsending Ctrl-C to\b|hit ctrl-c again to forcibly terminate|\binterrupted by signal 2\b|"
-        r"\binterrupted by (the )?user\b|\bkeyboard interrupt\b|\bprogram aborting due to control-C event\b",
+        r"\bInterruptException\b|\binterrupted by (the )?user\b|\bkeyboard interrupt\b|"
+        r"\bprogram aborting due to control-C event\b",
         "a user's interrupt (Ctrl-C, SIGINT)",
         None,
     ),
@@ -922,7 +933,10 @@ RULES: tuple[Rule, ...] = (
         r"\bfinished (training|optimization)\b|\[after training is done\]|End time of running main|"
         r"\bExperiment \S+ has completed\b|\b\d+ epochs? completed in\b|\bdone training\b|\bTotal training time:|"
         r"\btraining of experiment is done\b|\bDONE_BY_RUNNER\b|\bLoss for final step:|\*\*\* Best metric:|"
-        r"\bjob (completed|finished) successfully\b|\btraining took\b|^\W*(training|train) (is )?(done|finished)\b|"
+        r"\bjob (completed|finished) successfully\b|\bStopping training early\b|\bearly stopping (triggered|"
+        r"at epoch)\b|"
+        r": early stopping$|\bEngine run complete\b|\bresults at the end of training\b|\btraining took\b|^\W*(training|"
+        r"train) (is )?(done|finished)\b|"
         r"\b(saving|saved|writing|wrote) (the )?final (model|checkpoint|weights)\b|\bfinal (model|checkpoint|weights) "
         r"(is )?saved\b|"
         r"(^|\] |\s)(train|training|steps|optimization|optimizing): +100%\|[^|]*\| *(?P<last>\d+)/(?P=last)\b",
@@ -1047,6 +1061,9 @@ EXIT_RULES: tuple[ExitRule, ...] = (
     ),
     ExitRule(re.compile(r"terminated with exit code \(?(?P<code>\d+)\)?"), "a worker terminated with exit code"),
     ExitRule(re.compile(r"\bExited with exit code (?P<code>\d+)"), "srun: a task exited with code"),
+    ExitRule(
+        re.compile(r"\bContainer rank \d+ status failed\b.* code (?P<code>-?\d+)"), "Paddle's launcher: a rank exited"
+    ),
     ExitRule(
         re.compile(r"Process finished with exit code (?P<code>\d+|-\d{6,})"), "the process finished with exit code"
     ),

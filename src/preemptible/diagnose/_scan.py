@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 
 from preemptible.diagnose._evidence import Evidence, exit_evidence
 from preemptible.diagnose._incident import actor, untimed, when
-from preemptible.diagnose._input import LogInput
+from preemptible.diagnose._input import LogInput, read_alone
 from preemptible.diagnose._match import (
     collateral_for,
     exit_rule,
@@ -251,8 +251,10 @@ class _Scan:
         if line[:1] in (" ", "\t") or not line.strip() or _CHAINED.match(line) or _FRAME.match(line):
             return True  # frames (indented, or not where a log lost its indentation), source lines, carets, "During
             # handling of ..." between chained tracebacks
-        self.in_traceback = False
         match = _EXCEPTION_LINE.match(line)  # else: neither a frame nor the exception; read it as any other line
+        if match is None and not read_alone(line):
+            return True  # another process's output interleaved (multiprocessing's "Process actor_6:"): skipped
+        self.in_traceback = False
         if match is None:
             self._cut_traceback()
             return False
