@@ -196,6 +196,12 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("Container rank 0 status failed cmd ['python', '-u', 'train.py'] code 1 log log/workerlog.0", "crashed"),
         ("(autoscaler +44m27s) Instance k-1a5e (node IP: 10.1.140.199) will be terminated soon (reason: "
          "kubernetes-pod-termination).", "preempted"),
+        ("Execution halted", "crashed"),  # R, after its own error
+        ("EXITING because of FATAL PARAMETER ERROR: limitGenomeGenerateRAM=31000000000is too small", "crashed"),
+        ("  Process exceeded running time limit (8h)", "time-limit"),  # Nextflow
+        ("killed;", "killed"),
+        ("Your runtime has been disconnected due to executing code that is disallowed in our free of charge tier.",
+         "terminated"),
         # gloo's timeout is a collective's, in whichever thread it surfaced
         ("RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:72] Timed out waiting 1800000ms for recv operation to "
          "complete", "collective-timeout"),
@@ -217,6 +223,13 @@ def test_signals_exits_and_ends_in_plain_words(line: str, verdict: str) -> None:
 )
 def test_words_that_only_look_like_an_end_decide_nothing(line: str) -> None:
     assert _verdict(line) == "unknown", diagnose([("log", [line])]).render()
+
+
+def test_a_guess_at_an_oom_is_no_evidence_and_a_caught_oom_is_a_hint() -> None:
+    guess = diagnose([("log", ["Hint: Exit code 137 typically means the process was running out of memory"])])
+    assert guess.verdict == "killed" and not [e for e in guess.evidence if e.verdict == "oom"], guess.render()
+    caught = diagnose([("log", ["WARNING: ran out of memory with exception: CUDA out of memory. Tried to allocate"])])
+    assert [(e.verdict, e.strength) for e in caught.evidence] == [("oom", "hint")], caught.render()
 
 
 def test_a_thread_s_timed_out_collective_still_counts_and_its_other_exceptions_stay_hints() -> None:

@@ -137,6 +137,15 @@ def peer_lost(line: str) -> tuple[list[int], str | None] | None:
 
 _SACCT_ROW = r"^\s*\d+(_\d+|_\[[\d,-]+\])?(\.\w+|\+)?\s.*"  # an sacct row: job id (array, step), then its fields
 RULES: tuple[Rule, ...] = (
+    # an OOM the program caught and went on from (fairseq skips the batch): not how the run ended
+    _r(
+        "oom",
+        "hint",
+        r"^\W*WARNING\W+(ran|running) out of memory\b|\bout of memory\b.*\bskipping (this |the )?batch\b|"
+        r"\battempting to recover from OOM\b",
+        "an out-of-memory error the program caught and went on from (it skipped the batch)",
+        None,
+    ),
     # a scheduler's "preempted" that is really a node failure (PBS/Moab)
     _r(
         "killed",
@@ -414,7 +423,8 @@ RULES: tuple[Rule, ...] = (
     _r(
         "time-limit",
         "strong",
-        r"\bjob killed: (walltime|cput) \d+ exceeded limit\b|\b(exceed(ed|s)?|reach(ed|es)?|due to|hit) (the |its |a "
+        r"\bjob killed: (walltime|cput) \d+ exceeded limit\b|\b(exceed(ed|s)?|reach(ed|es)?|due to|hit) (the |its |a |"
+        r"running "
         r"|maximum |hard )?(wall[ -]?clock|wall[ -]?time|run[ -]?time|job'?s? time|time) (time )?limit\b|"
         r"\b(wall ?time|time) limit (was )?(exceeded|reached)\b|\bwalltime exceeded\b|\bDUE TO TIME LIMIT\b",
         "the scheduler ended the job at its wall-clock limit (PBS, Moab, HTCondor, SGE)",
@@ -497,6 +507,7 @@ RULES: tuple[Rule, ...] = (
         r"\bUnable to allocate [\d.]+ [KMGT]i?B\b|\b(CUBLAS|CUDNN)_STATUS_ALLOC_FAILED\b|"
         r"\b(HIP|MPS|XPU|NPU)( backend)? out of memory\b|"
         r"\bkilled by (the )?(OOM|out of memory)\b|The paging file is too small for this operation|"
+        r"^(?!.*\b(typically|usually|often|may|might|could|possibly|probably|likely|if|whether)\b).*"
         r"\b(ran|runs|running|run) out[- ]of[- ](GPU |host |system |device )?memory\b|"
         r"\bRESOURCE_EXHAUSTED: (Attempting to (reserve|allocate)|.*\b(memory|HBM)\b)|"
         r"^(\w+ )?(fatal )?error: out of memory\b",
@@ -614,6 +625,14 @@ RULES: tuple[Rule, ...] = (
     ),
     _r(
         "crashed",
+        "strong",
+        r"^Execution halted$|\bEXITING because of (a )?FATAL\b",
+        "the program stopped on its own error (R's 'Execution halted', a tool's fatal error)",
+        None,
+        flags=0,
+    ),
+    _r(
+        "crashed",
         "weak",
         r"executable file not found in \$PATH|: command not found$",
         "the job's program could not be started",
@@ -722,7 +741,8 @@ RULES: tuple[Rule, ...] = (
     _r(
         "terminated",
         "strong",
-        r"\bkubectl delete (pods?|jobs?|pytorchjobs?|tfjobs?|mpijobs?|deployments?)\b|\bkubectl drain\b",
+        r"\bdisconnected due to executing code that is disallowed\b|\bkubectl delete (pods?|jobs?|pytorchjobs?|tfjobs?|"
+        r"mpijobs?|deployments?)\b|\bkubectl drain\b",
         "a user deleted the pod or job (or drained its node): Kubernetes sent SIGTERM",
         "k8s",
     ),
@@ -828,7 +848,7 @@ RULES: tuple[Rule, ...] = (
         "killed",
         "weak",
         r"\bline \d+: +\d+ Killed\b|^\[\d+\][+-]? +Killed\b|^[*_]*Killed[*_]*$|: tasks? [\d,-]+: Killed|"
-        r"[\d\]%)]Killed\s*$|^zsh: killed\b|^Killed: 9$",
+        r"[\d\]%)]Killed\s*$|^zsh: killed\b|^Killed: 9$|^killed;?$",
         "the shell reports the command died of SIGKILL",
         None,
         flags=0,
