@@ -507,7 +507,8 @@ RULES: tuple[Rule, ...] = (
         r"\bUnable to allocate [\d.]+ [KMGT]i?B\b|\b(CUBLAS|CUDNN)_STATUS_ALLOC_FAILED\b|"
         r"\b(HIP|MPS|XPU|NPU)( backend)? out of memory\b|"
         r"\bkilled by (the )?(OOM|out of memory)\b|The paging file is too small for this operation|"
-        r"^(?!.*\b(typically|usually|often|may|might|could|possibly|probably|likely|if|whether)\b).*"
+        r"^(?!.*\b(typically|usually|often|may|might|could|possibly|probably|likely|if|whether|means|"
+        r"hint)\b).*"
         r"\b(ran|runs|running|run) out[- ]of[- ](GPU |host |system |device )?memory\b|"
         r"\bRESOURCE_EXHAUSTED: (Attempting to (reserve|allocate)|.*\b(memory|HBM)\b)|"
         r"^(\w+ )?(fatal )?error: out of memory\b",
