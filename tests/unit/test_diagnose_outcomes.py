@@ -320,6 +320,8 @@ def test_a_stop_from_outside_on_a_spot_machine_reads_as_the_reclaim() -> None:
     assert _verdict("node pool: spot instances (g5.xlarge)", sigterm) == "preempted"
     died = "ray.exceptions.ActorDiedError: The actor died because its node has died. Node Id: 5e1f"
     assert _verdict("worker_nodes: {use_spot: true}", died) == "preempted"  # a node gone without notice
+    gone = diagnose([("log", [died])])  # anywhere, weakly: a reclaim that gave no notice, else the machine's crash
+    assert (gone.verdict, gone.confidence, gone.competing) == ("preempted", CONFIDENCE["weak"], "crashed")
     # a named sender is not a reclaim, spot or not
     assert _verdict("node pool: spot instances", "*** JOB 7 ON n1 CANCELLED AT 2026-11-30T10:12:01 ***") == (
         "terminated"

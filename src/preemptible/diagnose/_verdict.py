@@ -21,7 +21,7 @@ from preemptible.diagnose._facts import journal_evidence, journal_facts
 from preemptible.diagnose._incident import Incident, initiating
 from preemptible.diagnose._input import LogInput
 from preemptible.diagnose._remedy import for_platforms, remedy
-from preemptible.diagnose._rules import CONSEQUENCES
+from preemptible.diagnose._rules import CONSEQUENCES, MACHINE_GONE
 from preemptible.diagnose._scan import TimeWindow, scan_lines
 
 CONFIRM: dict[str, list[str]] = {
@@ -335,6 +335,9 @@ def _confidence(evidence: Sequence[Evidence], verdict: str, how: str) -> tuple[f
     )  # fmt: skip
     if verdict == "unknown":
         return CONFIDENCE["unknown"], competing or "killed"  # a log that just stops: ended from outside, unlogged
+    own = [e for e in evidence if e.verdict == verdict and e.strength in ("strong", "weak")]
+    if own and all(e.why == MACHINE_GONE for e in own):
+        competing = competing or "crashed"  # a machine gone without notice: a reclaim, else the machine's own crash
     competing = competing or _CONFUSED.get(verdict)
     if how != "rule":
         return CONFIDENCE["derived"], competing
