@@ -331,7 +331,11 @@ class Cluster:
         self.outer.ip([f"link set {self._nodes[i].veth} down"])
 
     def heal(self, i: int) -> None:
-        self.outer.ip([f"link set {self._nodes[i].veth} up"])
+        """Node ``i``'s link is up again. The neighbour entries that failed while it was cut are flushed on every side:
+        left, they refuse the first connections for seconds with EHOSTUNREACH until the kernel probes again."""
+        self.outer.ip([f"link set {self._nodes[i].veth} up", "neigh flush all"])
+        for node in self._nodes.values():
+            node.holder.ip(["neigh flush all"])
 
     def down(self, i: int) -> None:
         """Node ``i`` goes: every process in it SIGKILLed, its link removed, its scratch directory deleted."""
