@@ -268,6 +268,11 @@ def test_another_process_s_line_inside_a_traceback_does_not_cut_it() -> None:
     assert [(e.verdict, e.strength, e.line) for e in found] == [("interrupted", "strong", 5)]
 
 
+def test_a_colab_policy_stop_is_colab_s_not_a_kubectl_delete() -> None:
+    found = diagnose([("log", ["Your runtime has been disconnected due to executing code that is disallowed"])])
+    assert found.verdict == "terminated" and {e.platform for e in found.evidence} == {"colab"}
+
+
 def test_a_traceback_whose_frames_lost_their_indentation_is_still_one_traceback() -> None:
     lines = ["Traceback (most recent call last):", 'File "./tools/test.py", line 262, in <module>', "    main()",
              "AssertionError"]  # fmt: skip

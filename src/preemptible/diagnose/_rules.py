@@ -423,9 +423,9 @@ RULES: tuple[Rule, ...] = (
     _r(
         "time-limit",
         "strong",
-        r"\bjob killed: (walltime|cput) \d+ exceeded limit\b|\b(exceed(ed|s)?|reach(ed|es)?|due to|hit) (the |its |a |"
-        r"running "
-        r"|maximum |hard )?(wall[ -]?clock|wall[ -]?time|run[ -]?time|job'?s? time|time) (time )?limit\b|"
+        r"\bjob killed: (walltime|cput) \d+ exceeded limit\b|"
+        r"\b(exceed(ed|s)?|reach(ed|es)?|due to|hit) (the |its |a |running |maximum |hard )?"
+        r"(wall[ -]?clock|wall[ -]?time|run[ -]?time|job'?s? time|time) (time )?limit\b|"
         r"\b(wall ?time|time) limit (was )?(exceeded|reached)\b|\bwalltime exceeded\b|\bDUE TO TIME LIMIT\b",
         "the scheduler ended the job at its wall-clock limit (PBS, Moab, HTCondor, SGE)",
         None,
@@ -742,10 +742,16 @@ RULES: tuple[Rule, ...] = (
     _r(
         "terminated",
         "strong",
-        r"\bdisconnected due to executing code that is disallowed\b|\bkubectl delete (pods?|jobs?|pytorchjobs?|tfjobs?|"
-        r"mpijobs?|deployments?)\b|\bkubectl drain\b",
+        r"\bkubectl delete (pods?|jobs?|pytorchjobs?|tfjobs?|mpijobs?|deployments?)\b|\bkubectl drain\b",
         "a user deleted the pod or job (or drained its node): Kubernetes sent SIGTERM",
         "k8s",
+    ),
+    _r(
+        "terminated",
+        "strong",
+        r"\bdisconnected due to executing code that is disallowed\b",
+        "Colab stopped the runtime for running code its free tier does not allow",
+        "colab",
     ),
     _r(
         "terminated",
