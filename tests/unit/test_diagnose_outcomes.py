@@ -73,10 +73,10 @@ def test_an_exception_python_went_on_from_does_not_end_the_process() -> None:
 @pytest.mark.parametrize(
     ("line", "verdict"),
     [
-        ("已杀死", "killed"),  # zh_CN bash
-        ("Убито", "killed"),  # ru_RU bash
-        ("zsh: killed     python3 train.py --epochs 100", "killed"),
-        ("**Killed**", "killed"),
+        ("已杀死", "oom"),  # zh_CN bash: a bare SIGKILL from the shell reads as the OOM killer's
+        ("Убито", "oom"),  # ru_RU bash
+        ("zsh: killed     python3 train.py --epochs 100", "oom"),
+        ("**Killed**", "oom"),
         ("worker exited with error code -9", "killed"),
         ("Job exited with exit status 137", "killed"),
         ("trainer.service: Main process exited, code=killed, status=9/KILL", "killed"),
@@ -181,8 +181,8 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("ERROR    You do not have enough GPU memory available to train the selected model", "oom"),
         ("ERROR: Job failed: execution took longer than 1h0m0s seconds", "time-limit"),
         ("t-0   ml   Evicted   node-9   Pod The node had condition: [DiskPressure].", "terminated"),
-        ("Killed: 9", "killed"),  # macOS's shell
-        ("229/230 [============================>.] - ETA: 2s - loss: 0.2038 - acc: 0.9209Killed", "killed"),
+        ("Killed: 9", "oom"),  # macOS's shell
+        ("229/230 [============================>.] - ETA: 2s - loss: 0.2038 - acc: 0.9209Killed", "oom"),
         ("forrtl: error (200): program aborting due to control-C event", "interrupted"),  # Intel's runtime, Windows
         ("terminate called after throwing an instance of 'gloo::TimeoutException'", "collective-timeout"),
         ("W0922 14:15:28.519321  4997 init.cc:234] *** SIGSEGV (@0x0) received by PID 4796 (TID 0x7f2d) from PID 0; "
@@ -199,7 +199,7 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("Execution halted", "crashed"),  # R, after its own error
         ("EXITING because of FATAL PARAMETER ERROR: limitGenomeGenerateRAM=31000000000is too small", "crashed"),
         ("  Process exceeded running time limit (8h)", "time-limit"),  # Nextflow
-        ("killed;", "killed"),
+        ("killed;", "oom"),
         ("Your runtime has been disconnected due to executing code that is disallowed in our free of charge tier.",
          "terminated"),
         # gloo's timeout is a collective's, in whichever thread it surfaced
@@ -337,9 +337,12 @@ def test_every_diagnosis_carries_a_confidence_and_the_competing_verdict() -> Non
     named = diagnose([("log", ["slurmstepd: error: *** JOB 7 ON n1 CANCELLED AT 2026-11-30T10:12:01 DUE TO "
                                 "PREEMPTION ***"])])  # fmt: skip
     assert named.verdict == "preempted" and named.confidence >= 0.8 and named.competing == "terminated"
-    bare = diagnose([("log", ["step 10 loss 2.0", "Killed"])])
-    assert bare.verdict == "killed" and bare.confidence < 0.8 and bare.competing == "oom"
-    assert "oom" in bare.deciding.lower() or "dmesg" in bare.deciding
+    bare = diagnose([("log", ["step 10 loss 2.0", "Killed"])])  # the shell's bare SIGKILL: most often the OOM killer
+    assert bare.verdict == "oom" and bare.confidence < 0.8 and bare.competing == "killed"
+    assert bare.confidence == CONFIDENCE["weak, killed"]
+    sent = diagnose([("log", ["step 10 loss 2.0", "worker exited with error code -9"])])  # a tool's SIGKILL
+    assert sent.verdict == "killed" and sent.confidence < 0.8 and sent.competing == "oom"
+    assert "oom" in sent.deciding.lower() or "dmesg" in sent.deciding
     nothing = diagnose([("log", ["step 10 loss 2.0"])])
     assert nothing.verdict == "unknown" and nothing.competing is not None and nothing.deciding
     assert f"most likely {nothing.competing}" in nothing.render()

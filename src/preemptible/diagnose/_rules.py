@@ -96,6 +96,12 @@ MACHINE_GONE = (
     "the machine stopped answering without notice: most often reclaimed without one (a spot or preemptible machine); "
     "else a crash of the machine or a network partition"
 )
+SHELL_KILLED = (
+    "the shell reports the command died of SIGKILL, naming no sender: most often the kernel's OOM killer (check the "
+    "kernel log); else a kill -9 or a supervisor's"
+)
+"""The ``why`` of a shell's bare ``Killed``: weak ``oom`` evidence whose competing verdict is ``killed``. Where the
+threads of the real corpus found the cause, the OOM killer sent it about 5 times in 8."""
 CONSEQUENCES = (PEER_LOST, PEER_NODE)
 """The endings of the ``why`` of evidence that says only that another rank or node went away: never the cause while
 something else explains it (`_verdict._decide`, `_incident.initiating`)."""
@@ -852,19 +858,27 @@ RULES: tuple[Rule, ...] = (
         "torchrun",
     ),
     _r(
-        "killed",
+        "oom",
         "weak",
-        r"\bline \d+: +\d+ Killed\b|^\[\d+\][+-]? +Killed\b|^[*_]*Killed[*_]*$|: tasks? [\d,-]+: Killed|"
+        r"\bline \d+: +\d+ Killed\b|^\[\d+\][+-]? +Killed\b|^[*_]*Killed[*_]*$|"
         r"[\d\]%)]Killed\s*$|^zsh: killed\b|^Killed: 9$|^killed;?$",
-        "the shell reports the command died of SIGKILL",
+        SHELL_KILLED,
         None,
         flags=0,
     ),
     _r(
         "killed",
         "weak",
+        r": tasks? [\d,-]+: Killed",
+        "srun reports the task died of SIGKILL (Slurm names its own OOM kills: Out Of Memory)",
+        "slurm",
+        flags=0,
+    ),
+    _r(
+        "oom",
+        "weak",
         r"(^|\s)(已杀死|[\u0423\u0443]бито|Getötet|強制終了|죽었음|Processus arrêté|Terminado \(killed\)|Morto)\s*$",
-        "the shell reports the command died of SIGKILL (in the system's language)",
+        SHELL_KILLED + " (in the system's language)",
         None,
     ),
     # completion

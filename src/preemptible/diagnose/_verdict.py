@@ -21,7 +21,7 @@ from preemptible.diagnose._facts import journal_evidence, journal_facts
 from preemptible.diagnose._incident import Incident, initiating
 from preemptible.diagnose._input import LogInput
 from preemptible.diagnose._remedy import for_platforms, remedy
-from preemptible.diagnose._rules import CONSEQUENCES, MACHINE_GONE
+from preemptible.diagnose._rules import CONSEQUENCES, MACHINE_GONE, SHELL_KILLED
 from preemptible.diagnose._scan import TimeWindow, scan_lines
 
 CONFIRM: dict[str, list[str]] = {
@@ -302,7 +302,7 @@ CONFIDENCE = {
     "strong": 0.9,
     "strong, against": 0.7,
     "weak": 0.75,
-    "weak, killed": 0.45,
+    "weak, killed": 0.6,
     "weak, against": 0.3,
     "hint": 0.55,
     "derived": 0.75,
@@ -312,8 +312,9 @@ CONFIDENCE = {
 tuned there; 413 excerpts at issue 55's second round), and only a verdict its own strong evidence names reaches 0.8:
 a verdict its own strong evidence names (evidence of verdicts it explains, later in `VERDICTS`, does not count
 against it: a preemption explains the SIGTERM), or named against evidence of a verdict before it; one only weak
-evidence names (a bare SIGKILL: more than half the time the thread found an OOM or another cause), alone or against
-another; one only a hint names; one derived from the order of events (a failure before the signals, the run's end
+evidence names, alone or against another, or only a bare SIGKILL (the shell's ``Killed``, read as the OOM killer's, or
+a SIGKILL a tool reports: right about 3 times in 5, the rest an OOM for a tool's SIGKILL, another sender for the
+shell's); one only a hint names; one derived from the order of events (a failure before the signals, the run's end
 before the errors, a stop on a spot machine: right 89% of the time on dev, held below 0.8). ``unknown``: how often
 the thread itself could not say either (its most likely cause is a guess to check, `Diagnosis.competing`)."""
 _CONFUSED = {
@@ -348,7 +349,8 @@ def _confidence(evidence: Sequence[Evidence], verdict: str, how: str) -> tuple[f
         key = "strong, against" if against else "strong"
     elif "weak" in mine:
         against = any(e.strength != "hint" for e in others)
-        key = "weak, against" if against else "weak, killed" if verdict == "killed" else "weak"
+        bare = verdict == "killed" or all(e.why.startswith(SHELL_KILLED) for e in own)
+        key = "weak, against" if against else "weak, killed" if bare else "weak"
     else:
         key = "hint"
     return CONFIDENCE[key], competing
