@@ -240,6 +240,23 @@ def test_a_thread_s_timed_out_collective_still_counts_and_its_other_exceptions_s
     assert [(e.verdict, e.strength) for e in found] == [("crashed", "hint")]
 
 
+def test_an_exit_handler_s_error_even_cut_off_is_the_interpreter_shutting_down() -> None:
+    at_exit = [
+        "Error in atexit._run_exitfuncs:",
+        "Traceback (most recent call last):",
+        '  File "torch/utils/data/dataloader.py", line 172, in handler',
+        "RuntimeError: DataLoader worker (pid 710) is killed by signal: Terminated.",
+    ]
+    assert [(e.verdict, e.strength) for e in diagnose([("log", at_exit)]).evidence] == [("completed", "hint")]
+    cut = [
+        "Exception ignored in: <bound method DataLoaderIter.__del__ of <DataLoaderIter object>>",
+        "Traceback (most recent call last):",
+        '  File "torch/utils/data/dataloader.py", line 322, in __del__',
+    ]
+    assert [(e.verdict, e.strength) for e in diagnose([("log", cut)]).evidence] == [("completed", "hint")]
+    assert [(e.verdict, e.strength) for e in diagnose([("log", cut[1:])]).evidence] == [("crashed", "hint")]
+
+
 def test_what_fails_in_an_end_of_training_hook_or_as_queues_close_fails_after_the_run_s_work() -> None:
     hook = [
         "Traceback (most recent call last):",
@@ -250,6 +267,15 @@ def test_what_fails_in_an_end_of_training_hook_or_as_queues_close_fails_after_th
     ]
     assert _verdict(*hook) == "completed"
     assert _verdict(*hook[:3], hook[4]) == "crashed"  # the same error inside the loop is a crash
+    ipython = [  # the same in a notebook: IPython's header and frames (path in function(args))
+        "ValueError                                Traceback (most recent call last)",
+        "<ipython-input-12-09ef5983e46a> in <module>",
+        "7 frames",
+        "/usr/local/lib/python3.7/dist-packages/ultralytics/hub_logger.py in on_train_end(self, *args, **kwargs)",
+        "ValueError: not enough values to unpack (expected 5, got 4)",
+    ]
+    assert _verdict(*ipython) == "completed"
+    assert [e.verdict for e in diagnose([("log", [ipython[0], ipython[1], ipython[4]])]).evidence] == ["crashed"]
     queue = [
         "Exception in thread QueueRunnerThread-fifo_queue-fifo_queue_enqueue:",
         "Traceback (most recent call last):",

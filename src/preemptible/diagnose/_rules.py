@@ -119,11 +119,11 @@ RELAYED = re.compile(r"\(seen by rank (\d+)\)")
 """A notice one rank got and the others learned through the job's store (`dist`): the rank that got it."""
 PEER_LOST_TAG = tag(Event.PEER_LOST)
 END_HOOK = re.compile(
-    r'^\s*File "[^"]*", line \d+, in (on_train_end|on_fit_end|on_training_end|on_train_finish|on_run_end|'
-    r"on_experiment_end|_exit_function)\b"
+    r'^\s*(File "[^"]*", line \d+, in |\S*\.py\S* in )(on_train_end|on_fit_end|on_training_end|on_train_finish|'
+    r"on_run_end|on_experiment_end|_exit_function)\b"
 )
 """A traceback's frame in an end-of-training hook (Keras, Hugging Face, Lightning, Ultralytics callbacks; Python's
-exit handlers): the loop had ended before what fails there."""
+exit handlers), as Python or IPython prints it: the loop had ended before what fails there."""
 END_HOOK_WORDS = ("_end", "_finish", "_exit_function")
 """Needles of `END_HOOK`: the streamed reader (`_input.scan_keywords`) must not skip such a frame."""
 _MISSING = re.compile(r"\branks? \[([\d, ]+)\] did not answer\b")

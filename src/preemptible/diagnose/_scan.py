@@ -35,9 +35,13 @@ from preemptible.diagnose._rules import (
 )
 
 _NATIVE_FRAME = re.compile(r"^frame #\d+: ")
-_TRACEBACK_START = re.compile(r"Traceback \(most recent call last\):")
+_TRACEBACK_START = re.compile(
+    r"Traceback \(most recent call last\):|^[A-Za-z_][\w.]*\s{2,}Traceback \(most recent call last\)\s*$"
+)
+"""Python's traceback header, or IPython's (the exception's name, padding, then the header without its colon)."""
 _BARE_EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*\.)?([A-Z]\w*)?(Error|Exception): ?\S")
-_FRAME = re.compile(r'^File "[^"]*", line \d+')
+_FRAME = re.compile(r'^File "[^"]*", line \d+|^\S+ in [\w<>.]+\(|^\d+ frames$')
+"""A frame whose indentation the log lost, or IPython's (``path in function(args)``, Colab's ``N frames``)."""
 _QUEUE_CLOSED = re.compile(
     r"\bEnqueue operation was cancelled\b|\bCancelledError\b.*\b(queue|Queue)\b.*\b(closed|cancell?ed)\b"
 )
@@ -45,9 +49,10 @@ _CHAINED = re.compile(r"(During handling of the above exception|The above except
 _EXCEPTION_LINE = re.compile(
     r"^(\[[^\]]*\]:?\s*)?([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failure|Warning)\b|[A-Za-z_][\w.]*Error)(:.*)?$"
 )
-_ASIDE = re.compile(r"^(Exception ignored in\b)|^Exception in thread\b")
+_ASIDE = re.compile(r"^(Exception ignored in\b|Error in atexit\._run_exitfuncs:)|^Exception in thread\b")
 """The line before a traceback that did not end the process: an exception in a ``__del__``, an ``atexit`` callback
-or a weakref callback ("Exception ignored in: ..."), or in a thread other than the main one."""
+or a weakref callback ("Exception ignored in: ...", "Error in atexit._run_exitfuncs:"), or in a thread other than the
+main one."""
 _NOT_A_CRASH = ("SignalException", "KeyboardInterrupt", "SystemExit", "ChildFailedError")
 _ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\)")
 _FAILURES = re.compile(r"^\s*Failures:")
@@ -195,6 +200,13 @@ class _Scan:
     def _cut_traceback(self) -> None:
         """A traceback the log cuts off before its exception: a hint, at its first line, by that line's writer (the
         lines that ended it are not all read when a long log is streamed)."""
+        if self.aside == "ignored":  # cut off, but Python went on from it: an exit handler's or a destructor's
+            self.aside = ""
+            number, text = self.traceback_at if self.traceback_at is not None else (None, "")
+            why = ("a traceback in a destructor or an exit handler, which Python ignored: most often printed as the "
+                   "interpreter shuts down at the program's end")  # fmt: skip
+            self.found.append(Evidence("completed", "hint", why, self.where, number, text))
+            return
         cut = [_cut_traceback(self.traceback_at, self.where)]
         self.kept.tag(cut, 0, *self.traceback_by)
         self.found[self.mark : self.mark] = cut  # (before this line's own evidence, which is tagged later)
@@ -232,14 +244,14 @@ class _Scan:
 
     def _traceback(self, line: str, was_indented: bool, prev: str) -> bool:
         """Follow a Python traceback; True when the line is part of one (and its exception, if any, recorded)."""
-        if _TRACEBACK_START.search(line) and line.rstrip().endswith("last):"):
+        if _TRACEBACK_START.search(line) and line.rstrip().endswith(("last):", "last)")):
             # (a traceback flattened into one line, "...last):\n  File ...", is read as text)
             self.in_traceback, self.traceback_at, self.in_end_hook = True, (self.number, self.text), False
             self.traceback_by = (self.who, self.stamp)
             aside = _ASIDE.match(prev)
             if not _CHAINED.match(prev):  # (a chained traceback's aside is its first part's)
                 self.aside = "" if aside is None else "ignored" if aside.group(1) else "thread"
-            return True
+            return line.rstrip().endswith(":")  # (IPython's names the exception: a rule may read it, ^C's)
         if not self.in_traceback and was_indented and _EXCEPTION_LINE.match(line):
             self.in_traceback = True  # the exception line of a traceback whose start was cut off
         if not self.in_traceback:
