@@ -154,6 +154,10 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("RuntimeError: Job 1393 failed: Task failed because the node it was running on is dead or unavailable.",
          "preempted"),  # the machine went away without notice (most often a reclaim): not a crash of its own
         ("Error: the spot instance was terminated", "preempted"),
+        ("INFO:tensorflow:ShutdownHook: lame workers found: HeartbeatManager(/job:worker/replica:0/task:0)",
+         "preempted"),  # a TPU worker stopped answering
+        ("  - message: 'GCPControllerManager: node no longer exists'", "preempted"),
+        ("Check instance blue-elephant-0 status. shim health: SSH or tunnel error", "preempted"),  # dstack
         ("Server.SpotInstanceTermination: Spot instance termination", "preempted"),
         ("Job state: PREEMPTED", "preempted"),
         ("slurmstepd: error: *** JOB 12 STEPD TERMINATED ON n1 AT 2024-01-01T00:00:00 DUE TO JOB NOT ENDING WITH "

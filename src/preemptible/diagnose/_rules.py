@@ -369,7 +369,8 @@ RULES: tuple[Rule, ...] = (
         "weak",
         r"\bINSTANCE_UNREACHABLE\b|has been marked dead because the detector has missed too many heartbeats|"
         r"health check failed due to missing too many heartbeats|\bits node has died\b|\bNodeDiedError\b|"
-        r"\bthe node it was running on is dead\b",
+        r"\bthe node it was running on is dead\b|\blame workers found\b|\bnode no longer exists\b|"
+        r"\bshim health: SSH or tunnel error\b",
         MACHINE_GONE,
         None,
     ),
