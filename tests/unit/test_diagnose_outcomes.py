@@ -154,6 +154,11 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("RuntimeError: Job 1393 failed: Task failed because the node it was running on is dead or unavailable.",
          "preempted"),  # the machine went away without notice (most often a reclaim): not a crash of its own
         ("Error: the spot instance was terminated", "preempted"),
+        ("✓ Job finished (status: FAILED).", "crashed"),  # SkyPilot: the user's program failed
+        ("I 03-26 01:30:39 controller.py:311] The user job failed JobStatus.FAILED. Please check the logs below.",
+         "crashed"),
+        ("=   EXIT CODE: 9", "killed"),  # MPICH's banner: the rank died of SIGKILL
+        ("=   EXIT CODE: 1", "crashed"),
         ("INFO:tensorflow:ShutdownHook: lame workers found: HeartbeatManager(/job:worker/replica:0/task:0)",
          "preempted"),  # a TPU worker stopped answering
         ("  - message: 'GCPControllerManager: node no longer exists'", "preempted"),

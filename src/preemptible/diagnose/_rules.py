@@ -680,7 +680,8 @@ RULES: tuple[Rule, ...] = (
         "weak",
         r"exited with a non-zero status of \d+\. Termination reason: Error|\bFailed - Training job failed\b|"
         r"\bCONTAINER_EXITED_WITH_ERROR\b|"
-        r"Job status: JobStatus\.FAILED\b",
+        r"\bJobStatus\.FAILED\b|\bJob finished \(status: FAILED\)|\bThe user job failed\b|"
+        r"\bJob \d+ failed with return code\b",
         "the platform reports the job's program failed",
         None,
     ),
@@ -1112,6 +1113,8 @@ EXIT_RULES: tuple[ExitRule, ...] = (
     ExitRule(re.compile(r"returned non-zero exit status (?P<code>-?\d+)"), "a command returned exit status"),
     ExitRule(re.compile(r"\"ExitCode\"\s*:\s*(?P<code>\d+)"), "container state ExitCode"),
     ExitRule(re.compile(r"exited on signal (?P<signum>\d+)"), "mpirun: a rank exited on signal"),
+    # MPICH's Hydra banner ("BAD TERMINATION ... EXIT CODE: 9"): a signal's number where a signal ended the rank
+    ExitRule(re.compile(r"^=\s+EXIT CODE: ((?P<signum>[2679]|11|15)|(?P<code>\d+))\s*$"), "MPICH: a rank ended with"),
     ExitRule(re.compile(r"WTERMSIG (?P<signum>\d+)"), "slurmctld: the job ended by signal"),
     ExitRule(
         re.compile(r"terminated with signal (?P<signame>SIG[A-Z0-9]+)|died with <Signals\.(?P<signame2>SIG[A-Z0-9]+)"),
