@@ -13,6 +13,7 @@ from preemptible import bench
 from preemptible.bench._workloads import _dcp
 from preemptible.checkpoint import Checkpointer
 from preemptible.cli import main
+from preemptible.cli.bench import bench_directory
 
 
 def test_scenario_measures_every_contender_and_reports_ratios(tmp_path: Path) -> None:
@@ -96,7 +97,9 @@ def test_a_warm_emergency_sample_is_the_median_of_several_saves_after_one_period
     assert saves == [(s, True) for s in range(2, 2 + bench.WARM_SAVES)] and prepared == [True] * bench.WARM_SAVES
 
 
-def test_bench_command(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_bench_command(tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    assert bench_directory(f"file://{tmp_path / 'x'}") == str(tmp_path / "x")  # a file:// URL is local
+    monkeypatch.chdir(tmp_path)
     code = main(
         [
             "bench",
@@ -109,7 +112,7 @@ def test_bench_command(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyp
             "--quick",
             "--no-beside",
             "--dir",
-            f"file://{tmp_path / 'not' / 'made'}",  # made, as a first-time user names it (a file:// URL is local)
+            "not/made",  # made, as a first-time user names it: relative to where they stand
             "--json",
             str(tmp_path / "figures.json"),
         ]

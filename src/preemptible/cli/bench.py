@@ -76,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         if why is not None:
             return fail(PROG, why)
     if args.dir is not None:
+        args.dir = os.path.abspath(args.dir)  # (the scenarios join their own paths under it)
         try:
             os.makedirs(args.dir, exist_ok=True)
             with tempfile.NamedTemporaryFile(dir=args.dir, prefix=".bench-probe-"):
