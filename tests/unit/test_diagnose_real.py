@@ -13,9 +13,15 @@ longer measurements). Batch 4 (89 excerpts gathered blind) was split before anyo
 ``test2`` was looked at twice: 21/30 (70.0%) at 0b8f731, 24/30 (80.0%) at c7de135; ``fresh2`` was scored once, at
 c7de135 after the last rule change: 17/26 (65.4%). Both are below the issue's 90% bar; neither has been tuned on.
 
+Issue 55, third round: test2, fresh2 and holdout, spent (each looked at more than the issue allows), became tuning
+material like dev. Batches 8 and 9 (84 excerpts gathered blind by four helpers) were split before anyone looked, per
+verdict by sha256(id): 21 to dev, 33 to ``test3``, 30 to ``fresh3``. The part ``test3`` was looked at, first at
+f6c4081 (before any tuning on batches 8 and 9): 23/33 (69.7%). ``fresh3`` is not scored until the round's last rule
+change (`UNSCORED`: only its form is checked).
+
 The confidence each verdict carries must mean what it says: over all parts, of the verdicts at 0.8 or more, at least
 90% are right, and no part falls below the fraction recorded for it (dev 227/243, test 75/80, holdout 18/18, fresh
-18/20, test2 15/17 at its second look, fresh2 15/17 when scored).
+18/20, test2 15/17 at its second look, fresh2 15/17 when scored, test3 17/17 at its first look).
 """
 
 from __future__ import annotations
@@ -29,10 +35,12 @@ import pytest
 from preemptible.diagnose import VERDICTS, diagnose
 
 REAL = Path(__file__).resolve().parent.parent / "corpus" / "diagnose" / "real"
-FLOORS = {"dev": 341, "test": 113, "holdout": 20, "fresh": 27, "test2": 26, "fresh2": 20}
+FLOORS = {"dev": 356, "test": 113, "holdout": 20, "fresh": 27, "test2": 26, "fresh2": 20, "test3": 23}
+UNSCORED = ("fresh3",)
+"""Parts gathered, split and kept unread: scored once, after the round's last rule change."""
 CONFIDENT, CONFIDENT_RIGHT = 0.8, 0.9
-CALIBRATED = {"dev": (227, 243), "test": (75, 80), "holdout": (18, 18), "fresh": (18, 20), "test2": (15, 17),
-              "fresh2": (15, 17)}  # fmt: skip
+CALIBRATED = {"dev": (237, 255), "test": (75, 80), "holdout": (18, 18), "fresh": (18, 20), "test2": (15, 17),
+              "fresh2": (15, 17), "test3": (17, 17)}  # fmt: skip
 """Per part: of the verdicts at `CONFIDENT` or more, how many were right when the rules last changed."""
 
 
@@ -91,7 +99,7 @@ def test_corpus_is_well_formed() -> None:
     sources: dict[str, int] = {}
     total = look_alikes = 0
     per_part: dict[str, set[str]] = {}
-    for part in FLOORS:
+    for part in (*FLOORS, *UNSCORED):
         for case in _cases(part):
             assert case["id"] not in seen, case["id"]
             seen.add(case["id"])
