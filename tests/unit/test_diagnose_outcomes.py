@@ -154,6 +154,14 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("RuntimeError: Job 1393 failed: Task failed because the node it was running on is dead or unavailable.",
          "preempted"),  # the machine went away without notice (most often a reclaim): not a crash of its own
         ("Error: the spot instance was terminated", "preempted"),
+        ("Límite de memoria excedido (29Gi)", "oom"),  # a platform's status in Spanish
+        ("RuntimeError: 显存不足", "oom"),  # "not enough GPU memory"
+        ("メモリ不足のためプロセスが終了しました", "oom"),
+        ("Successfully completed.", "completed"),  # LSF's job report
+        ("[2022-01-24, 16:18:18 UTC] {taskinstance.py:1267} INFO - Marking task as SUCCESS. dag_id=d, task_id=t",
+         "completed"),  # Airflow
+        ('    "statusReason": "PREEMPTION_IN_PROGRESS: Cross-share preemption triggered to reclaim borrowed capacity",',
+         "preempted"),  # AWS Batch
         ("✓ Job finished (status: FAILED).", "crashed"),  # SkyPilot: the user's program failed
         ("I 03-26 01:30:39 controller.py:311] The user job failed JobStatus.FAILED. Please check the logs below.",
          "crashed"),
@@ -407,3 +415,23 @@ def test_confidence_is_one_of_the_calibrated_values_and_the_competing_verdict_is
     assert result.confidence in CONFIDENCE.values()
     assert result.competing is None or (result.competing in VERDICTS and result.competing != result.verdict)
     assert result.verdict in VERDICTS
+
+
+def test_a_log_pasted_as_a_markdown_quote_reads_as_the_log() -> None:
+    log = [
+        "Traceback (most recent call last):",
+        '  File "train.py", line 412, in <module>',
+        "    train()",
+        "RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB",
+    ]
+    quoted = [f"> {line}" for line in log]
+    assert [(e.verdict, e.strength, e.line) for e in diagnose([("log", quoted)]).evidence] == [("oom", "strong", 4)]
+    assert _verdict(*quoted) == _verdict(*log) == "oom"
+    assert _verdict(">", "> Killed") == "oom"  # (a quote's empty line, then the shell's line)
+    airflow_done = [
+        "INFO - Command exited with return code 0",
+        "INFO - Marking task as SUCCESS. dag_id=d, task_id=t",
+        "WARNING - State of this instance has been externally set to success. Terminating instance.",
+        "ERROR - Received SIGTERM. Terminating subprocesses.",
+    ]
+    assert _verdict(*airflow_done) == "completed"  # the SIGTERM came after the task had succeeded

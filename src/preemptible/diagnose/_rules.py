@@ -377,6 +377,13 @@ RULES: tuple[Rule, ...] = (
     _r(
         "preempted",
         "strong",
+        r"\bPREEMPTION_IN_PROGRESS\b|\bJob Preemption Started\b",
+        "AWS Batch preempts the job to reclaim capacity",
+        "aws",
+    ),
+    _r(
+        "preempted",
+        "strong",
         r"\bINTERRUPTED_BY_NO_CAPACITY\b|\binterrupted by no capacity\b",
         "dstack: the spot instance was interrupted (the cloud reclaimed the capacity)",
         "dstack",
@@ -529,6 +536,17 @@ RULES: tuple[Rule, ...] = (
         r"\bnot enough (GPU |host |system |device )?(memory|RAM)( available| left)?\b",
         "a program or library says there was not enough memory",
         None,
+    ),
+    _r(
+        "oom",
+        "weak",
+        r"内存不足|显存不足|内存溢出|显存溢出|記憶體不足|メモリ不足|メモリが不足|메모리 부족|메모리가 부족|"
+        r"[\u041d\u043d]едостаточно (оперативной |видео)?памяти|[\u041d\u043d]ехватка памяти|"
+        r"\b[Ll][ií]mite de memoria excedido|mite de memoria excedido|\bmemoria insuficiente\b|"
+        r"\bm[ée]moire insuffisante\b|\bnicht genügend (Arbeits)?speicher\b",
+        "a program or platform says memory ran out (in the system's language)",
+        None,
+        flags=0,
     ),
     _r(
         "oom",
@@ -893,6 +911,8 @@ RULES: tuple[Rule, ...] = (
         flags=0,
     ),
     _r("completed", "weak", r"\bReason:\s*Completed\b", "Kubernetes: container completed", "k8s"),
+    _r("completed", "strong", r"^Successfully completed\.$", "LSF's job report: the job exited 0", "lsf", flags=0),
+    _r("completed", "strong", r"\bMarking task as SUCCESS\b", "Airflow: the task finished successfully", "airflow"),
     _r(
         "completed",
         "weak",

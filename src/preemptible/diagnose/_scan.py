@@ -66,8 +66,11 @@ _STATUS_LINE = re.compile(r"^\s*Exit Code:\s*(\d+)\s*$|\bExited \((\d+)\)|\bexit
 
 def _strip_prefix(line: str) -> str:
     """``[rank0]: ...`` / ``[default0]:...`` (torchrun), ``[1,0]<stderr>:`` (mpirun) and ``0: ...`` (srun --label)
-    prefixes."""
-    return re.sub(r"^((\[[^\]]*\](<std(out|err)>)?:)+\s?|\d+: |std(out|err): )", "", line).rstrip()
+    prefixes, under a Markdown quote's ``> `` (a log pasted into an issue or a forum)."""
+    return re.sub(r"^((\[[^\]]*\](<std(out|err)>)?:)+\s?|\d+: |std(out|err): )", "", _QUOTE.sub("", line)).rstrip()
+
+
+_QUOTE = re.compile(r"^>( |$)")
 
 
 _TIMESTAMP = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)")
