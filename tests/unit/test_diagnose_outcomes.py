@@ -158,6 +158,12 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("RuntimeError: 显存不足", "oom"),  # "not enough GPU memory"
         ("メモリ不足のためプロセスが終了しました", "oom"),
         ("Successfully completed.", "completed"),  # LSF's job report
+        ("2020-09-11 18:05:07,660-INFO: Save model to output/huaxue_1/model_final.", "completed"),  # the last save
+        ("distributed.nanny - WARNING - Worker exceeded 95% memory budget. Restarting", "oom"),  # Dask
+        ("Out of memory error on GPU 0. Cannot allocate 18.062744MB memory on GPU 0", "oom"),  # Paddle
+        ("Workload evicted, storage limit exceeded (50G)", "terminated"),  # a platform's eviction
+        ("  ├-⚠ hybridize(1)               hm-prssb-1650539430  pod deleted", "terminated"),  # Argo
+        ("Process 20472 exited with status code: 1", "crashed"),  # Prefect's worker
         ("[2022-01-24, 16:18:18 UTC] {taskinstance.py:1267} INFO - Marking task as SUCCESS. dag_id=d, task_id=t",
          "completed"),  # Airflow
         ('    "statusReason": "PREEMPTION_IN_PROGRESS: Cross-share preemption triggered to reclaim borrowed capacity",',

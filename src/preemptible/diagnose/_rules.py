@@ -525,8 +525,8 @@ RULES: tuple[Rule, ...] = (
         r"hint)\b).*"
         r"\b(ran|runs|running|run) out[- ]of[- ](GPU |host |system |device )?memory\b|"
         r"\bRESOURCE_EXHAUSTED: (Attempting to (reserve|allocate)|.*\b(memory|HBM)\b)|"
-        r"^(\w+ )?(fatal )?error: out of memory\b",
-        "out of memory (an allocation failed, or the notebook ran out of RAM)",
+        r"^(\w+ )?(fatal )?error: out of memory\b|\bOut of memory error on GPU\b|\bexceeded \d+% memory budget\b",
+        "out of memory (an allocation failed, a worker went over its memory budget, or the notebook ran out of RAM)",
         None,
     ),
     _r(
@@ -760,8 +760,8 @@ RULES: tuple[Rule, ...] = (
         "terminated",
         "weak",
         r"\bNode is shutting down, evicting pods\b|\bdetected new shutdown event\b|"
-        r"\b(pod|container)s? (was |were |has been |have been |got )?evicted\b|\bevicted due to (node|memory|disk|"
-        r"ephemeral[- ]storage) pressure\b",
+        r"\b(pod|container|workload)s? (was |were |has been |have been |got )?evicted\b|\bevicted due to (node|"
+        r"memory|disk|ephemeral[- ]storage) pressure\b|\bpod deleted$",
         "Kubernetes evicted the pod (node pressure, a drain or the eviction API)",
         "k8s",
     ),
@@ -1001,7 +1001,7 @@ RULES: tuple[Rule, ...] = (
         r": early stopping$|\bEngine run complete\b|\bresults at the end of training\b|\btraining took\b|^\W*(training|"
         r"train) (is )?(done|finished)\b|"
         r"\b(saving|saved|writing|wrote) (the )?final (model|checkpoint|weights)\b|\bfinal (model|checkpoint|weights) "
-        r"(is )?saved\b|"
+        r"(is )?saved\b|\b(save|saving|saved) (the )?(model|checkpoint|weights) (to|at|in) \S*\bmodel_final\b|"
         r"(^|\] |\s)(train|training|steps|optimization|optimizing): +100%\|[^|]*\| *(?P<last>\d+)/(?P=last)\b",
         "the training loop reports it reached its end (its own words, or its progress bar at the last step)",
         None,
@@ -1177,7 +1177,9 @@ EXIT_RULES: tuple[ExitRule, ...] = (
         ),
         "the process received signal",
     ),
-    ExitRule(re.compile(r"\bexited with (exit )?(code|status):? (?P<code>-?\d+)\b", re.I), "a process exited with"),
+    ExitRule(
+        re.compile(r"\bexited with (exit |status )?(code|status):? (?P<code>-?\d+)\b", re.I), "a process exited with"
+    ),
     # the same facts in a tool's own words: "error code -9", "exit status 137", "exitCode: 137", "returncode=-9"
     ExitRule(
         re.compile(r"\b(exit|return)[ _]?(code|status)s?\b\W{0,4}(?<!-)(?P<code>\d+|-[2-9]|-[1-6]\d)\b", re.I),
