@@ -158,6 +158,17 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("RuntimeError: 显存不足", "oom"),  # "not enough GPU memory"
         ("メモリ不足のためプロセスが終了しました", "oom"),
         ("Successfully completed.", "completed"),  # LSF's job report
+        ("Container killed on request. Exit code is 143", "terminated"),  # YARN
+        ("Warning  BackoffLimitExceeded  2m  job-controller  Job has reached the specified backoff limit", "crashed"),
+        ("celery.exceptions.TimeLimitExceeded: TimeLimitExceeded(300,)", "time-limit"),
+        ("[2024-01-01 00:00:00,000: ERROR/MainProcess] Hard time limit (300s) exceeded for tasks.train[abc]",
+         "time-limit"),
+        ("billiard.exceptions.WorkerLostError: Worker exited prematurely: signal 9 (SIGKILL) Job: 3.", "killed"),
+        ("trainer.service: State 'stop-sigterm' timed out. Killing.", "killed"),  # systemd's grace period ran out
+        ("trainer.service: Service reached runtime time limit. Stopping.", "time-limit"),  # systemd's RuntimeMaxSec
+        ("Kernel Restarting: The kernel appears to have died. It will restart automatically.", "oom"),  # a hint
+        ("job.exception type=timeout severity=0 resource allocation expired", "time-limit"),  # Flux
+        ("Job was held. Job has gone over cgroup memory limit of 2048 megabytes. Peak usage: 2100 megabytes.", "oom"),
         ("2020-09-11 18:05:07,660-INFO: Save model to output/huaxue_1/model_final.", "completed"),  # the last save
         ("distributed.nanny - WARNING - Worker exceeded 95% memory budget. Restarting", "oom"),  # Dask
         ("Out of memory error on GPU 0. Cannot allocate 18.062744MB memory on GPU 0", "oom"),  # Paddle

@@ -152,6 +152,13 @@ RULES: tuple[Rule, ...] = (
         "an out-of-memory error the program caught and went on from (it skipped the batch)",
         None,
     ),
+    _r(
+        "oom",
+        "hint",
+        r"\bkernel (for \S+ )?appears to have died\b",
+        "Jupyter's kernel died without a word (most often it ran out of memory; else a native crash)",
+        "jupyter",
+    ),
     # a scheduler's "preempted" that is really a node failure (PBS/Moab)
     _r(
         "killed",
@@ -460,8 +467,10 @@ RULES: tuple[Rule, ...] = (
         r"\b(job|task|run|function) (has )?exceeded (the |its )?(configured |maximum )?timeout\b|"
         r"\b(exceeded|reached|hit) (the |its )?max(imum)? "
         r"(execution |run ?|allowed )?(time|duration)\b|\bmax(imum)?[ _]duration (was )?exceeded\b|"
-        r"\bexecution time (limit )?(was )?exceeded\b|\bexecution took longer than\b|\b(the )?timeout was exceeded\b",
-        "the job reached its time limit (submitit, dstack, Modal, CI runners)",
+        r"\bexecution time (limit )?(was )?exceeded\b|\bexecution took longer than\b|\b(the )?timeout was exceeded\b|"
+        r"\b(Soft)?TimeLimitExceeded\b|\b(Hard|Soft) time limit \(\S+\) exceeded\b|\bjob\.exception type=timeout\b|"
+        r"\breached runtime time limit\b",
+        "the job reached its time limit (submitit, dstack, Modal, CI runners, Celery, Flux, systemd)",
         None,
     ),
     # out of memory
@@ -508,7 +517,8 @@ RULES: tuple[Rule, ...] = (
         r"\bdue to memory usage\b|\bexceeded (the )?(mem|memory) usage (hard |soft )?limit\b|\b(excessive|"
         r"too much) (memory|RAM)\b|"
         r"\b(exceed(ed|s|ing)?|over) (the |its |a )?(requested |allocated |job'?s? )?memory"
-        r"( usage)? limits?\b|\bmemory limit (was )?exceeded\b|\bexceed\w* (the )?h_vmem\b|(?<!or )\bh_vmem limit\b",
+        r"( usage)? limits?\b|\bmemory limit (was )?exceeded\b|\bexceed\w* (the )?h_vmem\b|(?<!or )\bh_vmem limit\b|"
+        r"\bgone over (its |the )?(cgroup )?memory limit\b|\bexceeded request_memory\b",
         "the scheduler ended the job for using more memory than it asked for (LSF, PBS, HTCondor, SGE)",
         None,
     ),
@@ -699,7 +709,7 @@ RULES: tuple[Rule, ...] = (
         r"exited with a non-zero status of \d+\. Termination reason: Error|\bFailed - Training job failed\b|"
         r"\bCONTAINER_EXITED_WITH_ERROR\b|"
         r"\bJobStatus\.FAILED\b|\bJob finished \(status: FAILED\)|\bThe user job failed\b|"
-        r"\bJob \d+ failed with return code\b",
+        r"\bJob \d+ failed with return code\b|\bBackoffLimitExceeded\b|\bJob has reached the specified backoff limit\b",
         "the platform reports the job's program failed",
         None,
     ),
@@ -866,8 +876,8 @@ RULES: tuple[Rule, ...] = (
     _r(
         "killed",
         "strong",
-        r"forcefully exiting via Signals\.SIGKILL",
-        "torchrun SIGKILLed workers that outlived the shutdown grace period",
+        r"forcefully exiting via Signals\.SIGKILL|State 'stop-sigterm' timed out\. Killing\b",
+        "torchrun or systemd SIGKILLed workers that outlived the shutdown grace period",
         "torchrun",
     ),
     _r(
@@ -1133,6 +1143,10 @@ EXIT_RULES: tuple[ExitRule, ...] = (
     ExitRule(re.compile(r"returned non-zero exit status (?P<code>-?\d+)"), "a command returned exit status"),
     ExitRule(re.compile(r"\"ExitCode\"\s*:\s*(?P<code>\d+)"), "container state ExitCode"),
     ExitRule(re.compile(r"exited on signal (?P<signum>\d+)"), "mpirun: a rank exited on signal"),
+    ExitRule(re.compile(r"\bexited prematurely: signal (?P<signum>\d+)"), "Celery: a worker exited prematurely"),
+    ExitRule(
+        re.compile(r"\bContainer killed on request\. Exit code is (?P<code>\d+)"), "YARN: the container exited with"
+    ),
     # MPICH's Hydra banner ("BAD TERMINATION ... EXIT CODE: 9"): a signal's number where a signal ended the rank
     ExitRule(re.compile(r"^=\s+EXIT CODE: ((?P<signum>[2679]|11|15)|(?P<code>\d+))\s*$"), "MPICH: a rank ended with"),
     ExitRule(re.compile(r"WTERMSIG (?P<signum>\d+)"), "slurmctld: the job ended by signal"),
