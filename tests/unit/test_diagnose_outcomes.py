@@ -158,6 +158,9 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("RuntimeError: 显存不足", "oom"),  # "not enough GPU memory"
         ("メモリ不足のためプロセスが終了しました", "oom"),
         ("Successfully completed.", "completed"),  # LSF's job report
+        ("[01/02 03:04:06 d2.engine.hooks]: Overall training speed: 89998 iterations in 5:12:30 (0.2083 s / it)",
+         "completed"),  # detectron2's last words
+        ("2024-01-01 00:00:00,000 (trainer:338) INFO: The training was finished at 100 epochs", "completed"),  # ESPnet
         ("Container killed on request. Exit code is 143", "terminated"),  # YARN
         ("Warning  BackoffLimitExceeded  2m  job-controller  Job has reached the specified backoff limit", "crashed"),
         ("celery.exceptions.TimeLimitExceeded: TimeLimitExceeded(300,)", "time-limit"),
