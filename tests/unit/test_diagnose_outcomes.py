@@ -158,6 +158,8 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("RuntimeError: 显存不足", "oom"),  # "not enough GPU memory"
         ("メモリ不足のためプロセスが終了しました", "oom"),
         ("Successfully completed.", "completed"),  # LSF's job report
+        ("RuntimeError: Application timeout caused pair closure", "collective-timeout"),  # Gloo
+        ("WARNING - State of this instance has been externally set to success. Terminating instance.", "completed"),
         ("[01/02 03:04:06 d2.engine.hooks]: Overall training speed: 89998 iterations in 5:12:30 (0.2083 s / it)",
          "completed"),  # detectron2's last words
         ("2024-01-01 00:00:00,000 (trainer:338) INFO: The training was finished at 100 epochs", "completed"),  # ESPnet
@@ -455,3 +457,17 @@ def test_a_log_pasted_as_a_markdown_quote_reads_as_the_log() -> None:
         "ERROR - Received SIGTERM. Terminating subprocesses.",
     ]
     assert _verdict(*airflow_done) == "completed"  # the SIGTERM came after the task had succeeded
+
+
+def test_a_timeout_raised_inside_a_collective_is_a_collective_timeout_in_any_words() -> None:
+    barrier = [
+        "Traceback (most recent call last):",
+        '  File "yolov6/utils/torch_utils.py", line 25, in torch_distributed_zero_first',
+        "    dist.barrier(device_ids=[local_rank])",
+        '  File "/usr/lib/python3.8/site-packages/torch/distributed/distributed_c10d.py", line 2420, in barrier',
+        "    work = default_pg.barrier(opts=opts)",
+        "RuntimeError: Socket Timeout",
+    ]
+    assert _verdict(*barrier) == "collective-timeout"
+    assert _verdict(*barrier[:3], barrier[5]) != "collective-timeout"  # the same words outside a collective
+    assert _verdict(*barrier[:5], "RuntimeError: CUDA error: an illegal memory access was encountered") == "crashed"

@@ -14,7 +14,7 @@ from typing import Any, BinaryIO
 import numpy
 
 from preemptible.diagnose._match import COLLATERAL_TABLE, CONTEXT_TABLE, EXIT_TABLE, RULE_TABLE
-from preemptible.diagnose._rules import END_HOOK_WORDS, PEER_LOST_TAG
+from preemptible.diagnose._rules import COLLECTIVE_FRAME_WORDS, END_HOOK_WORDS, PEER_LOST_TAG
 
 MAX_LOG_BYTES = 4 << 30
 """What one input may contribute: of a longer file, its last 4 GiB (how a run ended is at its end); of a stream,
@@ -32,7 +32,8 @@ def scan_keywords() -> tuple[bytes, ...] | None:
     """Lowercase strings one of which is in every line a rule or the scanner's own structure (tracebacks,
     torchrun's summary, mpirun's report, container status) can act on; None if some rule has no needle."""
     words = {"traceback", "error", "exception", "interrupt", "exit", "failure", "root cause", "==========",
-             "process name", "oomkilled", "local_rank", "^c", PEER_LOST_TAG, *END_HOOK_WORDS}  # fmt: skip
+             "process name", "oomkilled", "local_rank", "^c", PEER_LOST_TAG, *END_HOOK_WORDS,
+             *COLLECTIVE_FRAME_WORDS}  # fmt: skip
     for _, found_in in RULE_TABLE + EXIT_TABLE + COLLATERAL_TABLE + CONTEXT_TABLE:
         if found_in is None:
             return None

@@ -126,6 +126,14 @@ END_HOOK = re.compile(
 exit handlers), as Python or IPython prints it: the loop had ended before what fails there."""
 END_HOOK_WORDS = ("_end", "_finish", "_exit_function")
 """Needles of `END_HOOK`: the streamed reader (`_input.scan_keywords`) must not skip such a frame."""
+COLLECTIVE_FRAME = re.compile(
+    r'^\s*File "[^"]*distributed[^"]*", line \d+, in (barrier|monitored_barrier|_store_based_barrier|all_reduce\w*|'
+    r"all_gather\w*|all_to_all\w*|broadcast\w*|reduce_scatter\w*|reduce|gather|scatter|send|recv|wait)\s*$"
+)
+"""A traceback's frame inside a torch.distributed collective or point-to-point operation: a timeout raised there is
+the collective's, in whatever words."""
+COLLECTIVE_FRAME_WORDS = ("distributed",)
+"""Needles of `COLLECTIVE_FRAME`, for the streamed reader as `END_HOOK_WORDS`."""
 _MISSING = re.compile(r"\branks? \[([\d, ]+)\] did not answer\b")
 _STORE = re.compile(r"\bthe job's store at (\S+?):\d+ is unreachable\b")
 
@@ -573,7 +581,7 @@ RULES: tuple[Rule, ...] = (
         r"(recv|send) operation|\bcollective operation timeout\b|\bNCCL watchdog thread terminated\b|"
         r"WorkNCCL\(SeqNum=\d+.*Timeout\(ms\)=\d+\) ran for|store based barrier|watchdog got stuck for \d+ "
         r"seconds|Terminating the process after attempting to dump debug info|\bgloo::TimeoutException\b|"
-        r"\bgloo/transport/\S+\] TIMEOUT\b",
+        r"\bgloo/transport/\S+\] TIMEOUT\b|\bApplication timeout caused pair closure\b",
         "a collective timed out: a rank stopped answering (NCCL/Gloo watchdog)",
         "torchrun",
     ),
@@ -922,7 +930,13 @@ RULES: tuple[Rule, ...] = (
     ),
     _r("completed", "weak", r"\bReason:\s*Completed\b", "Kubernetes: container completed", "k8s"),
     _r("completed", "strong", r"^Successfully completed\.$", "LSF's job report: the job exited 0", "lsf", flags=0),
-    _r("completed", "strong", r"\bMarking task as SUCCESS\b", "Airflow: the task finished successfully", "airflow"),
+    _r(
+        "completed",
+        "strong",
+        r"\bMarking task as SUCCESS\b|\bState of this instance has been externally set to success\b",
+        "Airflow: the task finished successfully (or was marked so: it then stops its process)",
+        "airflow",
+    ),
     _r(
         "completed",
         "weak",

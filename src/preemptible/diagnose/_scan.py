@@ -24,6 +24,7 @@ from preemptible.diagnose._match import (
     spot_context,
 )
 from preemptible.diagnose._rules import (
+    COLLECTIVE_FRAME,
     END_HOOK,
     LOST_PEER,
     PEER_LOST,
@@ -45,6 +46,7 @@ _FRAME = re.compile(r'^File "[^"]*", line \d+|^\S+ in [\w<>.]+\(|^\d+ frames$')
 _QUEUE_CLOSED = re.compile(
     r"\bEnqueue operation was cancelled\b|\bCancelledError\b.*\b(queue|Queue)\b.*\b(closed|cancell?ed)\b"
 )
+_TIMED_OUT = re.compile(r"\btimed?[ -]?out\b|Timeout\b", re.I)
 _CHAINED = re.compile(r"(During handling of the above exception|The above exception was the direct cause)")
 _EXCEPTION_LINE = re.compile(
     r"^(\[[^\]]*\]:?\s*)?([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failure|Warning)\b|[A-Za-z_][\w.]*Error)(:.*)?$"
@@ -148,6 +150,7 @@ class _Scan:
         self.traceback_by: tuple[str | None, str | None] = (None, None)  # its writer and time
         self.aside = ""  # "ignored" | "thread": the traceback being read did not end the process (see `_ASIDE`)
         self.in_end_hook = False  # the traceback being read runs in an end-of-training hook (see `_rules.END_HOOK`)
+        self.in_collective = False  # ... and passes through a torch.distributed collective (`_rules.COLLECTIVE_FRAME`)
         self.prev_line = ""  # the line before this one (when it was read)
         self.spot = False  # a line said the work runs on spot/preemptible capacity
         self.who: str | None = None
@@ -250,6 +253,8 @@ class _Scan:
         if _TRACEBACK_START.search(line) and line.rstrip().endswith(("last):", "last)")):
             # (a traceback flattened into one line, "...last):\n  File ...", is read as text)
             self.in_traceback, self.traceback_at, self.in_end_hook = True, (self.number, self.text), False
+            if not _CHAINED.match(prev):
+                self.in_collective = False
             self.traceback_by = (self.who, self.stamp)
             aside = _ASIDE.match(prev)
             if not _CHAINED.match(prev):  # (a chained traceback's aside is its first part's)
@@ -259,6 +264,8 @@ class _Scan:
             self.in_traceback = True  # the exception line of a traceback whose start was cut off
         if not self.in_traceback:
             return False
+        if COLLECTIVE_FRAME.match(line):
+            self.in_collective = True
         if END_HOOK.match(line) and not self.in_end_hook:
             self.in_end_hook = True
             self._add("completed", "strong", "the training loop had ended: this traceback runs in its end-of-training "
@@ -318,7 +325,8 @@ class _Scan:
             self.aside = ""  # a timed-out collective or an OOM is one whichever thread met it
         if self._aside(name) or (name in _NOT_A_CRASH and name != "SignalException"):
             return True  # (torchrun's wrapper error: its summary below names the cause)
-        if is_collective_timeout(line, found_in):
+        if is_collective_timeout(line, found_in) or (self.in_collective and _TIMED_OUT.search(line)):
+            # (a timeout raised inside a torch.distributed barrier or all-reduce, in any words, is the same)
             self._add("collective-timeout", "strong", f"unhandled {name}: a collective timed out (a rank stopped "
                       "answering)", "torchrun")  # fmt: skip
             return True
