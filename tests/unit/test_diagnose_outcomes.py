@@ -158,6 +158,38 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("RuntimeError: 显存不足", "oom"),  # "not enough GPU memory"
         ("メモリ不足のためプロセスが終了しました", "oom"),
         ("Successfully completed.", "completed"),  # LSF's job report
+        ("Container container_1598507699008_0094_01_000010 completed with exit status -102. Diagnostics: Container "
+         "preempted by scheduler", "preempted"),  # YARN
+        ("BESTEFFORT_KILL: [oar_scheduler] kill the besteffort job 4242", "preempted"),  # OAR
+        ("node state: preempted", "preempted"),  # Azure Batch
+        ("Task state is updated from RUNNING to FAILED on zones/us-central1-a/instances/1234567890 due to Spot "
+         "Preemption with exit code 50001.", "preempted"),  # GCP Batch
+        ("SecondaryStatus: Interrupted", "preempted"),  # SageMaker managed spot
+        ("Preemption detected, saving checkpoint and exiting", "preempted"),  # NeMo
+        ("airflow.exceptions.AirflowTaskTimeout: Timeout, PID: 18312", "time-limit"),
+        ("submitit INFO (2024-05-01 12:00:01,000) - Requeued job 4812345 (2 remaining timeouts)", "time-limit"),
+        ("05/04/2011 03:36:38|  main|node001|W|job 48.1 exceeded hard wallclock time - initiate terminate method",
+         "time-limit"),  # Grid Engine
+        ("Step exceeded its deadline", "time-limit"),  # Argo
+        ("[exiting program after 690.0159624854724 minutes] datetime: 2024-08-25 19:54:10", "time-limit"),  # Megatron
+        ("Container [pid=8788,containerID=container_1_0094_01_000010] is running beyond physical memory limits.",
+         "oom"),  # YARN
+        ("RuntimeError: [Rank 0]: Rank 1 failed to pass monitoredBarrier in 2000 ms", "collective-timeout"),
+        ("Crash detected! Execution was aborted by an interrupt signal.", "interrupted"),  # Prefect
+        ("Crash detected! Execution was aborted by a termination signal.", "terminated"),
+        ("009 (244585.000.000) 08/20 13:12:55 Job was aborted by the user.", "terminated"),  # HTCondor's condor_rm
+        ("TrainingJobStatus: Stopped, SecondaryStatus: Stopped", "terminated"),  # SageMaker
+        ("TrainingJobStatus: Completed, SecondaryStatus: Completed", "completed"),
+        ("\t(1) Normal termination (return value 0)", "completed"),  # HTCondor
+        ("\t(1) Normal termination (return value 1)", "crashed"),
+        ("Normal  DisruptionTerminating  nodeclaim/default-abc12  Disrupting NodeClaim: Underutilized", "terminated"),
+        ("slurmstepd: error: *** STEP 4812345.0 ON gpu-node017 FAILED (non-zero exit code or other failure mode) ***",
+         "crashed"),
+        ("4812345|train|TIMEOUT|1:0", "time-limit"),  # sacct -P
+        ("4812345|train|FAILED|1:0", "crashed"),
+        ("Exiting because a job execution failed. Look above for error message", "crashed"),  # Snakemake
+        ("Reason: ReachedMaxRestarts  Message: jobset failed due to reaching max number of restarts", "crashed"),
+        ("PyTorchJob bert-ddp is failed because 1 Worker replica(s) failed.", "crashed"),  # Kubeflow
         ("RuntimeError: Application timeout caused pair closure", "collective-timeout"),  # Gloo
         ("WARNING - State of this instance has been externally set to success. Terminating instance.", "completed"),
         ("[01/02 03:04:06 d2.engine.hooks]: Overall training speed: 89998 iterations in 5:12:30 (0.2083 s / it)",

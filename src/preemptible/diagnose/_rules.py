@@ -149,7 +149,7 @@ def peer_lost(line: str) -> tuple[list[int], str | None] | None:
     return ranks, store.group(1) if store else None
 
 
-_SACCT_ROW = r"^\s*\d+(_\d+|_\[[\d,-]+\])?(\.\w+|\+)?\s.*"  # an sacct row: job id (array, step), then its fields
+_SACCT_ROW = r"^\s*\d+(_\d+|_\[[\d,-]+\])?(\.\w+|\+)?[\s|].*"  # an sacct row: job id (array, step), then its fields
 RULES: tuple[Rule, ...] = (
     # an OOM the program caught and went on from (fairseq skips the batch): not how the run ended
     _r(
@@ -947,7 +947,7 @@ RULES: tuple[Rule, ...] = (
     _r(
         "crashed",
         "weak",
-        _SACCT_ROW + r"\bFAILED\s+[1-9]\d*:\d+",
+        _SACCT_ROW + r"\bFAILED[\s|]+[1-9]\d*:\d+",
         "sacct: job state FAILED (a non-zero exit)",
         "slurm",
         flags=0,
@@ -1082,8 +1082,81 @@ RULES: tuple[Rule, ...] = (
         "completed",
         "strong",
         r"Completed - Training job completed|Job status: JobStatus\.SUCCEEDED\b|^Job succeeded\.$|"
-        r"\bphase:\s*Succeeded\b",
-        "the platform reports the job finished successfully (SageMaker, SkyPilot, Kubernetes)",
+        r"\bphase:\s*Succeeded\b|\bTrainingJobStatus: Completed\b|\bNormal termination \(return value 0\)",
+        "the platform reports the job finished successfully (SageMaker, SkyPilot, Kubernetes, HTCondor)",
+        None,
+    ),
+    # other tools' documented words for how a job ended (each quoted from the tool's source or documentation)
+    _r(
+        "preempted",
+        "strong",
+        r"\bContainer preempted by scheduler\b|\bBESTEFFORT_KILL\b|\bnode state: preempted\b|"
+        r"\bdue to Spot Preemption\b|\bSecondaryStatus: Interrupted\b|\bPreemption detected, saving checkpoint\b",
+        "the scheduler or the cloud preempted the job (YARN, OAR's best-effort jobs, Azure Batch, GCP Batch, SageMaker "
+        "managed spot, NeMo's preemption callback)",
+        None,
+    ),
+    _r(
+        "time-limit",
+        "strong",
+        r"\bAirflowTaskTimeout\b|\bremaining timeouts\)|\bexceeded hard wallclock time\b|"
+        r"\bStep exceeded its deadline\b|\bdue to task runs over the maximum runtime\b|"
+        r"^\[exiting program after [\d.]+ minutes\]",
+        "the job reached its time limit (Airflow, submitit's requeue, Grid Engine, Argo, GCP Batch, Megatron's "
+        "--exit-duration-in-mins)",
+        None,
+    ),
+    _r(
+        "oom",
+        "strong",
+        r"\bis running beyond physical memory limits\b",
+        "YARN killed the container for going over its memory",
+        "yarn",
+    ),
+    _r(
+        "collective-timeout",
+        "strong",
+        r"\bfailed to pass monitoredBarrier in \d+ ?ms\b",
+        "a rank did not reach the barrier in time (Gloo's monitored barrier)",
+        "torchrun",
+    ),
+    _r(
+        "collective-timeout",
+        "weak",
+        r"\bsubmitted to be reduced, gathered or broadcasted by subset of ranks\b",
+        "Horovod: ranks wait for others that never submitted their tensors (a stall)",
+        "horovod",
+    ),
+    _r(
+        "interrupted",
+        "strong",
+        r"\bExecution was aborted by an interrupt signal\b",
+        "Prefect: the run was interrupted (SIGINT)",
+        "prefect",
+    ),
+    _r(
+        "terminated",
+        "strong",
+        r"\bExecution was aborted by a termination signal\b|\bJob was aborted by the user\b|"
+        r"\bTrainingJobStatus: Stopped, SecondaryStatus: Stopped\b",
+        "a stop from outside (Prefect's SIGTERM, HTCondor's condor_rm, SageMaker's StopTrainingJob)",
+        None,
+    ),
+    _r(
+        "terminated",
+        "weak",
+        r"\bDisrupting NodeClaim\b|\bdeleting pod for node scale down\b",
+        "the cluster took the node away (Karpenter's disruption, the cluster autoscaler's scale-down)",
+        "k8s",
+    ),
+    _r(
+        "crashed",
+        "weak",
+        r"\bFAILED \(non-zero exit code or other failure mode\)|\bNormal termination \(return value [1-9]\d*\)|"
+        r"\bCrash detected! Execution was interrupted by an unexpected exception\b|\bError executing rule\b|"
+        r"\bExiting because a job execution failed\b|\bjobset failed due to reaching max number of restarts\b|"
+        r"\bReachedMaxRestarts\b|\b(is|has) failed because \d+ \w+ replica\(s\) failed\b",
+        "the job's program failed (Slurm's step, HTCondor, Prefect, Snakemake, JobSet, Kubeflow's training operator)",
         None,
     ),
 )
