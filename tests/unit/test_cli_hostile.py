@@ -35,6 +35,8 @@ BAD: list[tuple[str, list[str]]] = [
     ("diagnose a directory as LOG", ["diagnose", "@root"]),
     ("diagnose a missing LOG", ["diagnose", "@root/missing.log"]),
     ("diagnose --exit-code x", ["diagnose", "--exit-code", "x"]),
+    ("diagnose --exit-code=--", ["diagnose", "--exit-code=--"]),  # (argparse passed it on as an empty list)
+    ("plan --params=--", ["plan", "@root", "--params=--", "--window", "30"]),
     ("plan --params inf", ["plan", "--params", "inf", "--window", "30", "--bandwidth", "1e9"]),
     ("plan --params nan", ["plan", "--params", "nan", "--window", "30", "--bandwidth", "1e9"]),
     ("plan --params -1", ["plan", "--params", "-1", "--window", "30", "--bandwidth", "1e9"]),

@@ -14,7 +14,7 @@ import shutil
 import stat
 import sys
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from preemptible.store.roots import is_url, local_path
 
@@ -22,6 +22,12 @@ from preemptible.store.roots import is_url, local_path
 class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        # "--exit-code=--": argparse drops the "--" and hands the option an empty list, past its type
+        if action.nargs is None and action.option_strings and arg_strings == ["--"]:
+            self.error(f"argument {'/'.join(action.option_strings)}: expected one value, found '--'")
+        return super()._get_values(action, arg_strings)
 
 
 def number(*, low: float | None = None, high: float | None = None, above: bool = False) -> Callable[[str], float]:
