@@ -138,7 +138,10 @@ def test_item_12_diagnose_reads_dev_zero_within_a_memory_cap_and_says_what_it_le
     doc = json.loads(out.stdout)
     from preemptible.diagnose import MAX_LOG_BYTES
 
-    assert doc["notes"] == [f"zero: stopped after its first {MAX_LOG_BYTES >> 20} MiB (the rest was not read)"]
+    assert doc["notes"] == [
+        f"zero: binary (control bytes, not text); expected the text of a log; stopped after its first "
+        f"{MAX_LOG_BYTES >> 20} MiB (the rest was not read)"
+    ]
 
 
 def test_item_12_diagnose_reads_the_end_of_a_log_longer_than_the_cap(tmp_path: Path) -> None:

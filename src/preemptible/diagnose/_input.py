@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import codecs
 import functools
 import io
 import os
+import re
 import stat
 import sys
 from collections.abc import Iterator
@@ -71,6 +73,7 @@ class LogInput:
         self._limit = limit
         self._owned = owned
         self.note: str | None = None
+        self._from_the_end = False  # a regular file longer than ``limit``: only its end is read
         self.edges: list[str] = []
 
     def __iter__(self) -> Iterator[str]:
@@ -99,8 +102,26 @@ class LogInput:
         if size is None or size <= limit:
             return limit
         stream.seek(size - limit)
-        self.note = f"{self.name}: {size / 2**20:.0f} MiB; only its last {limit >> 20} MiB were read"
+        self.note, self._from_the_end = (
+            f"{self.name}: {size / 2**20:.0f} MiB; only its last {limit >> 20} MiB were read",
+            True,
+        )
         return limit - len(stream.readline(limit))  # the first line is cut: start at the next whole one
+
+    def _first_chunk(self, data: bytes) -> Any:
+        """What the first bytes say about the log: a decoder for UTF-16 (its byte-order mark), `_UNREADABLE` for a
+        compressed log, else None; with a note for a compressed, an empty or a binary file."""
+        if data.startswith(_GZIP):
+            self.note = (f"{self.name}: gzip-compressed, not read; expected a text log: decompress it first "
+                         f"(zcat {self.name} | preemptible diagnose -)")  # fmt: skip
+            return _UNREADABLE
+        if data.startswith(_UTF16_BOMS):
+            return codecs.getincrementaldecoder("utf-16")(errors="replace")
+        if not data:
+            self.note = f"{self.name}: empty (0 bytes); expected the text of a log"
+        elif _binary(data):
+            self.note = f"{self.name}: binary (control bytes, not text); expected the text of a log"
+        return None
 
     def _chunks(self, keywords: tuple[bytes, ...] | None) -> Iterator[tuple[int, str]]:
         budget = self._start()
@@ -108,9 +129,15 @@ class LogInput:
         carry = b""  # the unfinished last line of the previous chunk (at most MAX_LINE_CHARS of it)
         skipping = False  # inside an over-long line: its rest is dropped up to the newline
         tail: list[bytes] = []
+        normal = _Normal(self)
         while True:
-            data = self._stream.read(min(SCAN_CHUNK, budget)) if budget > 0 else b""
-            budget -= len(data)
+            raw = self._stream.read(min(SCAN_CHUNK, budget)) if budget > 0 else b""
+            budget -= len(raw)
+            data = normal(raw)
+            if data is None:
+                return
+            if raw and not data:
+                continue  # (a UTF-16 character split across chunks, a "\r" held back: nothing to read yet)
             if skipping:
                 nl = data.find(b"\n")
                 if nl < 0 and data:
@@ -136,8 +163,62 @@ class LogInput:
             if not data:
                 break
         self.edges += [_decode(b) for b in tail]
-        if budget <= 0 and self.note is None and self._stream.read(1):
-            self.note = f"{self.name}: stopped after its first {self._limit >> 20} MiB (the rest was not read)"
+        if budget <= 0 and not self._from_the_end and self._stream.read(1):
+            stopped = f"stopped after its first {self._limit >> 20} MiB (the rest was not read)"
+            self.note = f"{self.name}: {stopped}" if self.note is None else f"{self.note}; {stopped}"
+
+
+_GZIP = b"\x1f\x8b"
+_UNREADABLE = object()
+_UTF16_BOMS = (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
+_NULS = re.compile(rb"\x00+")
+_CONTROL_BYTES = bytes(set(range(32)) - {9, 10, 12, 13, 27})  # (tab, newlines, form feed and a colour's escape)
+
+
+def _binary(head: bytes) -> bool:
+    """More than one in twenty of the first bytes are control bytes that no text log has."""
+    sample = head[:4096]
+    return len(sample) - len(sample.translate(None, _CONTROL_BYTES)) > len(sample) // 20
+
+
+class _Normal:
+    """Each chunk of a log as the scanner reads it: UTF-8 (a UTF-16 log, known by its byte-order mark, is decoded),
+    its line breaks made plain (`_line_breaks`); None for a log it cannot read (compressed)."""
+
+    def __init__(self, log: LogInput) -> None:
+        self.log = log
+        self.first = True
+        self.utf16: Any = None  # an incremental decoder
+        self.held = False  # the last chunk ended in "\r": whether a "\n" follows is this chunk's first byte
+
+    def __call__(self, data: bytes) -> bytes | None:
+        if self.first:
+            self.first, self.utf16 = False, self.log._first_chunk(data)
+            if self.utf16 is _UNREADABLE:
+                return None
+        if self.utf16 is not None and data:
+            data = self.utf16.decode(data).encode("utf-8")
+        data, self.held = _line_breaks(data, self.held)
+        return data
+
+
+def _line_breaks(data: bytes, held: bool) -> tuple[bytes, bool]:
+    """``data`` with each carriage return that does not end a CRLF line, and each run of NUL bytes, made a line
+    break. A progress bar redraws its line with "\r": a terminal shows each redraw, and whatever is written after the
+    last, as its own line (else a scheduler's message after a long bar is cut off with the line); a file system
+    pads a log with NULs where a crashed node's last writes were lost, and the next write starts a line. ``held``:
+    the previous chunk ended in "\r", kept back until this one says whether a "\n" follows; returns whether this
+    one's last "\r" is kept back."""
+    if held:
+        data = b"\r" + data if data else b"\n"  # (at the end of input, the held "\r" ends a line)
+    if b"\x00" in data:
+        data = _NULS.sub(b"\n", data)
+    if b"\r" not in data:
+        return data, False
+    keep = data.endswith(b"\r") and len(data) > 1
+    if keep:
+        data = data[:-1]
+    return data.replace(b"\r\n", b"\n").replace(b"\r", b"\n"), keep
 
 
 def _decode(line: bytes) -> str:
