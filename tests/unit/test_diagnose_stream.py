@@ -111,3 +111,46 @@ def test_every_keyword_but_the_terminal_s_ctrl_c_is_found_by_the_vectorised_gate
     three such ("got", "job", "run") made a 1 GiB log take 8.6 s instead of 6.2 s. A rule's needles must be 4 bytes
     or more; only the terminal's echo of Ctrl-C ("^C") is shorter."""
     assert [k for k in scan_keywords() if len(k) < 4] == [b"^c"]
+
+
+TIME_LIMIT = b"slurmstepd: error: *** JOB 7 ON n1 CANCELLED AT 2026-01-01T00:00:00 DUE TO TIME LIMIT ***\n"
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, diag.SCAN_CHUNK])
+def test_a_progress_bar_s_carriage_returns_and_a_file_system_s_nul_padding_end_lines(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tqdm redraws its line with "\\r" and never ends it: a scheduler's message written after 200 redraws (14 KB, past
+    `MAX_LINE_CHARS`) is its own line, as a terminal shows it; so is one after NULs a crashed node left in the file.
+    A CRLF log keeps its line numbers, even where a chunk ends between the "\\r" and the "\\n"."""
+    monkeypatch.setattr(diag_input, "SCAN_CHUNK", chunk)
+    bar = b"".join(b"Epoch 1:  45%%|####5     | %d/1000 [00:10<00:12, 9.1it/s]\r" % i for i in range(200))
+    assert diagnose([LogInput("bar", io.BytesIO(b"step 1\n" + bar + TIME_LIMIT))]).verdict == "time-limit"
+    padded = b"step 1 loss 2.0\n" + b"\x00" * 70_000 + TIME_LIMIT
+    assert diagnose([LogInput("nul", io.BytesIO(padded))]).verdict == "time-limit"
+    crlf = b"step 1\r\nstep 2\r\nKilled\r\n"
+    assert [(e.line, e.text) for e in scan_lines(LogInput("crlf", io.BytesIO(crlf)), "crlf")] == [(3, "Killed")]
+
+
+@pytest.mark.parametrize("chunk", [1, 7, diag.SCAN_CHUNK])
+def test_a_utf16_log_is_decoded_and_an_empty_binary_or_compressed_one_says_so(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(diag_input, "SCAN_CHUNK", chunk)
+    text = "step 1 loss 2.0\nRuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+    for encoding in ("utf-16", "utf-16-be"):
+        data = text.encode(encoding) if encoding == "utf-16" else b"\xfe\xff" + text.encode(encoding)
+        found = diagnose([LogInput("ps.log", io.BytesIO(data))])  # PowerShell's redirection writes UTF-16
+        assert (found.verdict, found.notes) == ("oom", []), encoding
+    empty = diagnose([LogInput("e.log", io.BytesIO(b""))])
+    assert empty.verdict == "unknown" and empty.notes == ["e.log: empty (0 bytes); expected the text of a log"]
+    elf = diagnose([LogInput("a.out", io.BytesIO(b"\x7fELF\x02\x01\x01" + bytes(range(64)) * 8))])
+    assert elf.notes == ["a.out: binary (control bytes, not text); expected the text of a log"]
+    import gzip
+
+    packed = diagnose([LogInput("j.log.gz", io.BytesIO(gzip.compress(TIME_LIMIT)))])
+    assert packed.verdict == "unknown" and packed.notes == [
+        "j.log.gz: gzip-compressed, not read; expected a text log: decompress it first "
+        "(zcat j.log.gz | preemptible diagnose -)"
+    ]
+    assert diagnose([LogInput("ok.log", io.BytesIO(TIME_LIMIT))]).notes == []

@@ -169,6 +169,8 @@ class LogInput:
 
 
 _GZIP = b"\x1f\x8b"
+_HEAD = 512
+"""Bytes read before the log's kind is decided (compressed, UTF-16, binary)."""
 _UNREADABLE = object()
 _UTF16_BOMS = (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
 _NULS = re.compile(rb"\x00+")
@@ -190,9 +192,14 @@ class _Normal:
         self.first = True
         self.utf16: Any = None  # an incremental decoder
         self.held = False  # the last chunk ended in "\r": whether a "\n" follows is this chunk's first byte
+        self.head = b""  # the first bytes, until there are enough to know the log's kind
 
     def __call__(self, data: bytes) -> bytes | None:
         if self.first:
+            self.head += data
+            if data and len(self.head) < _HEAD:
+                return b""  # (too few bytes yet to tell what the log is)
+            data, self.head = self.head, b""
             self.first, self.utf16 = False, self.log._first_chunk(data)
             if self.utf16 is _UNREADABLE:
                 return None
@@ -215,7 +222,7 @@ def _line_breaks(data: bytes, held: bool) -> tuple[bytes, bool]:
         data = _NULS.sub(b"\n", data)
     if b"\r" not in data:
         return data, False
-    keep = data.endswith(b"\r") and len(data) > 1
+    keep = data.endswith(b"\r")
     if keep:
         data = data[:-1]
     return data.replace(b"\r\n", b"\n").replace(b"\r", b"\n"), keep
