@@ -191,6 +191,8 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("Reason: ReachedMaxRestarts  Message: jobset failed due to reaching max number of restarts", "crashed"),
         ("PyTorchJob bert-ddp is failed because 1 Worker replica(s) failed.", "crashed"),  # Kubeflow
         ("RuntimeError: Application timeout caused pair closure", "collective-timeout"),  # Gloo
+        ("Exception raised from checkTimeout at ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:618 (most recent "
+         "call first):", "collective-timeout"),  # the NCCL watchdog's abort, in c10's words
         ("WARNING - State of this instance has been externally set to success. Terminating instance.", "completed"),
         ("[01/02 03:04:06 d2.engine.hooks]: Overall training speed: 89998 iterations in 5:12:30 (0.2083 s / it)",
          "completed"),  # detectron2's last words
