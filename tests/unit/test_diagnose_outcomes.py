@@ -158,6 +158,33 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("RuntimeError: 显存不足", "oom"),  # "not enough GPU memory"
         ("メモリ不足のためプロセスが終了しました", "oom"),
         ("Successfully completed.", "completed"),  # LSF's job report
+        ("Monitored metric val_loss did not improve in the last 3 records. Best score: 0.412. Signaling Trainer to "
+         "stop.", "completed"),  # Lightning's early stopping
+        ("2024-05-01 12:00:00 | INFO | fairseq_cli.train | Stopping training due to num_updates: 300000 >= "
+         "max_update: 300000", "completed"),
+        ("2024-05-01 12:00:00 | INFO | fairseq_cli.train | Stopping training due to cumulative_training_time: 24.01 > "
+         "stop_time_hours: 24.0 hour(s)", "time-limit"),
+        ("Stopping training because the mean reward 201.35  is above the threshold 200", "completed"),  # SB3
+        ("submitit INFO (2024-07-08 17:34:57,477) - Exiting after successful completion", "completed"),
+        ("[exiting program at iteration 6000] datetime: 2024-08-25 19:54:10", "completed"),  # Megatron's exit interval
+        ("Restoring model weights from the end of the best epoch: 13.", "completed"),  # Keras' early stopping
+        ("Loading best model from output/checkpoint-1500 (score: 0.4123).", "completed"),  # the HF Trainer's end
+        ("[Rank 0] 2024-05-01 12:00:00,000 INFO fairseq2 - End of training reached at step 10000.", "completed"),
+        ("Training time 1 day, 2:03:04", "completed"),  # torchvision's reference scripts
+        ("[2024-05-01 12:00:00,000] [INFO] [launch.py:351:main] Process 208585 exits successfully.", "completed"),
+        ("2023-07-01 07:35:10,851\tWARNING tune.py:184 -- Stop signal received (e.g. via SIGINT/Ctrl+C), ending Ray "
+         "Tune run.", "interrupted"),
+        ("wandb: Ctrl + C detected. Stopping sweep.", "interrupted"),
+        ("Ctrl-C received; terminating training processes.", "interrupted"),  # Composer
+        ("Requeued SLURM job: 4812345", "time-limit"),  # Lightning, on Slurm's signal before the limit
+        ("I0501 12:00:00.000000 140000000 preemption_watcher.py:110] Preemption signal received.", "preempted"),
+        ("Batch 1234: Invalid loss, terminating training", "crashed"),  # Keras' TerminateOnNaN
+        ("Divergence threshold reached: val_loss = 12.5 > 10.0. Signaling Trainer to stop.", "crashed"),
+        ("[2024-05-01 12:00:00,000] [INFO] [launch.py:319:sigkill_handler] Killing subprocess 208586", "crashed"),
+        ("User aborted: stopping task (3)", "terminated"),  # ClearML
+        ("WARNING:composer.cli.launcher:Failed to kill global rank 3 (PID 41234) with SIGTERM; terminating with "
+         "SIGKILL instead", "killed"),
+        ("Device(id:0) memory isn't enough and alloc failed, kernel name: Default/Add-op1", "oom"),  # MindSpore
         ("Container container_1598507699008_0094_01_000010 completed with exit status -102. Diagnostics: Container "
          "preempted by scheduler", "preempted"),  # YARN
         ("BESTEFFORT_KILL: [oar_scheduler] kill the besteffort job 4242", "preempted"),  # OAR

@@ -1150,6 +1150,102 @@ RULES: tuple[Rule, ...] = (
         "the cluster took the node away (Karpenter's disruption, the cluster autoscaler's scale-down)",
         "k8s",
     ),
+    # training frameworks' documented words for how their loop ended (early stopping, a stop rule, a signal)
+    _r(
+        "completed",
+        "strong",
+        r"\bdid not improve in the last \d+ records\b|\bStopping training due to num_updates: \d+ >= max_update\b|"
+        r"\bearly stop since valid performance hasn't improved\b|\bEarlyStopping: Stop training\b|"
+        r"\bStopping training because (the mean reward|there was no new best model)\b|"
+        r"\bExiting after successful completion\b|^\[exiting program at iteration \d+\]|"
+        r"\bRequesting early stopping at global step\b|\bRestoring model weights from the end of the best epoch\b|"
+        r"\bLoading best model from \S+ \(score: |\bTraining stopped early as no improvement observed\b|"
+        r"\bStopping threshold reached: |\bEnd of training reached at step \d+|\bEarly stop requested\. Stopping "
+        r"training\b|\[Early stopping\] .* The training was stopped\b|\bFinal validation metrics: \{|"
+        r"\bthis is expected if you're using an IterableDataset\b|^Training time \d+",
+        "the training loop reports it reached its end (early stopping, its configured steps, its stop rule)",
+        None,
+    ),
+    _r(
+        "completed",
+        "weak",
+        r"\bProcess \d+ exits successfully\.|\bRank \d+ finished successfully\.|\bTotal run time: [\d.]+ seconds\b",
+        "a launcher reports its workers exited 0 (DeepSpeed, Composer), or Ray Tune ended its run",
+        None,
+    ),
+    _r(
+        "interrupted",
+        "strong",
+        r"\bCtrl \+ C detected\. Stopping sweep\b|^KeyboardInterrupt, exit$|\bCtrl-C received; terminating training\b",
+        "a user's interrupt (Ctrl-C) in wandb's, Paddle's or Composer's words",
+        None,
+    ),
+    _r(
+        "interrupted",
+        "weak",
+        r"\bStop signal received \(e\.g\. via SIGINT/Ctrl\+C\)|\bExperiment has been interrupted\b",
+        "Ray Tune stopped on a signal: most often Ctrl-C (a SIGTERM reads the same)",
+        "ray",
+    ),
+    _r(
+        "time-limit",
+        "strong",
+        r"\bStopping training due to cumulative_training_time: ",
+        "fairseq stopped at its configured time limit (--stop-time-hours)",
+        "fairseq",
+    ),
+    _r(
+        "time-limit",
+        "weak",
+        r"\bRequeued SLURM job: \d+|\bRequeuing SLURM job \d+",
+        "Lightning requeued the job on Slurm's signal before its time limit (or a preemption)",
+        "lightning",
+    ),
+    _r(
+        "preempted",
+        "strong",
+        r"\bTermination caught in main thread on preempted worker\b|\bPreemption signal received\.|"
+        r"\bGrace period almost ended\. Final call to save a checkpoint\b",
+        "TensorFlow's preemption handler: the worker was preempted",
+        None,
+    ),
+    _r(
+        "crashed",
+        "strong",
+        r"\bInvalid loss, terminating training\b|\bis not finite\. Previous best value was\b|"
+        r"\bDivergence threshold reached: |\bTerminateOnNan: Output .* contains NaN or Inf\b|"
+        r"\bloss scale is already at minimum\b|\bThe gradients at all steps are invalid in this epoch\b",
+        "the training stopped itself on a diverged loss (NaN or Inf)",
+        None,
+    ),
+    _r(
+        "crashed",
+        "weak",
+        r"\bsigkill_handler\] Killing subprocess\b|\bABORT!!! Out of all \d+ trainers\b|\bException during training:",
+        "the launcher stopped the others after a worker failed (DeepSpeed, Paddle), or the trainer reports the failure",
+        None,
+    ),
+    _r(
+        "terminated",
+        "strong",
+        r"\bUser aborted: stopping task\b",
+        "ClearML: a user aborted the task",
+        "clearml",
+    ),
+    _r(
+        "killed",
+        "strong",
+        r"\bwith SIGTERM; terminating with SIGKILL instead\b",
+        "Composer SIGKILLed a worker that outlived the SIGTERM",
+        None,
+    ),
+    _r(
+        "oom",
+        "strong",
+        r"\bmemory isn't enough and alloc failed\b",
+        "MindSpore: a device allocation failed",
+        None,
+    ),
     _r(
         "crashed",
         "weak",
