@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import clean_env
+from preemptible.cli import main
 
 FILE = "@file"  # a regular file where a directory belongs
 DEEP = "@deep"  # a checkpoint root whose journal has one line nested 100,000 deep
@@ -178,3 +179,16 @@ def test_diagnose_piped_into_head_ends_without_a_traceback(tmp_path: Path) -> No
     code = reader.wait(timeout=120)
     assert first.startswith(b"verdict: crashed")
     assert "Traceback" not in err and code in (0, 141), err
+
+
+def test_a_storage_client_s_retry_tracebacks_stay_off_stderr(tmp_path: Path) -> None:
+    """gcsfs logs a traceback for each failed retry (no network, no bucket) through logging's last-resort handler:
+    the command's own one line says what failed; the clients' loggers are quiet, the project's are not."""
+    import logging
+
+    log = tmp_path / "job.log"
+    log.write_text("step 1\n")
+    assert main(["diagnose", str(log)]) == 3
+    for name in ("gcsfs", "s3fs", "adlfs", "aiohttp", "botocore", "azure"):
+        assert not logging.getLogger(name).isEnabledFor(logging.ERROR), name
+    assert logging.getLogger("preemptible.anything").isEnabledFor(logging.WARNING)

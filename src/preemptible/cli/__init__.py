@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import io
+import logging
 import os
 import re
 import sys
@@ -19,6 +20,8 @@ SUBCOMMANDS = ("bench", "diagnose", "drill", "emulate", "export", "inspect", "pl
 READERS = ("diagnose", "export", "inspect", "report", "verify")
 """Subcommands that print what they read from checkpoints, journals and logs: their text goes out escaped."""
 
+_CHATTY = ("gcsfs", "s3fs", "adlfs", "fsspec", "aiobotocore", "botocore", "azure", "google", "aiohttp", "urllib3")
+"""Storage clients' loggers, which print a traceback for each failed retry through logging's last-resort handler."""
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
@@ -68,6 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     module = importlib.import_module(f"preemptible.cli.{args.command}")
+    for name in _CHATTY:  # their retries' tracebacks on stderr: the one line below says what failed and what to do
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     stdout = sys.stdout
     if args.command in READERS:
         sys.stdout = _Escaped(stdout)
