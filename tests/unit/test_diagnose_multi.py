@@ -69,3 +69,23 @@ def test_the_earlier_of_two_causes_on_two_nodes_is_the_initiating_one() -> None:
         assert result.initiating is not None
         assert (result.initiating.who, result.initiating.verdict) == ("log b", "terminated")
         assert [(c.who, c.verdict) for c in result.collateral][:1] == [("node Orion-18-69", "crashed")]
+
+
+def test_a_rank_whose_log_says_nothing_while_its_peers_lost_it_is_where_it_started() -> None:
+    """A stranger's check: rank 1 was SIGKILLed (its log just stops), rank 0 raised gloo's connection reset."""
+    rank0 = [
+        "rank 0 step 600 loss 0.0038",
+        "[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:48841: "
+        "Connection reset by peer",
+    ]
+    rank1 = ["preemptible INFO: [rank=1] no checkpoint under ckpt: starting at step 0", "rank 1 step 600 loss 0.0039"]
+    found = diagnose([("rank0.err", rank0), ("rank1.err", rank1)])
+    assert found.verdict == "killed" and found.competing == "oom"
+    first = found.initiating
+    assert first is not None and (first.who, first.log, first.verdict) == ("log rank1.err", "rank1.err", "killed")
+    assert [c.log for c in found.collateral] == ["rank0.err"]
+    # two silent logs: which one went first is not known
+    assert diagnose([("rank0.err", rank0), ("rank1.err", rank1), ("rank2.err", rank1)]).initiating is None
+    # the silent rank's log names its own end: that is the initiating event
+    killed = diagnose([("rank0.err", rank0), ("rank1.err", [*rank1, "Killed"])])
+    assert killed.initiating is not None and killed.initiating.log == "rank1.err" and killed.initiating.line == 3

@@ -210,6 +210,30 @@ def initiating(
     return first, collateral
 
 
+def silent_log(evidence: Sequence[Evidence], names: Sequence[str]) -> tuple[Incident | None, list[Incident]]:
+    """Several logs whose evidence says only that a peer went away (a reset connection, a collective that timed out),
+    and one log with no word of its own end: that one is the rank the others lost (a SIGKILL, an OOM kill or a lost
+    machine ends a process without a word). Else (None, [])."""
+    said = {e.where for e in evidence if e.strength != "context"}
+    quiet = [n for n in dict.fromkeys(names) if n not in said]
+
+    def lost(e: Evidence) -> bool:
+        return e.why.endswith(CONSEQUENCES) or e.verdict == "collective-timeout"
+
+    mine = [e for e in evidence if e.strength in ("strong", "weak", "collateral") and e.line is not None]
+    if len(quiet) != 1 or not mine or not all(lost(e) for e in mine):
+        return None, []
+    why = (
+        "its log ends with no word of how (no error, no signal) while its peers lost it: the one they waited for; a "
+        "SIGKILL, an OOM kill or a lost machine ends a process silently (read the kernel log and the scheduler's)"
+    )
+    first = Incident(None, None, f"log {quiet[0]}", "killed", None, "", why, quiet[0], None)
+    collateral: dict[str, Incident] = {}
+    for e in mine:
+        collateral.setdefault(e.where, _event(e, f"log {e.where}"))
+    return first, list(collateral.values())
+
+
 def _straggler(
     timeouts: list[Evidence], several_logs: bool, precedence: Sequence[str]
 ) -> tuple[Incident, Evidence | None]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from preemptible.diagnose._evidence import VERDICTS, Evidence, exit_evidence
 from preemptible.diagnose._facts import journal_evidence, journal_facts
-from preemptible.diagnose._incident import Incident, initiating
+from preemptible.diagnose._incident import Incident, initiating, silent_log
 from preemptible.diagnose._input import LogInput
 from preemptible.diagnose._remedy import for_platforms, remedy
 from preemptible.diagnose._rules import CONSEQUENCES, MACHINE_GONE, SHELL_KILLED
@@ -203,14 +203,17 @@ def diagnose(
     """
     evidence: list[Evidence] = []
     notes: list[str] = []
+    names: list[str] = []
     window = TimeWindow()
     for log_input in logs:
         if isinstance(log_input, LogInput):
+            names.append(log_input.name)
             evidence += scan_lines(log_input, log_input.name, window)
             if log_input.note is not None:
                 notes.append(log_input.note)
         else:
             name, lines = log_input
+            names.append(name)
             evidence += scan_lines(lines, name, window)
     facts = journal_facts(root, attempt=attempt, window=window) if root is not None else None
     if facts is not None:
@@ -220,6 +223,8 @@ def diagnose(
     verdict, how = _decide(evidence)
     leads = verdict in _EXPLAINS or how == "failed first"  # it explains what the other ranks or tasks then logged
     first, collateral = initiating(evidence, VERDICTS, prefer=verdict if leads else None)
+    if first is None and len(set(names)) > 1:
+        first, collateral = silent_log(evidence, names)  # (the rank the others lost, when its own log says nothing)
     if first is not None and first.verdict != "collective-timeout" and not leads:
         verdict, how = first.verdict, "first"  # several ranks or nodes: what happened first, not what ranks highest
     summary = _summary(evidence, verdict, first, collateral)
@@ -264,7 +269,7 @@ def _summary(evidence: Sequence[Evidence], verdict: str, first: Incident | None,
     deciding.sort(key=lambda e: e.reported)  # (stable)
     strongest = next((e for e in deciding if e.strength == "strong"), deciding[0] if deciding else None)
     summary = strongest.why if strongest is not None else "no recognised evidence"
-    if first is not None and first.verdict == verdict and first.line is not None:
+    if first is not None and first.verdict == verdict and (first.line is not None or strongest is None):
         summary = first.why
     if first is not None and first.who == "unknown":
         summary += "; every rank in these logs was waiting: the one that stopped answering is not among them"
