@@ -62,7 +62,11 @@ def test_a_log_without_timestamps_is_placed_by_preemptible_s_own_lines(two_attem
 def test_attempt_last_and_a_number_choose_explicitly(two_attempts: tuple[Path, list[str]]) -> None:
     root, log = two_attempts
     assert diagnose([("attempt1.log", log)], root=str(root), attempt="last").checkpoint["attempt"] == 2
-    assert diagnose(root=str(root)).verdict == "completed"  # no log: the last attempt
+    alone = diagnose(root=str(root))  # no log: the last attempt, and it says why
+    assert (
+        alone.verdict == "completed"
+        and alone.checkpoint["attempt_chosen_by"] == "the last: no logs given to match by time"
+    )
     assert diagnose(root=str(root), attempt=1).verdict == "terminated"
 
 

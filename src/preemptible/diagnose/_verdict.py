@@ -215,7 +215,7 @@ def diagnose(
             name, lines = log_input
             names.append(name)
             evidence += scan_lines(lines, name, window)
-    facts = journal_facts(root, attempt=attempt, window=window) if root is not None else None
+    facts = journal_facts(root, attempt=attempt, window=window if names else None) if root is not None else None
     if facts is not None:
         evidence += journal_evidence(facts)
     if exit_code is not None:
