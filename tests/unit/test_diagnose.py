@@ -215,3 +215,14 @@ def test_a_traceback_under_two_prefixes_is_one_crash() -> None:
     assert [(e.verdict, e.strength, e.line, e.actor) for e in scan_lines(lines, "x")] == [
         ("crashed", "strong", 4, "rank 0")
     ]
+
+
+def test_attempt_without_a_root_is_refused_and_a_log_named_twice_is_read_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "job.out"
+    log.write_text("Traceback (most recent call last):\nRuntimeError: boom\n")
+    assert main(["diagnose", str(log), "--attempt", "1"]) == 2
+    assert "expected --root ROOT with it" in capsys.readouterr().err
+    assert main(["diagnose", str(log), str(log), "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["evidence"]) == 1

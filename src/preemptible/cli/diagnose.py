@@ -67,12 +67,23 @@ def _attempt(text: str) -> int | str:
 def run(args: argparse.Namespace) -> int:
     from preemptible.diagnose import diagnose, read_log
 
+    if args.attempt is not None and args.root is None:
+        print(
+            "preemptible diagnose: error: --attempt chooses among the process starts in a run's journal: expected "
+            "--root ROOT with it, found none",
+            file=sys.stderr,
+        )
+        return 2
     logs = []
-    for path in args.logs:
+    for path in dict.fromkeys(args.logs):  # (a log named twice is read once)
         try:
             logs.append(read_log(path))
         except OSError as e:
-            print(f"preemptible diagnose: error: cannot read log {path!r}: {e.strerror or e}", file=sys.stderr)
+            print(
+                f"preemptible diagnose: error: cannot read log {path!r}: {e.strerror or e}; expected a log file "
+                "this user can read, or - for standard input",
+                file=sys.stderr,
+            )
             return 2
     if not logs and args.root is None and args.exit_code is None:
         print("preemptible diagnose: expected at least one of LOG, --root or --exit-code; found none", file=sys.stderr)
