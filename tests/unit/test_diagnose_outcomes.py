@@ -158,6 +158,26 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("RuntimeError: 显存不足", "oom"),  # "not enough GPU memory"
         ("メモリ不足のためプロセスが終了しました", "oom"),
         ("Successfully completed.", "completed"),  # LSF's job report
+        # bash's job status in the system's language (glibc's strsignal), and zsh's
+        ("[1]+  Beendet                 python train.py", "terminated"),
+        ("./run.sh: line 3: 4242 Beendet                 python train.py", "terminated"),
+        ("[1]+  Fin de la connexion (raccroché) python train.py", "terminated"),  # a hangup
+        ("[1]+  Обрыв терминальной линии python train.py", "terminated"),
+        ("[1]+  Abgebrochen             python train.py", "crashed"),  # SIGABRT
+        ("[1]+  Speicherzugriffsfehler  python train.py", "crashed"),
+        ("[1]+  Getötet                 python train.py", "oom"),  # a bare SIGKILL, as the English 'Killed'
+        ("zsh: terminated  python train.py", "terminated"),
+        ("zsh: hangup     python train.py", "terminated"),
+        ("python: error while loading shared libraries: libcudart.so.12: cannot open shared object file", "crashed"),
+        ("[12345.678] python invoked oom-killer: gfp_mask=0x100cca(GFP_HIGHUSER_MOVABLE), order=0", "oom"),
+        ('"reason" : "per-process-limit"', "oom"),  # macOS's jetsam report
+        ("Exception Type:  EXC_BAD_ACCESS (SIGSEGV)", "crashed"),  # macOS's crash report
+        ("Build timed out (after 60 minutes). Marking the build as aborted.", "time-limit"),  # Jenkins
+        ("Cancelling nested steps due to timeout", "time-limit"),
+        ('"state": {"life_cycle_state": "TERMINATED", "result_state": "TIMEDOUT"}', "time-limit"),  # Databricks
+        ('"state": {"life_cycle_state": "TERMINATED", "result_state": "CANCELED"}', "terminated"),
+        ("ERROR: Job failed: canceled", "terminated"),  # GitLab
+        ("# Received cancellation signal, interrupting", "terminated"),  # Buildkite
         ("Monitored metric val_loss did not improve in the last 3 records. Best score: 0.412. Signaling Trainer to "
          "stop.", "completed"),  # Lightning's early stopping
         ("2024-05-01 12:00:00 | INFO | fairseq_cli.train | Stopping training due to num_updates: 300000 >= "

@@ -149,6 +149,9 @@ def peer_lost(line: str) -> tuple[list[int], str | None] | None:
     return ranks, store.group(1) if store else None
 
 
+_JOB = r"(^|: |^\[\d+\][+-]? +|\bline \d+: +\d+ +)"
+"""Where a shell's report of how a job ended starts: the line, bash's job status (``[1]+  ...``), a script's
+``line 12: 208585 ...``, or after a program's name (``zsh: ...``)."""
 _SACCT_ROW = r"^\s*\d+(_\d+|_\[[\d,-]+\])?(\.\w+|\+)?[\s|].*"  # an sacct row: job id (array, step), then its fields
 RULES: tuple[Rule, ...] = (
     # an OOM the program caught and went on from (fairseq skips the batch): not how the run ended
@@ -629,8 +632,8 @@ RULES: tuple[Rule, ...] = (
     _r(
         "crashed",
         "strong",
-        r"(^|: )(段错误|[\u041e\u043e]шибка сегментирования|Speicherzugriffsfehler|Erreur de segmentation|"
-        r"Violación de segmento|Falha de segmentação|セグメンテーション違反|세그멘테이션 오류)",
+        _JOB + r"(段错误|[\u041e\u043e]шибка сегментирования|Speicherzugriffsfehler|Erreur de segmentation|"
+        r"Violación de segmento|Falha de segmentação|セグメンテーション違反|세그멘테이션 오류|Errore di segmentazione)",
         "the process crashed: the shell reports a segmentation fault (in the system's language)",
         None,
     ),
@@ -646,7 +649,9 @@ RULES: tuple[Rule, ...] = (
         "crashed",
         "strong",
         r"\bline \d+: +\d+ (Aborted|Floating point exception|Illegal instruction)\b|"
-        r"^(Aborted|Floating point exception|Illegal instruction)( \(core dumped\))?$",
+        r"^(Aborted|Floating point exception|Illegal instruction)( \(core dumped\))?$|"
+        r"^\[\d+\][+-]? +(Aborted|Abgebrochen|Abandon|Аварийный останов|已放弃|Floating point exception|"
+        r"Illegal instruction)( \(core dumped\)| \(Speicherabzug geschrieben\)| \(core dumped\))?\s+\S",
         "the process crashed: the shell reports it died of SIGABRT, SIGFPE or SIGILL",
         None,
         flags=0,
@@ -826,6 +831,7 @@ RULES: tuple[Rule, ...] = (
         "weak",
         r"\b(job|run|task|workflow|operation) (is being|was|has been) (cancell?ed|canceling|cancelling)\b|"
         r"\bjobs? SIGHUPed\b|\bReceived (OS )?signal '?hangup'?|\bline \d+: +\d+ Hangup\b|^Hangup$|"
+        r"^\[\d+\][+-]? +(Hangup|Aufgelegt|Fin de la connexion \(raccroché\)|Обрыв терминальной линии)\s+\S|"
         r"\bJob '?\w+'? (was )?stopped\.?$|\bJob \S+ has been stopped\b",
         "the command was stopped from outside: its terminal hung up (SIGHUP), or a user cancelled or stopped the job",
         None,
@@ -849,7 +855,10 @@ RULES: tuple[Rule, ...] = (
     _r(
         "terminated",
         "weak",
-        r"(^|\s)(已终止|[\u0417\u0437]авершено|Beendet|Terminado|Complété|終了しました)\s*$",
+        r"(^|\s)(已终止|[\u0417\u0437]авершено|Beendet|Terminado|Complété|終了しました)\s*$|"
+        r"^\[\d+\][+-]? +(已终止|[\u0417\u0437]авершено|Beendet|Terminado|Terminato|Complété|종료됨)\s+\S|"
+        r"\bline \d+: +\d+ (已终止|[\u0417\u0437]авершено|Beendet|Terminado|Terminato|Complété|종료됨)\s|"
+        r"^zsh: (terminated|hangup)\s",
         "the shell reports the command died of SIGTERM (in the system's language)",
         None,
         flags=0,
@@ -916,7 +925,9 @@ RULES: tuple[Rule, ...] = (
     _r(
         "oom",
         "weak",
-        r"(^|\s)(已杀死|[\u0423\u0443]бито|Getötet|強制終了|죽었음|Processus arrêté|Terminado \(killed\)|Morto)\s*$",
+        r"(^|\s)(已杀死|[\u0423\u0443]бито|Getötet|強制終了|죽었음|Processus arrêté|Terminado \(killed\)|Morto)\s*$|"
+        r"^\[\d+\][+-]? +(已杀死|[\u0423\u0443]бито|Getötet|強制終了|죽었음|Processus arrêté|Ucciso)\s+\S|"
+        r"\bline \d+: +\d+ (已杀死|[\u0423\u0443]бито|Getötet|強制終了|죽었음|Processus arrêté|Ucciso)\s",
         SHELL_KILLED + " (in the system's language)",
         None,
     ),
@@ -1149,6 +1160,45 @@ RULES: tuple[Rule, ...] = (
         r"\bDisrupting NodeClaim\b|\bdeleting pod for node scale down\b",
         "the cluster took the node away (Karpenter's disruption, the cluster autoscaler's scale-down)",
         "k8s",
+    ),
+    # operating systems', CI systems' and platforms' documented words for how a process or job ended
+    _r(
+        "oom",
+        "strong",
+        r"\binvoked oom-killer: gfp_mask=|\"reason\" : \"(vm-pageshortage|per-process-limit)\"",
+        "the kernel's OOM killer ran (Linux), or jetsam ended the process for memory (macOS)",
+        None,
+    ),
+    _r(
+        "crashed",
+        "strong",
+        r"\berror while loading shared libraries: |^Exception Type: +EXC_(BAD_ACCESS|CRASH|BAD_INSTRUCTION)\b|"
+        r"\bKernel panic - not syncing: ",
+        "the process could not start (a library missing), crashed (macOS's crash report), or the kernel panicked",
+        None,
+    ),
+    _r(
+        "time-limit",
+        "strong",
+        r"\bCancelling nested steps due to timeout\b|\bBuild timed out \(after \d+ minutes\)|"
+        r"\"result_state\": \"TIMEDOUT\"",
+        "the job reached its time limit (Jenkins, Databricks)",
+        None,
+    ),
+    _r(
+        "terminated",
+        "strong",
+        r"\bERROR: Job failed: canceled\b|^# Received cancellation signal, interrupting\b|"
+        r"\"result_state\": \"CANCELED\"",
+        "a user cancelled the job (GitLab, Buildkite, Databricks)",
+        None,
+    ),
+    _r(
+        "crashed",
+        "weak",
+        r"\"life_cycle_state\": \"INTERNAL_ERROR\"|\"code\": \"DRIVER_ERROR\"",
+        "Databricks: the run failed (its driver, or the platform)",
+        None,
     ),
     # training frameworks' documented words for how their loop ended (early stopping, a stop rule, a signal)
     _r(
