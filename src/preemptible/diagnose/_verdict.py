@@ -314,15 +314,15 @@ CONFIDENCE = {
     "unknown": 0.35,
 }
 """How often each way of reaching a verdict was right on the corpus's dev part (rounded down to 0.05: the rules were
-tuned there; 413 excerpts at issue 55's second round; a bare SIGKILL's at its third, 31 of 48, held there though dev
-later read 34 of 51, since the held-out parts read 11 of 19), and only a verdict its own strong evidence names reaches 0.8:
-a verdict its own strong evidence names (evidence of verdicts it explains, later in `VERDICTS`, does not count
-against it: a preemption explains the SIGTERM), or named against evidence of a verdict before it; one only weak
-evidence names, alone or against another, or only a bare SIGKILL (the shell's ``Killed``, read as the OOM killer's, or
-a SIGKILL a tool reports: right about 3 times in 5, the rest an OOM for a tool's SIGKILL, another sender for the
-shell's); one only a hint names; one derived from the order of events (a failure before the signals, the run's end
-before the errors, a stop on a spot machine: right 89% of the time on dev, held below 0.8). ``unknown``: how often
-the thread itself could not say either (its most likely cause is a guess to check, `Diagnosis.competing`)."""
+tuned there; 413 excerpts at issue 55's second round; a bare SIGKILL's at its third, 31 of 48, held there though
+dev later read 34 of 51, since the held-out parts read 11 of 19), and only a verdict its own strong evidence names
+reaches 0.8: a verdict its own strong evidence names (evidence of verdicts it explains, later in `VERDICTS`, does
+not count against it: a preemption explains the SIGTERM), or named against evidence of a verdict before it; one only
+weak evidence names, alone or against another, or only a bare SIGKILL (the shell's ``Killed``, read as the OOM
+killer's, or a SIGKILL a tool reports: right about 3 times in 5, the rest an OOM for a tool's SIGKILL, another sender
+for the shell's); one only a hint names; one derived from the order of events (a failure before the signals, the
+run's end before the errors, a stop on a spot machine: right 89% of the time on dev, held below 0.8). ``unknown``:
+how often the thread itself could not say either (its most likely cause is a guess to check, `Diagnosis.competing`)."""
 _CONFUSED = {
     "preempted": "terminated", "time-limit": "terminated", "oom": "killed", "interrupted": "terminated",
     "collective-timeout": "crashed", "crashed": "oom", "terminated": "preempted", "killed": "oom",
