@@ -238,6 +238,7 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("Reason: ReachedMaxRestarts  Message: jobset failed due to reaching max number of restarts", "crashed"),
         ("PyTorchJob bert-ddp is failed because 1 Worker replica(s) failed.", "crashed"),  # Kubeflow
         ("RuntimeError: Application timeout caused pair closure", "collective-timeout"),  # Gloo
+        ("ProcessGroup watchdog hang due to timeout", "collective-timeout"),
         ("Exception raised from checkTimeout at ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:618 (most recent "
          "call first):", "collective-timeout"),  # the NCCL watchdog's abort, in c10's words
         ("WARNING - State of this instance has been externally set to success. Terminating instance.", "completed"),
@@ -550,5 +551,8 @@ def test_a_timeout_raised_inside_a_collective_is_a_collective_timeout_in_any_wor
         "RuntimeError: Socket Timeout",
     ]
     assert _verdict(*barrier) == "collective-timeout"
+    assert _verdict(*barrier[1:]) == "collective-timeout"  # an excerpt that starts below the traceback's header
+    later = diagnose([("log", [*barrier[1:], "step 5", *barrier[1:2], "RuntimeError: Timeout"])]).evidence
+    assert [e.verdict for e in later] == ["collective-timeout", "crashed"]  # (the first's collective does not leak)
     assert _verdict(*barrier[:3], barrier[5]) != "collective-timeout"  # the same words outside a collective
     assert _verdict(*barrier[:5], "RuntimeError: CUDA error: an illegal memory access was encountered") == "crashed"

@@ -154,3 +154,19 @@ def test_a_utf16_log_is_decoded_and_an_empty_binary_or_compressed_one_says_so(
         "(zcat j.log.gz | preemptible diagnose -)"
     ]
     assert diagnose([LogInput("ok.log", io.BytesIO(TIME_LIMIT))]).notes == []
+
+
+@pytest.mark.parametrize("chunk", [1, 7, diag.SCAN_CHUNK])
+def test_a_timeout_inside_a_collective_is_read_from_the_stream_too(chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The collective's frame has no rule's keyword but "distributed": the streamed reader must keep it."""
+    monkeypatch.setattr(diag_input, "SCAN_CHUNK", chunk)
+    log = (
+        b"step 1 loss 2.0\n"
+        b'  File "train_dist.py", line 171, in pad_data\n'
+        b"    dist.all_reduce(num_nodes, dist.ReduceOp.MAX)\n"
+        b'  File "/opt/conda/lib/python3.8/site-packages/torch/distributed/distributed_c10d.py", line 1285, in '
+        b"all_reduce\n"
+        b"    work = default_pg.allreduce([tensor], opts)\n"
+        b"RuntimeError: Socket Timeout\n"
+    )
+    assert diagnose([LogInput("dgl", io.BytesIO(log))]).verdict == "collective-timeout"

@@ -585,7 +585,7 @@ RULES: tuple[Rule, ...] = (
         r"WorkNCCL\(SeqNum=\d+.*Timeout\(ms\)=\d+\) ran for|store based barrier|watchdog got stuck for \d+ "
         r"seconds|Terminating the process after attempting to dump debug info|\bgloo::TimeoutException\b|"
         r"\bgloo/transport/\S+\] TIMEOUT\b|\bApplication timeout caused pair closure\b|"
-        r"^Exception raised from checkTimeout at\b",
+        r"^Exception raised from checkTimeout at\b|\bwatchdog hang due to timeout\b",
         "a collective timed out: a rank stopped answering (NCCL/Gloo watchdog)",
         "torchrun",
     ),

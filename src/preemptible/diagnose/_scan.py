@@ -260,12 +260,12 @@ class _Scan:
             if not _CHAINED.match(prev):  # (a chained traceback's aside is its first part's)
                 self.aside = "" if aside is None else "ignored" if aside.group(1) else "thread"
             return line.rstrip().endswith(":")  # (IPython's names the exception: a rule may read it, ^C's)
+        if COLLECTIVE_FRAME.match(line):
+            self.in_collective = True  # (also in a traceback whose start an excerpt cut off)
         if not self.in_traceback and was_indented and _EXCEPTION_LINE.match(line):
             self.in_traceback = True  # the exception line of a traceback whose start was cut off
         if not self.in_traceback:
             return False
-        if COLLECTIVE_FRAME.match(line):
-            self.in_collective = True
         if END_HOOK.match(line) and not self.in_end_hook:
             self.in_end_hook = True
             self._add("completed", "strong", "the training loop had ended: this traceback runs in its end-of-training "
@@ -278,9 +278,12 @@ class _Scan:
             return True  # another process's output interleaved (multiprocessing's "Process actor_6:"): skipped
         self.in_traceback = False
         if match is None:
+            self.in_collective = False
             self._cut_traceback()
             return False
-        return self._exception(line, match)
+        ended = self._exception(line, match)
+        self.in_collective = False
+        return ended
 
     def _aside(self, name: str) -> bool:
         """An exception Python printed and went on from (`_ASIDE`); True when it is recorded (as at most a hint)."""
