@@ -108,21 +108,6 @@ class LogInput:
         )
         return limit - len(stream.readline(limit))  # the first line is cut: start at the next whole one
 
-    def _first_chunk(self, data: bytes) -> Any:
-        """What the first bytes say about the log: a decoder for UTF-16 (its byte-order mark), `_UNREADABLE` for a
-        compressed log, else None; with a note for a compressed, an empty or a binary file."""
-        if data.startswith(_GZIP):
-            self.note = (f"{self.name}: gzip-compressed, not read; expected a text log: decompress it first "
-                         f"(zcat {self.name} | preemptible diagnose -)")  # fmt: skip
-            return _UNREADABLE
-        if data.startswith(_UTF16_BOMS):
-            return codecs.getincrementaldecoder("utf-16")(errors="replace")
-        if not data:
-            self.note = f"{self.name}: empty (0 bytes); expected the text of a log"
-        elif _binary(data):
-            self.note = f"{self.name}: binary (control bytes, not text); expected the text of a log"
-        return None
-
     def _chunks(self, keywords: tuple[bytes, ...] | None) -> Iterator[tuple[int, str]]:
         budget = self._start()
         number = 0  # lines before ``buf``
@@ -200,13 +185,31 @@ class _Normal:
             if data and len(self.head) < _HEAD:
                 return b""  # (too few bytes yet to tell what the log is)
             data, self.head = self.head, b""
-            self.first, self.utf16 = False, self.log._first_chunk(data)
+            self.first, self.utf16 = False, self._first_chunk(data)
             if self.utf16 is _UNREADABLE:
                 return None
         if self.utf16 is not None and data:
             data = self.utf16.decode(data).encode("utf-8")
         data, self.held = _line_breaks(data, self.held)
         return data
+
+    def _first_chunk(self, data: bytes) -> Any:
+        """What the first bytes say about the log: a decoder for UTF-16 (its byte-order mark), `_UNREADABLE` for a
+        compressed log, else None; with a note for a compressed, an empty or a binary file."""
+        name = self.log.name
+        if data.startswith(_GZIP):
+            self.log.note = (
+                f"{name}: gzip-compressed, not read; expected a text log: decompress it first "
+                f"(zcat {name} | preemptible diagnose -)"
+            )
+            return _UNREADABLE
+        if data.startswith(_UTF16_BOMS):
+            return codecs.getincrementaldecoder("utf-16")(errors="replace")
+        if not data:
+            self.log.note = f"{name}: empty (0 bytes); expected the text of a log"
+        elif _binary(data):
+            self.log.note = f"{name}: binary (control bytes, not text); expected the text of a log"
+        return None
 
 
 def _line_breaks(data: bytes, held: bool) -> tuple[bytes, bool]:

@@ -55,6 +55,10 @@ _ASIDE = re.compile(r"^(Exception ignored in\b|Error in atexit\._run_exitfuncs:)
 """The line before a traceback that did not end the process: an exception in a ``__del__``, an ``atexit`` callback
 or a weakref callback ("Exception ignored in: ...", "Error in atexit._run_exitfuncs:"), or in a thread other than the
 main one."""
+_IGNORED = (
+    "in a destructor or an exit handler, which Python ignored: most often printed as the interpreter shuts down at "
+    "the program's end"
+)
 _NOT_A_CRASH = ("SignalException", "KeyboardInterrupt", "SystemExit", "ChildFailedError")
 _ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\)")
 _FAILURES = re.compile(r"^\s*Failures:")
@@ -209,9 +213,7 @@ class _Scan:
         if self.aside == "ignored":  # cut off, but Python went on from it: an exit handler's or a destructor's
             self.aside = ""
             number, text = self.traceback_at if self.traceback_at is not None else (None, "")
-            why = ("a traceback in a destructor or an exit handler, which Python ignored: most often printed as the "
-                   "interpreter shuts down at the program's end")  # fmt: skip
-            self.found.append(Evidence("completed", "hint", why, self.where, number, text))
+            self.found.append(Evidence("completed", "hint", f"a traceback {_IGNORED}", self.where, number, text))
             return
         cut = [_cut_traceback(self.traceback_at, self.where)]
         self.kept.tag(cut, 0, *self.traceback_by)
@@ -253,12 +255,11 @@ class _Scan:
         if _TRACEBACK_START.search(line) and line.rstrip().endswith(("last):", "last)")):
             # (a traceback flattened into one line, "...last):\n  File ...", is read as text)
             self.in_traceback, self.traceback_at, self.in_end_hook = True, (self.number, self.text), False
-            if not _CHAINED.match(prev):
-                self.in_collective = False
             self.traceback_by = (self.who, self.stamp)
             aside = _ASIDE.match(prev)
-            if not _CHAINED.match(prev):  # (a chained traceback's aside is its first part's)
+            if not _CHAINED.match(prev):  # (a chained traceback's aside and collective are its first part's)
                 self.aside = "" if aside is None else "ignored" if aside.group(1) else "thread"
+                self.in_collective = False
             return line.rstrip().endswith(":")  # (IPython's names the exception: a rule may read it, ^C's)
         if COLLECTIVE_FRAME.match(line):
             self.in_collective = True  # (also in a traceback whose start an excerpt cut off)
@@ -294,9 +295,7 @@ class _Scan:
             why = f"unhandled {name} in a thread other than the main one (the process may have gone on)"
             self._add("crashed", "hint", why)
         else:  # "ignored": Python printed it and went on; it changed nothing about how the process ended
-            why = (f"{name} in a destructor or an exit handler, which Python ignored: most often printed as the "
-                   "interpreter shuts down at the program's end")  # fmt: skip
-            self._add("completed", "hint", why)
+            self._add("completed", "hint", f"{name} {_IGNORED}")
         return True
 
     def _not_a_failure(self, name: str, line: str) -> bool:
