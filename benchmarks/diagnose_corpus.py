@@ -9,7 +9,12 @@ test2 and test3 were looked at twice; holdout, fresh, fresh2 and fresh3 were gat
 fresh. tests/unit/test_diagnose_real.py keeps every part at or above its
 recorded score.
 
+``--reader FILE`` (tests/corpus/diagnose/reader/*.json: a blind reader's verdicts on some parts' excerpts, from
+the log lines alone) compares diagnose with that reader on the same cases: each one's accuracy, and the cases only
+one of them reads right.
+
     python benchmarks/diagnose_corpus.py [--part dev|test|holdout|fresh|test2|fresh2|test3|fresh3|all] [--json]
+    python benchmarks/diagnose_corpus.py --reader tests/corpus/diagnose/reader/test3-fresh3.json
 """
 
 from __future__ import annotations
@@ -77,11 +82,48 @@ def score(cases: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def against_reader(path: Path) -> dict[str, Any]:
+    """Diagnose and a blind reader on the same cases: how often each is right, and where only one is."""
+    doc = json.loads(path.read_text())
+    cases = {case["id"]: case for part in doc["parts"] for case in load(part)}
+    missing = [a["id"] for a in doc["answers"] if a["id"] not in cases]
+    if missing:
+        raise SystemExit(f"{path}: answers for cases the parts {doc['parts']} do not hold: {missing[:5]}")
+    rows = []
+    for answer in doc["answers"]:
+        case = cases[answer["id"]]
+        got = judge(case)[0]
+        rows.append((answer["id"], case["verdict"], got, answer["verdict"], answer.get("second")))
+    n = len(rows)
+    return {
+        "cases": n,
+        "diagnose_right": sum(got == truth for _, truth, got, _, _ in rows),
+        "reader_right": sum(read == truth for _, truth, _, read, _ in rows),
+        "reader_or_second_right": sum(truth in (read, second) for _, truth, _, read, second in rows),
+        "only_reader": [(i, truth, got) for i, truth, got, read, _ in rows if read == truth != got],
+        "only_diagnose": [(i, truth, read) for i, truth, got, read, _ in rows if got == truth != read],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--part", choices=(*PARTS, "all"), default="all")
+    p.add_argument("--reader", type=Path, help="a blind reader's verdicts (tests/corpus/diagnose/reader/*.json)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    if args.reader is not None:
+        cmp = against_reader(args.reader)
+        if args.json:
+            print(json.dumps(cmp, indent=2))
+            return 0
+        n = cmp["cases"]
+        print(f"{n} cases: diagnose {cmp['diagnose_right']}/{n}, the reader {cmp['reader_right']}/{n} (its first or "
+              f"second guess: {cmp['reader_or_second_right']}/{n})")  # fmt: skip
+        for i, truth, got in cmp["only_reader"]:
+            print(f"  only the reader: {i}: {truth} (diagnose: {got})")
+        for i, truth, read in cmp["only_diagnose"]:
+            print(f"  only diagnose: {i}: {truth} (the reader: {read})")
+        return 0
     parts = [n for n in PARTS if (REAL / f"{n}.json").exists()] if args.part == "all" else [args.part]
     report = {name: score(load(name)) for name in parts}
     if args.json:

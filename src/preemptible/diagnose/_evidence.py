@@ -51,8 +51,13 @@ _BY_SIGNAL = {
     "SIGINT": ("interrupted", "died of SIGINT (Ctrl-C at a terminal, or a notebook's interrupt)"),
     **{
         name: ("terminated", f"died of {name}; the code does not say who sent it")
-        for name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+        for name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1")
     },
+    "SIGUSR2": (
+        "time-limit",
+        "died of SIGUSR2: what Grid Engine sends at a job's soft wall-clock limit (schedulers' wrappers such as "
+        "Nextflow's report it as 140); the code does not say who sent it",
+    ),
     "SIGKILL": ("killed", "SIGKILL (an OOM kill, a grace period that ran out, or kill -9)"),
 }
 """Signals that end a process from outside it: the verdict and what the ending says."""

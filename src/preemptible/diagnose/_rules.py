@@ -458,7 +458,8 @@ RULES: tuple[Rule, ...] = (
         r"\bjob killed: (walltime|cput) \d+ exceeded limit\b|"
         r"\b(exceed(ed|s)?|reach(ed|es)?|due to|hit) (the |its |a |running |maximum |hard )?"
         r"(wall[ -]?clock|wall[ -]?time|run[ -]?time|job'?s? time|time) (time )?limit\b|"
-        r"\b(wall ?time|time) limit (was )?(exceeded|reached)\b|\bwalltime exceeded\b|\bDUE TO TIME LIMIT\b",
+        r"\b(wall ?time|time) limit (was )?(exceeded|reached)\b(?!\W{1,5}skipping\b)|\bwalltime exceeded\b|"
+        r"\bDUE TO TIME LIMIT\b",
         "the scheduler ended the job at its wall-clock limit (PBS, Moab, HTCondor, SGE)",
         None,
     ),
@@ -508,7 +509,8 @@ RULES: tuple[Rule, ...] = (
     _r(
         "oom",
         "strong",
-        r"killed due to memory pressure \(OOM\)|\bNODE_OUT_OF_MEMORY\b|node running low on memory",
+        r"killed due to memory pressure \(OOM\)|\bNODE_OUT_OF_MEMORY\b|node running low on memory|"
+        r"\bray-oom-prevention\b",
         "Ray's memory monitor killed workers: the node ran out of memory",
         "ray",
     ),
@@ -532,6 +534,14 @@ RULES: tuple[Rule, ...] = (
         r"\bgone over (its |the )?(cgroup )?memory limit\b|\bexceeded request_memory\b",
         "the scheduler ended the job for using more memory than it asked for (LSF, PBS, HTCondor, SGE)",
         None,
+    ),
+    _r(
+        "oom",
+        "weak",
+        r"\bslurmstepd: (error: )?Exceeded (step|job) memory limit\b",
+        "SLURM: the step's memory cgroup reached its limit (a task was most likely OOM-killed; page cache counts "
+        "too, so a step that finished may print it: sacct's State and MaxRSS decide)",
+        "slurm",
     ),
     _r(
         "oom",
@@ -664,6 +674,14 @@ RULES: tuple[Rule, ...] = (
         r"invalid pointer|corrupted size vs\. prev_size|\bSignal: (Segmentation fault|Aborted|Bus error|"
         r"Floating point exception|Illegal instruction) \(\d+\)",
         "the process crashed (glibc found its heap corrupted and aborted it, or a signal handler reports the fault)",
+        None,
+    ),
+    _r(
+        "crashed",
+        "strong",
+        r"\bBLAS : Program is Terminated\. Because you tried to allocate too many memory regions\b",
+        "OpenBLAS aborted the process: more threads than its build allows each asked for a buffer (set "
+        "OPENBLAS_NUM_THREADS, or fewer worker processes)",
         None,
     ),
     _r(
@@ -1157,9 +1175,11 @@ RULES: tuple[Rule, ...] = (
     _r(
         "terminated",
         "weak",
-        r"\bDisrupting NodeClaim\b|\bdeleting pod for node scale down\b",
-        "the cluster took the node away (Karpenter's disruption, the cluster autoscaler's scale-down)",
-        "k8s",
+        r"\bDisrupting NodeClaim\b|\bdeleting pod for node scale down\b|\bEC2_INSTANCE_TERMINATE\b|"
+        r"\b_terminate_if_down\b",
+        "the cluster took the node away (Karpenter's disruption, the cluster autoscaler's scale-down, "
+        "ParallelCluster's scaling daemons terminating an instance)",
+        None,
     ),
     # operating systems', CI systems' and platforms' documented words for how a process or job ended
     _r(
@@ -1306,6 +1326,15 @@ RULES: tuple[Rule, ...] = (
         "the job's program failed (Slurm's step, HTCondor, Prefect, Snakemake, JobSet, Kubeflow's training operator)",
         None,
     ),
+    # last: a line any rule above reads says more than its counter
+    _r(
+        "completed",
+        "hint",
+        r"^(?!.*(?<![\d.])\d{1,2}(\.\d+)? ?%).*\b(epoch|iter|iteration|step|update|episode|round)s?\b\W{0,3}"
+        r"(?P<n>\d+) ?(/|of) ?(?P=n)\b(?! ?[\d.])",
+        "the training loop's counter reached its total (its last epoch, step or update; not on a bar short of 100%)",
+        None,
+    ),
 )
 
 
@@ -1366,6 +1395,10 @@ EXIT_RULES: tuple[ExitRule, ...] = (
     ExitRule(re.compile(r"exits with return code = (?P<code>-?\d+)"), "DeepSpeed launcher: a worker exited with", True),
     ExitRule(
         re.compile(r"Signal (?P<signum>\d+) \(SIG\w+\) received by PID"), "torchrun: a worker died of signal", True
+    ),
+    ExitRule(
+        re.compile(r"^\*\*\* (?P<signame>SIG(TERM|INT|HUP|KILL|QUIT|USR1|USR2)) \(@0x[0-9a-f]+\) received by PID"),
+        "glog's signal handler: the process received",
     ),
     ExitRule(re.compile(r"terminated with exit code \(?(?P<code>\d+)\)?"), "a worker terminated with exit code"),
     ExitRule(re.compile(r"\bExited with exit code (?P<code>\d+)"), "srun: a task exited with code"),

@@ -40,7 +40,10 @@ _TRACEBACK_START = re.compile(
     r"Traceback \(most recent call last\):|^[A-Za-z_][\w.]*\s{2,}Traceback \(most recent call last\)\s*$"
 )
 """Python's traceback header, or IPython's (the exception's name, padding, then the header without its colon)."""
-_BARE_EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*\.)?([A-Z]\w*)?(Error|Exception): ?\S")
+_BARE_EXCEPTION = re.compile(
+    r"^([A-Za-z_][\w.]*\.)?([A-Z]\w*)?(Error|Exception): ?\S|^([A-Za-z_][\w.]*\.)?[A-Z]\w*(Error|Exception):\s*$"
+)
+"""An exception's line with no traceback before it (its message on the line, or on the lines after its name)."""
 _FRAME = re.compile(r'^File "[^"]*", line \d+|^\S+ in [\w<>.]+\(|^\d+ frames$')
 """A frame whose indentation the log lost, or IPython's (``path in function(args)``, Colab's ``N frames``)."""
 _QUEUE_CLOSED = re.compile(
