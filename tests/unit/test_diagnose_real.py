@@ -42,7 +42,7 @@ import pytest
 from preemptible.diagnose import VERDICTS, diagnose
 
 REAL = Path(__file__).resolve().parent.parent / "corpus" / "diagnose" / "real"
-FLOORS = {"dev": 378, "test": 113, "holdout": 20, "fresh": 27, "test2": 26, "fresh2": 20, "test3": 31, "fresh3": 64}
+FLOORS = {"dev": 378, "test": 113, "holdout": 20, "fresh": 27, "test2": 26, "fresh2": 20, "test3": 31, "fresh3": 63}
 UNSCORED: tuple[str, ...] = ()
 """Parts gathered, split and kept unread: scored once, after the round's last rule change (none now)."""
 CONFIDENT, CONFIDENT_RIGHT = 0.8, 0.9

@@ -477,7 +477,7 @@ RULES: tuple[Rule, ...] = (
         r"\btimed-out and not checkpointable\b|\bJob has timed out\b|\bMAX_DURATION_EXCEEDED\b|"
         r"\bFunctionTimeoutError\b|\bhit its timeout of \d+|\bMaxRuntimeExceeded\b|\bexceeded MaxRuntime|"
         r"\b(job|task|run|function) (has )?exceeded (the |its )?(configured |maximum )?timeout\b|"
-        r"\b(exceeded|reached|hit) (the |its )?max(imum)? "
+        r"\b(exceeded |reached |hit )(the |its )?max(imum)? "
         r"(execution |run ?|allowed )?(time|duration)\b|\bmax(imum)?[ _]duration (was )?exceeded\b|"
         r"\bexecution time (limit )?(was )?exceeded\b|\bexecution took longer than\b|\b(the )?timeout was exceeded\b|"
         r"\b(Soft)?TimeLimitExceeded\b|\b(Hard|Soft) time limit \(\S+\) exceeded\b|\bjob\.exception type=timeout\b|"
@@ -1324,15 +1324,6 @@ RULES: tuple[Rule, ...] = (
         r"\bExiting because a job execution failed\b|\bjobset failed due to reaching max number of restarts\b|"
         r"\bReachedMaxRestarts\b|\b(is|has) failed because \d+ \w+ replica\(s\) failed\b",
         "the job's program failed (Slurm's step, HTCondor, Prefect, Snakemake, JobSet, Kubeflow's training operator)",
-        None,
-    ),
-    # last: a line any rule above reads says more than its counter
-    _r(
-        "completed",
-        "hint",
-        r"^(?!.*(?<![\d.])\d{1,2}(\.\d+)? ?%).*\b(epoch|iter|iteration|step|update|episode|round)s?\b\W{0,3}"
-        r"(?P<n>\d+) ?(/|of) ?(?P=n)\b(?! ?[\d.])",
-        "the training loop's counter reached its total (its last epoch, step or update; not on a bar short of 100%)",
         None,
     ),
 )
