@@ -335,6 +335,25 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("  Process `spikesort` terminated with an error exit status (140)", "time-limit"),  # SIGUSR2: Grid Engine's
         ("*** SIGTERM (@0xe) received by PID 134 (TID 0x7f0c2b50c700) from PID 14; stack trace: ***", "terminated"),
         ("Processing EC2_INSTANCE_TERMINATE event for instance i-053275a57b3cc9fb4", "terminated"),  # ParallelCluster
+        # issue 55, fourth round: fresh4's wordings, after it was scored
+        ("FATAL ERROR: Reached heap limit Allocation failed - JavaScript heap out of memory", "oom"),
+        ("E pjrt_stream_executor_client.cc:1981] Execution of replica 3 failed: Resource exhausted: Failed to allocate "
+         "request for 32.00MiB", "oom"),  # XLA on a TPU
+        ("bash: line 2: 296230 Killed                  timeout -s KILL 1800 docker run -t --name task", "time-limit"),
+        ("[taskcluster:error] Task timeout after 1800 seconds. Force killing container.", "time-limit"),
+        ("\"message\": \"Task t.combine:NA:1 failed. The job was stopped before the command finished. PAPI error code "
+         "10. The assigned worker has failed to complete the operation\"", "preempted"),  # a VM gone: a reclaim
+        ("DEBUG n.c.g.batch.GoogleBatchTaskHandler - [GOOGLE BATCH] Cannot read exit status for task: `run_2 (398)`",
+         "preempted"),
+        ("-1:MPT ERROR: MPI_COMM_WORLD rank 1151 has terminated without calling MPI_Finalize()", "crashed"),
+        ("Tue Jul 30 21:43:41: Completed <exit>; TERM_EXTERNAL_SIGNAL: job killed by a signal", "terminated"),  # LSF
+        ("Job 143560526.gadi-pbs killed due to exceeding jobfs quota. Quota: 15.0GB, Used: 15.0GB", "terminated"),
+        ("   Exit Status:        271 (Linux Signal 15 SIGTERM Termination)", "terminated"),  # PBS on Gadi
+        ("Terminating processes on user request, this might take some time.", "interrupted"),  # Snakemake's Ctrl-C
+        ("2023-10-19 12:58:22.060 [1697741901127204/bonus_movie/2 (pid 6592)] <flow PlayListFlow step bonus_movie> "
+         "failed:", "crashed"),  # Metaflow
+        ("[2025-01-21 17:10:38] Error: Curand error 203 - src/tensors/rand.cpp:74: curandCreateGenerator", "crashed"),
+        ("2017-11-12 06:37:27,920 [INFO] - Train model END 189635.83s", "completed"),
     ],
 )  # fmt: skip
 def test_signals_exits_and_ends_in_plain_words(line: str, verdict: str) -> None:

@@ -388,7 +388,8 @@ RULES: tuple[Rule, ...] = (
         r"\bINSTANCE_UNREACHABLE\b|has been marked dead because the detector has missed too many heartbeats|"
         r"health check failed due to missing too many heartbeats|\bits node has died\b|\bNodeDiedError\b|"
         r"\bthe node it was running on is dead\b|\blame workers found\b|\bnode no longer exists\b|"
-        r"\bshim health: SSH or tunnel error\b",
+        r"\bshim health: SSH or tunnel error\b|\bPAPI error code 10\b|\bThe assigned worker has failed to complete the "
+        r"operation\b|\[GOOGLE BATCH\].*\bCannot read exit status\b",
         MACHINE_GONE,
         None,
     ),
@@ -518,7 +519,8 @@ RULES: tuple[Rule, ...] = (
     _r(
         "oom",
         "strong",
-        r"Resource exhausted: OOM when allocating|No executable batch size found|\bOOM detected\b|"
+        r"Resource exhausted: (OOM when allocating|Failed to allocate request for)|No executable batch size found|"
+        r"\bJavaScript heap out of memory\b|\bReached heap limit Allocation failed\b|\bOOM detected\b|"
         r"can't allocate memory|Cannot allocate memory",
         "out of memory (an allocation failed)",
         None,
@@ -924,6 +926,13 @@ RULES: tuple[Rule, ...] = (
         "torchrun",
     ),
     _r(
+        "time-limit",
+        "strong",
+        r"\bKilled\s+timeout( -s \w+| --signal=\w+| -k \S+)* \d+[smhd]? ",
+        "timeout(1) killed the command at its time limit (the shell names the timeout command it ran)",
+        None,
+    ),
+    _r(
         "oom",
         "weak",
         r"\bline \d+: +\d+ Killed\b|^\[\d+\][+-]? +Killed\b|^[*_]*Killed[*_]*$|"
@@ -1326,6 +1335,57 @@ RULES: tuple[Rule, ...] = (
         "the job's program failed (Slurm's step, HTCondor, Prefect, Snakemake, JobSet, Kubeflow's training operator)",
         None,
     ),
+    _r(
+        "crashed",
+        "weak",
+        r"^(\[[^\]]*\] ?)*(Fatal )?Error: (?!.*\b(retry|retrying|ignored|ignoring|skipping|warning)\b)[A-Z]\w+ error\b",
+        "the program reports an error of its own (a native library's, such as CUDA's or cuRAND's) as it stops",
+        None,
+        flags=0,
+    ),
+    _r(
+        "crashed",
+        "strong",
+        r"<flow \w+ step \w+> failed\b",
+        "Metaflow: a step failed (its own error, above)",
+        None,
+    ),
+    _r(
+        "crashed",
+        "weak",
+        r"\bhas terminated without calling MPI_Finalize\(\)",
+        "MPI: a rank ended without finishing MPI (a crash, unless a signal's line says otherwise)",
+        "mpirun",
+    ),
+    _r(
+        "terminated",
+        "strong",
+        r"\bTERM_EXTERNAL_SIGNAL\b|\bkilled due to exceeding (\w+ )?(jobfs|disk|scratch|storage|file ?system) quota\b",
+        "the scheduler or a signal from outside ended the job (LSF's TERM_EXTERNAL_SIGNAL; PBS at a disk quota)",
+        None,
+    ),
+    _r(
+        "interrupted",
+        "strong",
+        r"\bTerminating processes on user request\b",
+        "Snakemake: the user pressed Ctrl-C",
+        None,
+    ),
+    _r(
+        "time-limit",
+        "strong",
+        r"\b(task|job) timeout after \d+ ?(s|sec|secs|seconds|minutes)\b",
+        "the task's runner ended it at its maximum run time (Taskcluster, CI runners)",
+        None,
+    ),
+    _r(
+        "completed",
+        "strong",
+        r"\bTrain(ing)? model END\b",
+        "the training loop reports it reached its end",
+        None,
+        flags=0,
+    ),
 )
 
 
@@ -1420,6 +1480,7 @@ EXIT_RULES: tuple[ExitRule, ...] = (
     ExitRule(re.compile(r"AlgorithmError: Exit Code: (?P<code>\d+)"), "SageMaker: the training container exited with"),
     # Torque/PBS: "Exit_status=271" is 256 + the signal (SIGTERM); a negative status is PBS's own (not a signal)
     ExitRule(re.compile(r"\bExit_status=(?P<torque>\d+)"), "PBS: the job's exit status"),
+    ExitRule(re.compile(r"\(Linux Signal (?P<signum>\d+) SIG\w+"), "PBS: the job's exit status is the signal"),
     # systemd: "Main process exited, code=killed, status=9/KILL", "code=exited, status=1/FAILURE"
     ExitRule(
         re.compile(r"\bcode=(killed|dumped), status=(?P<signum>\d+)/"), "systemd: the service's process died of signal"
