@@ -6,14 +6,14 @@ the calibration of the confidence each verdict carries: of the verdicts at 0.8 o
 same for each confidence value. Each part's ``about`` says what it was used for: the rules were tuned on dev (and,
 from issue 55's second round, on the spent test and fresh; from its third, on the spent test2, fresh2 and holdout;
 from its fourth, on the spent test3 and fresh3, then test4 and fresh4); test2, test3 and test4 were looked at twice;
-holdout, fresh, fresh2, fresh3 and fresh4 were gathered blind and scored once when fresh.
+holdout, fresh, fresh2, fresh3, fresh4 and fresh5 were gathered blind and scored once when fresh.
 tests/unit/test_diagnose_real.py keeps every part at or above its recorded score.
 
 ``--reader FILE`` (tests/corpus/diagnose/reader/*.json: a blind reader's verdicts on some parts' excerpts, from
 the log lines alone) compares diagnose with that reader on the same cases: each one's accuracy, and the cases only
 one of them reads right.
 
-    python benchmarks/diagnose_corpus.py [--part dev|test|...|test4|fresh4|all] [--json]
+    python benchmarks/diagnose_corpus.py [--part dev|test|...|fresh4|fresh5|all] [--json]
     python benchmarks/diagnose_corpus.py --reader tests/corpus/diagnose/reader/test3-fresh3.json
 """
 
@@ -29,7 +29,7 @@ from typing import Any
 REAL = Path(__file__).resolve().parent.parent / "tests" / "corpus" / "diagnose" / "real"
 
 
-PARTS = ("dev", "test", "holdout", "fresh", "test2", "fresh2", "test3", "fresh3", "test4", "fresh4")
+PARTS = ("dev", "test", "holdout", "fresh", "test2", "fresh2", "test3", "fresh3", "test4", "fresh4", "fresh5")
 
 
 def load(part: str) -> list[dict[str, Any]]:
