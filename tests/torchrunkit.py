@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -14,6 +15,9 @@ from conftest import REPO, clean_env
 
 EXAMPLE = REPO / "examples" / "train_ddp.py"
 FSDP = REPO / "examples" / "train_fsdp.py"
+_STEP = re.compile(r"\bstep (\d+) ")
+"""A rank's step line ("step 40 run"), wherever it is in a line: beside a CPU-heavy process the ranks' prints can run
+into one line, so a step's line need not start one."""
 
 
 def free_port() -> int:
@@ -63,7 +67,7 @@ class Torchrun:
         deadline = time.monotonic() + timeout
         for line in self.proc.stdout:
             self.lines.append(line)
-            if line.startswith(f"step {step} ") or time.monotonic() > deadline:
+            if any(int(n) >= step for n in _STEP.findall(line)) or time.monotonic() > deadline:
                 return
         raise AssertionError(f"never reached step {step}: {self.proc.stderr.read() if self.proc.stderr else ''}")
 
