@@ -84,8 +84,19 @@ def score(cases: list[dict[str, Any]]) -> dict[str, Any]:
 
 def against_reader(path: Path) -> dict[str, Any]:
     """Diagnose and a blind reader on the same cases: how often each is right, and where only one is."""
-    doc = json.loads(path.read_text())
-    cases = {case["id"]: case for part in doc["parts"] for case in load(part)}
+    try:
+        doc = json.loads(path.read_text())
+        parts, answers = list(doc["parts"]), list(doc["answers"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(
+            f"{path}: expected a blind reader's answers (JSON with 'parts' and 'answers', as in "
+            f"tests/corpus/diagnose/reader/), found {type(e).__name__}: {e}; pass one of those files"
+        ) from None
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        raise SystemExit(f"{path}: parts {unknown} are not corpus parts (expected some of {list(PARTS)})")
+    doc = {"parts": parts, "answers": answers}
+    cases = {case["id"]: case for part in parts for case in load(part)}
     missing = [a["id"] for a in doc["answers"] if a["id"] not in cases]
     if missing:
         raise SystemExit(f"{path}: answers for cases the parts {doc['parts']} do not hold: {missing[:5]}")

@@ -1184,10 +1184,15 @@ RULES: tuple[Rule, ...] = (
     _r(
         "terminated",
         "weak",
-        r"\bDisrupting NodeClaim\b|\bdeleting pod for node scale down\b|\bEC2_INSTANCE_TERMINATE\b|"
-        r"\b_terminate_if_down\b",
-        "the cluster took the node away (Karpenter's disruption, the cluster autoscaler's scale-down, "
-        "ParallelCluster's scaling daemons terminating an instance)",
+        r"\bDisrupting NodeClaim\b|\bdeleting pod for node scale down\b",
+        "the cluster took the node away (Karpenter's disruption, the cluster autoscaler's scale-down)",
+        "k8s",
+    ),
+    _r(
+        "terminated",
+        "weak",
+        r"\bEC2_INSTANCE_TERMINATE\b|\b_terminate_if_down\b",
+        "the cluster took the node away (ParallelCluster's scaling daemons terminating an instance)",
         None,
     ),
     # operating systems', CI systems' and platforms' documented words for how a process or job ended
