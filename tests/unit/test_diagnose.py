@@ -60,6 +60,18 @@ def test_exit_codes_alone() -> None:
     assert diagnose().verdict == "unknown"
 
 
+@pytest.mark.parametrize(
+    ("code", "verdict", "name"),
+    [(-5, "crashed", "SIGTRAP"), (133, "crashed", "SIGTRAP"), (141, "crashed", "SIGPIPE"), (-13, "crashed", "SIGPIPE"),
+     (-24, "time-limit", "SIGXCPU"), (152, "time-limit", "SIGXCPU"), (-14, "time-limit", "SIGALRM")],
+)  # fmt: skip
+def test_an_exit_code_names_every_signal_it_stands_for(code: int, verdict: str, name: str) -> None:
+    """A negative code (Python's returncode: minus the signal) or 128 + N names its signal, not "a failure"."""
+    d = diagnose(exit_code=code)
+    assert d.verdict == verdict
+    assert f"died of {name}" in d.summary and "reported a failure" not in d.summary
+
+
 def test_torchrun_teardown_of_other_ranks_is_not_the_cause() -> None:
     lines = (CORPUS / "torchrun_crash.log").read_text().splitlines()
     evidence = scan_lines(lines, "x")
@@ -176,6 +188,42 @@ def test_the_fix_names_the_platform_the_evidence_names() -> None:
     doc = k8s.to_json()
     assert doc["fix"] == k8s.fix and doc["verify"] == k8s.verify
     assert doc["initiating"] is None and doc["collateral"] == []
+
+
+def test_a_memory_pressure_eviction_names_oom_as_its_rival_and_fixes_the_pods_memory() -> None:
+    """The kubelet ended the pod (terminated), but memory ran out: oom competes, and the fix is the pod's memory."""
+    lines = ["Status:         Failed", "Reason:         Evicted",
+             "Message:        The node was low on resource: memory. Container main was using 14592532Ki, which "
+             "exceeds its request of 0."]  # fmt: skip
+    d = diagnose([("pod", lines)])
+    assert (d.verdict, d.competing) == ("terminated", "oom")
+    assert "low on memory" in d.summary
+    assert "resources.requests.memory" in d.fix[0] and "Evicted" in d.confirm[0]
+    disk = diagnose([("pod", [*lines[:2], "Message:        The node was low on resource: ephemeral-storage."])])
+    assert disk.verdict == "terminated" and disk.competing != "oom"
+    assert not any("requests.memory" in f for f in disk.fix)
+
+
+def test_advice_leaves_out_the_platforms_a_log_does_not_name() -> None:
+    """A log that names the platform running the job (Nextflow, Ray) gets no SLURM or Kubernetes items; a log that
+    names none gets them all, each tagged."""
+    nextflow = diagnose(
+        [("nf.log", ["ERROR ~ Error executing process > 'ALIGN (s1)'", "Caused by:",
+                     "  Process `ALIGN (s1)` terminated with an error exit status (137)", "Command error:",
+                     ".command.sh: line 2:    42 Killed                  bwa mem ref.fa r1.fq r2.fq"])]
+    )  # fmt: skip
+    assert nextflow.verdict == "oom"
+    everything = nextflow.fix + nextflow.confirm
+    assert any(f.startswith("Nextflow:") for f in nextflow.fix) and any(
+        c.startswith("Nextflow:") for c in nextflow.confirm
+    )
+    assert not any(f.startswith(("SLURM:", "Kubernetes:")) for f in everything)
+    ray = diagnose([("ray.log", ["The node with node id: 5f3e was terminated (reason: AUTOSCALER_DRAIN_PREEMPTED)"])])
+    assert ray.verdict == "preempted"
+    assert not any(f.startswith(("SLURM:", "Kubernetes:", "Nextflow:")) for f in ray.fix + ray.confirm)
+    assert ray.deciding == "" or "SLURM:" not in ray.deciding
+    bare = diagnose([("out", ["Killed"])])
+    assert {"SLURM:", "Kubernetes:"} <= {f.split(" ", 1)[0] for f in bare.fix}
 
 
 def test_the_verify_command_is_a_real_drill_invocation() -> None:

@@ -59,9 +59,21 @@ _BY_SIGNAL = {
         "Nextflow's report it as 140); the code does not say who sent it",
     ),
     "SIGKILL": ("killed", "SIGKILL (an OOM kill, a grace period that ran out, or kill -9)"),
+    "SIGXCPU": ("time-limit", "died of SIGXCPU: a CPU-time limit ran out (ulimit -t, a scheduler's CPU-time limit)"),
+    "SIGALRM": (
+        "time-limit",
+        "died of SIGALRM: an alarm timer ran out (a timeout the program or its wrapper set, signal.alarm)",
+    ),
 }
 """Signals that end a process from outside it: the verdict and what the ending says."""
 _FAULTS = ("SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL")
+_OTHER = {
+    "SIGPIPE": "its output's reader went away (a closed pipe or socket: `| head`, a dead tee or logger)",
+    "SIGTRAP": "a trap: a breakpoint or a runtime's own check (V8's, a debugger's)",
+    "SIGXFSZ": "a file grew past its size limit (ulimit -f)",
+    "SIGSYS": "a forbidden system call (a seccomp profile)",
+}
+"""Other signals that end a process: a failure, named (any signal not listed reads as "died of SIGNAME")."""
 
 
 def _meaning(code: int) -> tuple[str, str, bool]:
@@ -80,6 +92,8 @@ def _meaning(code: int) -> tuple[str, str, bool]:
         return (*_BY_SIGNAL[name], False)
     if name in _FAULTS:
         return "crashed", f"died of {name}", True
+    if name is not None:
+        return "crashed", f"died of {name}" + (f": {_OTHER[name]}" if name in _OTHER else ""), False
     verdict, meaning = {0: ("completed", "a clean exit"), **_CODES}.get(
         code, ("crashed", "the program reported a failure")
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import re
 import signal
+from dataclasses import replace
 from typing import Any
 
 from preemptible.diagnose._evidence import Evidence, exit_evidence
@@ -145,5 +146,6 @@ def exit_rule(line: str, where: str, number: int, text: str, present: frozenset[
                 code = -int(signal.Signals[name])
             except KeyError:
                 continue
-        return exit_evidence(code, rule.what, where, number, text, strong=rule.strong)
+        ended = exit_evidence(code, rule.what, where, number, text, strong=rule.strong)
+        return ended if rule.platform is None else replace(ended, platform=rule.platform)
     return None

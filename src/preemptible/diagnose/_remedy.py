@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-TAGS = {"slurm": "SLURM", "k8s": "Kubernetes", "aws": "AWS", "gcp": "GCP", "azure": "Azure", "docker": "Docker"}
+TAGS = {
+    "slurm": "SLURM", "k8s": "Kubernetes", "aws": "AWS", "gcp": "GCP", "azure": "Azure", "docker": "Docker",
+    "nextflow": "Nextflow",
+}  # fmt: skip
+RUNS_JOBS = frozenset(TAGS) | {
+    "lsf", "sge", "pbs", "htcondor", "ray", "skypilot", "dstack", "yarn", "colab", "jupyter", "airflow", "prefect",
+}  # fmt: skip
+"""Platforms that run the job: where the evidence names one, items tagged for the others are left out. (Not the
+launchers and libraries that run anywhere: torchrun, mpirun, Lightning.)"""
+_RETRY = "errorStrategy { task.exitStatus in 137..140 ? 'retry' : 'terminate' } with maxRetries 3"
 _DRILL_SOURCE = {"aws": "aws", "gcp": "gcp", "azure": "azure", "slurm": "slurm"}
 _TRAIN = "python train.py"  # stands for the user's own command in the printed lines
 
@@ -25,12 +34,14 @@ FIX: dict[str, list[str]] = {
         "Kubernetes: terminationGracePeriodSeconds above the predicted emergency save (preemptible plan ROOT --params "
         'N --platform k8s), and the trainer must receive SIGTERM: exec form (CMD ["python", ...] or exec python ...)',
         "SLURM: #SBATCH --requeue (preemptible then requeues the job after its checkpoint; recipes/slurm/train.sbatch)",
+        "Nextflow: aws.batch.maxSpotAttempts or google.batch.maxSpotAttempts (a reclaimed task is rerun), or " + _RETRY,
         "resubmit or requeue the job: Run resumes from the newest checkpoint that verifies",
     ],
     "time-limit": [
         "SLURM: sbatch --signal=USR1@120 (B:USR1@120 when a batch script wraps srun) so Run saves before the limit, "
         "and --requeue with Run(requeue=True) to continue in a new job",
         "Kubernetes: activeDeadlineSeconds ended the Job: raise it, or let Run save on the SIGTERM that follows",
+        "Nextflow: time { 4.h * task.attempt } with " + _RETRY + " (140: the executor's time limit)",
         "or stop on time yourself: Run saves on SIGTERM at the limit if the save fits in the grace period (preemptible "
         "plan ROOT --params N --window S)",
     ],
@@ -40,6 +51,7 @@ FIX: dict[str, list[str]] = {
         "Run(async_save=False) and no pre-staging (prestage_every=None) stage no second copy of the state",
         "SLURM: a larger --mem (sacct MaxRSS shows what the step used)",
         "Kubernetes: resources.limits.memory above the peak (kubectl top pod during a save)",
+        "Nextflow: memory { 8.GB * task.attempt } with " + _RETRY + ": the task comes back with more memory",
     ],
     "interrupted": [
         "nothing failed: the run was stopped by hand; Run saves on SIGINT like on SIGTERM (its default signal "
@@ -69,6 +81,8 @@ FIX: dict[str, list[str]] = {
         "SIGKILL ends a process without a save: if it followed a SIGTERM, the grace period was shorter than the save; "
         "raise it above preemptible plan's prediction, or shrink the save (bf16_moments=True, prestage_every=K)",
         "Kubernetes: terminationGracePeriodSeconds; Docker: docker stop -t; SLURM: GraceTime / KillWait",
+        "Nextflow: a task's 137 is most often its executor's memory limit: nextflow log shows its peak_rss against "
+        "memory; " + _RETRY,
         "if nothing sent SIGTERM first, look for the OOM killer (dmesg) before anything else",
     ],
     "completed": ["nothing to fix: the run finished"],
@@ -102,12 +116,24 @@ def verify(verdict: str, platforms: set[str], root: str | None) -> list[str]:
     }[verdict]
 
 
+MEMORY_EVICTION = [
+    "Kubernetes: the kubelet evicted the pod because the node ran low on memory, and it evicts first the pods furthest "
+    "above their memory requests: set resources.requests.memory to the pod's peak (requests equal to limits makes it "
+    "Guaranteed, evicted last), or give it a node with more memory",
+    FIX["oom"][1],
+]
+"""The fix for a memory-pressure eviction (`_rules.MEMORY_PRESSURE`): the pod's memory, before the signal's."""
+
+
 def remedy(
-    verdict: str, platforms: set[str], root: str | None = None, *, saved_at: int | None = None
+    verdict: str, platforms: set[str], root: str | None = None, *, saved_at: int | None = None, memory: bool = False
 ) -> dict[str, Any]:
     """``{"fix": [...], "verify": [...]}`` for ``verdict``, the platform-tagged items only for ``platforms``.
-    ``saved_at``: the step the journal shows committed after the notice (the save path needs no fix then)."""
+    ``saved_at``: the step the journal shows committed after the notice (the save path needs no fix then).
+    ``memory``: a ``terminated`` that was a memory-pressure eviction (its memory fix comes first)."""
     fix = for_platforms(FIX[verdict], platforms)
+    if memory:
+        fix = [*MEMORY_EVICTION, *fix]
     if saved_at is not None and verdict in ("preempted", "time-limit", "terminated"):
         saved = (
             f"nothing to fix in the save: the run committed step {saved_at} after the notice; make sure the job "
@@ -118,8 +144,9 @@ def remedy(
 
 
 def for_platforms(items: list[str], platforms: set[str]) -> list[str]:
-    """Items tagged "SLURM: ..." etc. only for the named platforms (all of them when none is named)."""
+    """Items tagged "SLURM: ..." etc. only for the named platforms (all of them when the evidence names no platform
+    that runs jobs, `RUNS_JOBS`)."""
     named = {TAGS[p] for p in platforms if p in TAGS}
-    if not named:
+    if not named and not platforms & RUNS_JOBS:
         return items
     return [i for i in items if i.split(":", 1)[0] not in TAGS.values() or i.split(":", 1)[0] in named]

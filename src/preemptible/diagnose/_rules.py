@@ -96,6 +96,12 @@ MACHINE_GONE = (
     "the machine stopped answering without notice: most often reclaimed without one (a spot or preemptible machine); "
     "else a crash of the machine or a network partition"
 )
+MEMORY_PRESSURE = (
+    "Kubernetes evicted the pod because its node ran low on memory (the kubelet's node-pressure eviction, not the "
+    "kernel's OOM killer: it picks the pods furthest above their memory requests)"
+)
+"""The ``why`` of a memory-pressure eviction: ``terminated`` (the kubelet ended the pod), its competing verdict ``oom``
+and its fix the pod's memory requests (`_verdict`, `_remedy`)."""
 SHELL_KILLED = (
     "the shell reports the command died of SIGKILL, naming no sender: most often the kernel's OOM killer (check the "
     "kernel log); else a kill -9 or a supervisor's"
@@ -794,6 +800,14 @@ RULES: tuple[Rule, ...] = (
     _r(
         "terminated",
         "strong",
+        r"\bThe node was low on resource: \[?memory\b|\bThe node had condition: \[MemoryPressure\]|"
+        r"\bevicted due to memory pressure\b",
+        MEMORY_PRESSURE,
+        "k8s",
+    ),
+    _r(
+        "terminated",
+        "strong",
         r"\bThe node was low on resource\b|"
         r"\bThe node had condition: \[\w*Pressure\]|\bReason:\s*Evicted\b|Eviction manager: pod is evicted|"
         r"eviction manager: must evict",
@@ -1440,6 +1454,7 @@ class ExitRule:
     pattern: re.Pattern[str]
     what: str
     strong: bool = False
+    platform: str | None = None
 
 
 EXIT_RULES: tuple[ExitRule, ...] = (
@@ -1465,6 +1480,11 @@ EXIT_RULES: tuple[ExitRule, ...] = (
         re.compile(r"Process finished with exit code (?P<code>\d+|-\d{6,})"), "the process finished with exit code"
     ),
     ExitRule(re.compile(r"returned non-zero exit status (?P<code>-?\d+)"), "a command returned exit status"),
+    ExitRule(
+        re.compile(r"Process `[^`]*` terminated with an error exit status \((?P<code>-?\d+)\)"),
+        "Nextflow: the task's process exited with",
+        platform="nextflow",
+    ),
     ExitRule(re.compile(r"\"ExitCode\"\s*:\s*(?P<code>\d+)"), "container state ExitCode"),
     ExitRule(re.compile(r"exited on signal (?P<signum>\d+)"), "mpirun: a rank exited on signal"),
     ExitRule(re.compile(r"\bexited prematurely: signal (?P<signum>\d+)"), "Celery: a worker exited prematurely"),

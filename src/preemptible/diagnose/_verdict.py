@@ -21,7 +21,7 @@ from preemptible.diagnose._facts import journal_evidence, journal_facts
 from preemptible.diagnose._incident import Incident, initiating, silent_log
 from preemptible.diagnose._input import LogInput
 from preemptible.diagnose._remedy import for_platforms, remedy
-from preemptible.diagnose._rules import CONSEQUENCES, MACHINE_GONE, SHELL_KILLED
+from preemptible.diagnose._rules import CONSEQUENCES, MACHINE_GONE, MEMORY_PRESSURE, SHELL_KILLED
 from preemptible.diagnose._scan import TimeWindow, scan_lines
 
 CONFIRM: dict[str, list[str]] = {
@@ -31,16 +31,20 @@ CONFIRM: dict[str, list[str]] = {
         "GCP: gcloud compute operations list --filter='operationType=compute.instances.preempted'",
         "Azure: the VM's Activity Log (Spot eviction) or Scheduled Events history",
         "Kubernetes: kubectl get events --field-selector involvedObject.name=$POD; kubectl describe node",
+        "the platform's own record of the machine or the job (its events or job history): reclaimed, or taken for "
+        "another job",
     ],
     "time-limit": [
         "SLURM: sacct -j $JOBID -o JobID,State,Elapsed,Timelimit (State TIMEOUT); save ahead with --signal=USR1@120",
         "Kubernetes: kubectl describe job (DeadlineExceeded, activeDeadlineSeconds)",
+        "the job's elapsed time against its limit in the scheduler's or platform's accounting",
     ],
     "oom": [
         "dmesg -T | grep -i -E 'out of memory|oom-kill' on the node",
         "SLURM: sacct -j $JOBID -o JobID,State,MaxRSS,ReqMem (State OUT_OF_MEMORY)",
         "Kubernetes: kubectl describe pod $POD (Last State: Terminated, Reason: OOMKilled) vs resources.limits.memory",
         "GPU: the traceback's 'Tried to allocate' figure against torch.cuda.max_memory_allocated()",
+        "Nextflow: nextflow log $RUN_NAME -f name,exit,peak_rss,memory (a peak_rss at the task's memory directive)",
     ],
     "interrupted": [
         "who pressed Ctrl-C or stopped the notebook: the ^C or KeyboardInterrupt in the log, the shell's history",
@@ -256,7 +260,12 @@ def diagnose(
             exact = facts.exit is not None or facts.done  # a hard kill may have gone further than the journal saw
     platforms = {e.platform for e in evidence if e.platform}
     confirm = for_platforms(CONFIRM[verdict], platforms)
-    todo = remedy(verdict, platforms, root, saved_at=facts.committed_after_notice if facts is not None else None)
+    memory = verdict == "terminated" and any(e.why == MEMORY_PRESSURE for e in evidence)
+    if memory:
+        confirm = [_MEMORY_CONFIRM, *confirm]
+    todo = remedy(
+        verdict, platforms, root, saved_at=facts.committed_after_notice if facts is not None else None, memory=memory
+    )
     confidence, competing = _confidence(evidence, verdict, how)
     return Diagnosis(
         verdict, summary, evidence, exit_code, checkpoint, lost, exact, confirm, notes,
@@ -269,7 +278,7 @@ def _summary(evidence: Sequence[Evidence], verdict: str, first: Incident | None,
     """The verdict's one line: what its strongest evidence means (a process's own words before another's report
     of them); with several ranks or nodes, what happened where it started, and how much followed."""
     deciding = [e for e in evidence if e.verdict == verdict and e.strength != "collateral"]
-    deciding.sort(key=lambda e: e.reported)  # (stable)
+    deciding.sort(key=lambda e: (e.reported, e.why != MEMORY_PRESSURE))  # (stable; the eviction's named cause first)
     strongest = next((e for e in deciding if e.strength == "strong"), deciding[0] if deciding else None)
     summary = strongest.why if strongest is not None else "no recognised evidence"
     if first is not None and first.verdict == verdict and (first.line is not None or strongest is None):
@@ -326,6 +335,10 @@ killer's, or a SIGKILL a tool reports: right about 3 times in 5, the rest an OOM
 for the shell's); one only a hint names; one derived from the order of events (a failure before the signals, the
 run's end before the errors, a stop on a spot machine: right 89% of the time on dev, held below 0.8). ``unknown``:
 how often the thread itself could not say either (its most likely cause is a guess to check, `Diagnosis.competing`)."""
+_MEMORY_CONFIRM = (
+    "Kubernetes: kubectl describe pod $POD (Reason: Evicted; the message names memory and the container's use "
+    "against its request) and kubectl top pod / kubectl describe node during the run (MemoryPressure)"
+)
 _CONFUSED = {
     "preempted": "terminated", "time-limit": "terminated", "oom": "killed", "interrupted": "terminated",
     "collective-timeout": "crashed", "crashed": "oom", "terminated": "preempted", "killed": "oom",
@@ -350,6 +363,8 @@ def _confidence(evidence: Sequence[Evidence], verdict: str, how: str) -> tuple[f
     own = [e for e in evidence if e.verdict == verdict and e.strength in ("strong", "weak")]
     if own and all(e.why == MACHINE_GONE for e in own):
         competing = competing or "crashed"  # a machine gone without notice: a reclaim, else the machine's own crash
+    if any(e.why == MEMORY_PRESSURE for e in own):
+        competing = competing or "oom"  # the kubelet ended it, but memory ran out: the threads call it an OOM
     competing = competing or _CONFUSED.get(verdict)
     if how != "rule":
         return CONFIDENCE["derived"], competing
