@@ -354,6 +354,11 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
          "failed:", "crashed"),  # Metaflow
         ("[2025-01-21 17:10:38] Error: Curand error 203 - src/tensors/rand.cpp:74: curandCreateGenerator", "crashed"),
         ("2017-11-12 06:37:27,920 [INFO] - Train model END 189635.83s", "completed"),
+        ("2m32s  Normal  Preempted  pod/medium-worker-0  by default/critical-worker-0 on node 192.168.0.23",
+         "preempted"),  # a Kubernetes event table
+        ("42s  Warning  Evict  pod/pyspark-pi-driver-routine-bf2  Pod is evicted, because of preempt", "preempted"),
+        ("Container exited with a non-zero exit code -104. Diagnostics: Container killed", "oom"),  # YARN
+        ("Exit status: -102. Diagnostics: Container preempted", "preempted"),  # YARN
     ],
 )  # fmt: skip
 def test_signals_exits_and_ends_in_plain_words(line: str, verdict: str) -> None:

@@ -226,7 +226,8 @@ RULES: tuple[Rule, ...] = (
     _r(
         "preempted",
         "strong",
-        r"\bPreempted by \S+ on node\b|\bPreemptionByScheduler\b|\bPreemptionByKubeScheduler\b",
+        r"\bPreempted\s+(pod/\S+\s+)?by \S+ on node\b|\bPreemptionByScheduler\b|\bPreemptionByKubeScheduler\b|"
+        r"\bevicted,? because of preempt",
         "Kubernetes scheduler preempted the pod for a higher-priority one",
         "k8s",
     ),
@@ -1162,8 +1163,16 @@ RULES: tuple[Rule, ...] = (
     _r(
         "oom",
         "strong",
-        r"\bis running beyond physical memory limits\b",
-        "YARN killed the container for going over its memory",
+        r"\bis running beyond physical memory limits\b|\b(exit ?(status|code)|exitCode)\W{0,3}-10[34]\b",
+        "YARN killed the container for going over its memory (exit status -104 physical, -103 virtual: "
+        "KILLED_EXCEEDED_PMEM, KILLED_EXCEEDED_VMEM)",
+        "yarn",
+    ),
+    _r(
+        "preempted",
+        "strong",
+        r"\b(exit ?(status|code)|exitCode)\W{0,3}-102\b",
+        "YARN preempted the container (exit status -102: PREEMPTED)",
         "yarn",
     ),
     _r(
