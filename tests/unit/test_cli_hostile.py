@@ -37,6 +37,7 @@ BAD: list[tuple[str, list[str]]] = [
     ("diagnose a missing LOG", ["diagnose", "@root/missing.log"]),
     ("diagnose --exit-code x", ["diagnose", "--exit-code", "x"]),
     ("diagnose --exit-code=--", ["diagnose", "--exit-code=--"]),  # (argparse passed it on as an empty list)
+    ("diagnose --exit-code -200", ["diagnose", "--exit-code=-200"]),  # (no signal is numbered above 64)
     ("plan --params=--", ["plan", "@root", "--params=--", "--window", "30"]),
     ("plan --params inf", ["plan", "--params", "inf", "--window", "30", "--bandwidth", "1e9"]),
     ("plan --params nan", ["plan", "--params", "nan", "--window", "30", "--bandwidth", "1e9"]),

@@ -226,6 +226,49 @@ def test_advice_leaves_out_the_platforms_a_log_does_not_name() -> None:
     assert {"SLURM:", "Kubernetes:"} <= {f.split(" ", 1)[0] for f in bare.fix}
 
 
+def test_the_advice_fits_what_the_evidence_names() -> None:
+    """A stranger's check: AWS's own notice gets AWS's advice and rehearsal; a host OOM no GPU items and a GPU OOM no
+    host items; a hangup the fix for a closed session, not a reclaim as its rival; Dask's memory budget Dask's fix."""
+    aws = diagnose(
+        [
+            (
+                "runner",
+                [
+                    '[i-01f7/cloud-init-output] {"level":"warn","message":"Spot interruption payload '
+                    'received: {\\"action\\":\\"terminate\\",\\"time\\":\\"2025-03-31T16:34:24Z\\"}"}'
+                ],
+            )
+        ]
+    )
+    assert aws.verdict == "preempted"
+    assert not any(f.startswith(("GCP:", "Azure:", "SLURM:", "Kubernetes:")) for f in aws.fix + aws.confirm)
+    assert any(f.startswith("AWS:") for f in aws.fix) and aws.verify[0].startswith("preemptible drill --source aws")
+    host = diagnose([("slurm.out", ["slurmstepd-gpu20-15: error: Detected 1 oom-kill event(s) in StepId=9411285.0.",
+                                    "srun: error: gpu20-15: task 0: Out Of Memory"])])  # fmt: skip
+    assert host.verdict == "oom" and host.initiating is None  # (one node: slurmstepd-<host> names gpu20-15)
+    assert not any(f.startswith("GPU:") for f in host.fix + host.confirm) and any("--mem" in f for f in host.fix)
+    gpu = diagnose([("log", ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB"])])
+    assert gpu.verdict == "oom"
+    assert not any(f.startswith(("host memory:", "dmesg")) for f in gpu.fix + gpu.confirm)
+    hup = diagnose([("log", ["torch.distributed.elastic.multiprocessing.api.SignalException: Process 81061 got "
+                             "signal: 1"])])  # fmt: skip
+    assert hup.verdict == "terminated" and hup.competing != "preempted"
+    assert "SIGHUP" in hup.fix[0] and "SIGHUP" in hup.fix[1]
+    dask = diagnose([("w", ["distributed.nanny - WARNING - Worker exceeded 95% memory budget. Restarting"])])
+    assert dask.verdict == "oom" and any(f.startswith("Dask:") for f in dask.fix + dask.confirm)
+    assert not any(f.startswith(("SLURM:", "Kubernetes:", "Nextflow:")) for f in dask.fix + dask.confirm)
+
+
+def test_a_log_with_nothing_readable_names_no_likely_cause(tmp_path: Path) -> None:
+    """An empty, binary or compressed log: unknown, and no "most likely" cause (nothing was read); the note says why."""
+    empty = tmp_path / "empty.log"
+    empty.write_bytes(b"")
+    d = diagnose([read_log(str(empty))])
+    assert d.verdict == "unknown" and d.competing is None
+    assert d.summary.startswith("nothing in the logs could be read") and "empty" in d.summary
+    assert "most likely" not in d.render()
+
+
 def test_the_verify_command_is_a_real_drill_invocation() -> None:
     """The printed drill lines parse with the real CLI's parser (options that exist, values it accepts)."""
     import argparse

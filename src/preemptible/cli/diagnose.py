@@ -38,10 +38,11 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--exit-code",
-        type=integer(low=-255, high=255),
+        type=_exit_code,
         default=None,
         metavar="N",
-        help="the command's exit code (shell or -signal)",
+        help="the command's exit code: 0 to 255 as a shell reports it, or minus a signal's number (-1 to -64) as "
+        "Python's returncode reports a process a signal ended",
     )
     p.add_argument(
         "--attempt",
@@ -56,6 +57,17 @@ def add_parser(sub: Any) -> None:
         help="print JSON (verdict, confidence, competing, deciding, summary, evidence, checkpoint, initiating, "
         "collateral, fix, verify, ...)",
     )
+
+
+def _exit_code(text: str) -> int:
+    """An exit status (0-255) or minus a signal's number (-1 to -64: no signal is numbered above 64)."""
+    value = integer(low=-255, high=255)(text)
+    if value < -64:
+        raise argparse.ArgumentTypeError(
+            f"expected 0 to 255 (an exit status) or -1 to -64 (minus a signal's number), found {text!r}: no signal "
+            "is numbered above 64; pass the code as the shell or the launcher reported it"
+        )
+    return value
 
 
 def _attempt(text: str) -> int | str:

@@ -34,6 +34,7 @@ _PREFIXES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"^\[default(\d+)\]:"), "local rank"),
     (re.compile(r"^(\d+): "), "rank"),
     (re.compile(r"^\s*([a-z][\w-]*\d[\w.-]*):\d+:\d+ \[\d+\] NCCL\b"), "node"),
+    (re.compile(r"^slurmstepd-([\w.-]+): "), "node"),  # slurmstepd names its node after a dash
     (re.compile(r"^([a-z][\w-]*\d[\w.-]*): \S"), "node"),
 )
 _IN_TEXT: tuple[tuple[re.Pattern[str], str], ...] = (

@@ -11,7 +11,7 @@ from typing import Any
 
 TAGS = {
     "slurm": "SLURM", "k8s": "Kubernetes", "aws": "AWS", "gcp": "GCP", "azure": "Azure", "docker": "Docker",
-    "nextflow": "Nextflow",
+    "nextflow": "Nextflow", "dask": "Dask",
 }  # fmt: skip
 RUNS_JOBS = frozenset(TAGS) | {
     "lsf", "sge", "pbs", "htcondor", "ray", "skypilot", "dstack", "yarn", "colab", "jupyter", "airflow", "prefect",
@@ -52,6 +52,8 @@ FIX: dict[str, list[str]] = {
         "SLURM: a larger --mem (sacct MaxRSS shows what the step used)",
         "Kubernetes: resources.limits.memory above the peak (kubectl top pod during a save)",
         "Nextflow: memory { 8.GB * task.attempt } with " + _RETRY + ": the task comes back with more memory",
+        "Dask: a larger memory_limit per worker (dask worker --memory-limit, LocalCluster(memory_limit=...)), fewer "
+        "threads per worker or smaller partitions",
     ],
     "interrupted": [
         "nothing failed: the run was stopped by hand; Run saves on SIGINT like on SIGTERM (its default signal "
@@ -125,15 +127,36 @@ MEMORY_EVICTION = [
 """The fix for a memory-pressure eviction (`_rules.MEMORY_PRESSURE`): the pod's memory, before the signal's."""
 
 
+HANGUP = [
+    "a hangup (SIGHUP): the terminal or SSH session that started the run closed; start it detached (nohup python "
+    "train.py > train.log 2>&1 &, setsid, tmux or screen) or under a scheduler",
+    "Run does not save on SIGHUP by default (its signals are SIGTERM, SIGINT and SIGUSR1): add it with "
+    "sources=[preemptible.sources.SignalSource(['SIGTERM', 'SIGINT', 'SIGUSR1', 'SIGHUP'])] to save on a hangup too",
+]
+"""The fix for a hangup (a closed terminal or session), not a SIGTERM's."""
+
+
 def remedy(
-    verdict: str, platforms: set[str], root: str | None = None, *, saved_at: int | None = None, memory: bool = False
+    verdict: str,
+    platforms: set[str],
+    root: str | None = None,
+    *,
+    saved_at: int | None = None,
+    memory: bool = False,
+    hangup: bool = False,
+    memory_kind: str | None = None,
 ) -> dict[str, Any]:
     """``{"fix": [...], "verify": [...]}`` for ``verdict``, the platform-tagged items only for ``platforms``.
     ``saved_at``: the step the journal shows committed after the notice (the save path needs no fix then).
-    ``memory``: a ``terminated`` that was a memory-pressure eviction (its memory fix comes first)."""
+    ``memory``: a ``terminated`` that was a memory-pressure eviction (its memory fix comes first). ``hangup``: a
+    ``terminated`` by SIGHUP (a closed session: its own fix). ``memory_kind``: "gpu" or "host" when the evidence
+    says which memory ran out (the other's items are left out)."""
     fix = for_platforms(FIX[verdict], platforms)
+    fix = for_memory(fix, memory_kind)
     if memory:
         fix = [*MEMORY_EVICTION, *fix]
+    if hangup:
+        fix = [*HANGUP, *fix[1:]]
     if saved_at is not None and verdict in ("preempted", "time-limit", "terminated"):
         saved = (
             f"nothing to fix in the save: the run committed step {saved_at} after the notice; make sure the job "
@@ -141,6 +164,13 @@ def remedy(
         )
         fix = [saved, *fix[1:]]
     return {"fix": fix, "verify": verify(verdict, platforms, root)}
+
+
+def for_memory(items: list[str], kind: str | None) -> list[str]:
+    """Without the items for the memory that did not run out ("GPU: ..." for host memory, "host memory: ..." for a
+    GPU's)."""
+    other = {"host": "GPU:", "gpu": "host memory:"}.get(kind or "")
+    return items if other is None else [i for i in items if not i.startswith(other)]
 
 
 def for_platforms(items: list[str], platforms: set[str]) -> list[str]:

@@ -322,8 +322,14 @@ RULES: tuple[Rule, ...] = (
     _r(
         "preempted",
         "strong",
-        r"\b(preemption|termination) is imminent\b|\bspot (instance )?interruption\b|\bSpotInterruption(Kind)?\b|"
         r"\\?\"action\\?\"\s*:\s*\\?\"(terminate|stop|hibernate)\\?\"",
+        'an agent read AWS\'s spot instance-action notice ({"action": ..., "time": ...}) from the metadata service',
+        "aws",
+    ),
+    _r(
+        "preempted",
+        "strong",
+        r"\b(preemption|termination) is imminent\b|\bspot (instance )?interruption\b|\bSpotInterruption(Kind)?\b",
         "an agent read the cloud's reclaim notice from the metadata service",
         None,
     ),
@@ -555,6 +561,13 @@ RULES: tuple[Rule, ...] = (
     _r(
         "oom",
         "strong",
+        r"\bexceeded \d+% memory budget\b",
+        "Dask: a worker went over its memory budget (the nanny restarts a worker past 95% of its memory_limit)",
+        "dask",
+    ),
+    _r(
+        "oom",
+        "strong",
         r"\bCUDA_ERROR_OUT_OF_MEMORY\b|\bnot enough memory: you tried to allocate\b|\bstd::bad_alloc\b|"
         r"\bResourceExhaustedError\b|\bRESOURCE_EXHAUSTED: Out of memory\b|^(\w+\.)*MemoryError\b|"
         r"\bsession crashed after using all available RAM\b|tried to allocate more memory than is available|"
@@ -565,7 +578,7 @@ RULES: tuple[Rule, ...] = (
         r"hint)\b).*"
         r"\b(ran|runs|running|run) out[- ]of[- ](GPU |host |system |device )?memory\b|"
         r"\bRESOURCE_EXHAUSTED: (Attempting to (reserve|allocate)|.*\b(memory|HBM)\b)|"
-        r"^(\w+ )?(fatal )?error: out of memory\b|\bOut of memory error on GPU\b|\bexceeded \d+% memory budget\b",
+        r"^(\w+ )?(fatal )?error: out of memory\b|\bOut of memory error on GPU\b",
         "out of memory (an allocation failed, a worker went over its memory budget, or the notebook ran out of RAM)",
         None,
     ),

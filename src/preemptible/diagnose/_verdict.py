@@ -12,6 +12,7 @@ ranks' ``exitcode: -15`` there is torchrun tearing them down after the first fai
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -20,7 +21,7 @@ from preemptible.diagnose._evidence import VERDICTS, Evidence, exit_evidence
 from preemptible.diagnose._facts import journal_evidence, journal_facts
 from preemptible.diagnose._incident import Incident, initiating, silent_log
 from preemptible.diagnose._input import LogInput
-from preemptible.diagnose._remedy import for_platforms, remedy
+from preemptible.diagnose._remedy import TAGS, for_memory, for_platforms, remedy
 from preemptible.diagnose._rules import CONSEQUENCES, MACHINE_GONE, MEMORY_PRESSURE, SHELL_KILLED
 from preemptible.diagnose._scan import TimeWindow, scan_lines
 
@@ -45,6 +46,8 @@ CONFIRM: dict[str, list[str]] = {
         "Kubernetes: kubectl describe pod $POD (Last State: Terminated, Reason: OOMKilled) vs resources.limits.memory",
         "GPU: the traceback's 'Tried to allocate' figure against torch.cuda.max_memory_allocated()",
         "Nextflow: nextflow log $RUN_NAME -f name,exit,peak_rss,memory (a peak_rss at the task's memory directive)",
+        "Dask: the nanny's 'Worker exceeded 95% memory budget. Restarting' lines and the dashboard's worker memory "
+        "against memory_limit",
     ],
     "interrupted": [
         "who pressed Ctrl-C or stopped the notebook: the ^C or KeyboardInterrupt in the log, the shell's history",
@@ -63,7 +66,8 @@ CONFIRM: dict[str, list[str]] = {
         "NCCL: rerun with NCCL_DEBUG=INFO TORCH_NCCL_ASYNC_ERROR_HANDLING=1 to see the failing collective",
     ],
     "terminated": [
-        "who sent the signal: the scheduler's accounting (sacct Reason; kubectl get events; docker events)",
+        "who sent the signal: the scheduler's or the platform's accounting and events",
+        "Docker: docker events --filter container=$ID (its kill and die events name the signal)",
         "SLURM: sacct -j $JOBID -o JobID,State,ExitCode (CANCELLED by <uid> means scancel)",
         "Kubernetes: kubectl get events for Killing/Evicted/Preempted, and the node's events (a drain or a shutdown)",
         "on spot machines, the cloud's interruption record for the instance (a SIGTERM there is often a reclaim)",
@@ -259,19 +263,35 @@ def diagnose(
             lost = max(0, facts.last_step - base)
             exact = facts.exit is not None or facts.done  # a hard kill may have gone further than the journal saw
     platforms = {e.platform for e in evidence if e.platform}
-    confirm = for_platforms(CONFIRM[verdict], platforms)
-    memory = verdict == "terminated" and any(e.why == MEMORY_PRESSURE for e in evidence)
-    if memory:
-        confirm = [_MEMORY_CONFIRM, *confirm]
-    todo = remedy(
-        verdict, platforms, root, saved_at=facts.committed_after_notice if facts is not None else None, memory=memory
-    )
+    confirm, todo = _advice(evidence, verdict, platforms, root, facts.committed_after_notice if facts else None)
     confidence, competing = _confidence(evidence, verdict, how)
+    if competing == "preempted" and verdict == "terminated" and _hangup(evidence):
+        competing = "interrupted"  # a closed terminal is the user's own session ending, never a reclaim
+    if verdict == "unknown" and not evidence and notes and len(notes) >= len(names):
+        competing = None  # nothing was read (an empty, binary or compressed log): no cause is more likely
+        summary = "nothing in the logs could be read: " + "; ".join(notes)
     return Diagnosis(
         verdict, summary, evidence, exit_code, checkpoint, lost, exact, confirm, notes,
         initiating=first, collateral=collateral, fix=todo["fix"], verify=todo["verify"],
         confidence=confidence, competing=competing, deciding=_deciding(verdict, competing, platforms),
     )  # fmt: skip
+
+
+def _advice(
+    evidence: Sequence[Evidence], verdict: str, platforms: set[str], root: str | None, saved_at: int | None
+) -> tuple[list[str], dict[str, Any]]:
+    """How to confirm ``verdict``, and its fix and verify commands, for what the evidence names: the platforms, the
+    memory that ran out, a memory-pressure eviction, a hangup."""
+    kind = _memory_kind(evidence) if verdict in ("oom", "killed") else None
+    confirm = for_memory(for_platforms(CONFIRM[verdict], platforms), kind)
+    if kind == "gpu":
+        confirm = [c for c in confirm if not c.startswith("dmesg")]  # (the kernel has no word of a GPU's memory)
+    memory = verdict == "terminated" and any(e.why == MEMORY_PRESSURE for e in evidence)
+    if memory:
+        confirm = [_MEMORY_CONFIRM, *confirm]
+    hangup = verdict == "terminated" and _hangup(evidence)
+    todo = remedy(verdict, platforms, root, saved_at=saved_at, memory=memory, hangup=hangup, memory_kind=kind)
+    return confirm, todo
 
 
 def _summary(evidence: Sequence[Evidence], verdict: str, first: Incident | None, collateral: list[Incident]) -> str:
@@ -382,11 +402,35 @@ def _confidence(evidence: Sequence[Evidence], verdict: str, how: str) -> tuple[f
     return CONFIDENCE[key], competing
 
 
+_GPU_MEMORY = re.compile(
+    r"CUDA|"
+    r"\bGPU\b|cudaMalloc|\bHBM\b|\bXLA\b|RESOURCE_EXHAUSTED|device memory|\b(HIP|MPS|XPU|NPU)\b"
+)
+
+
+def _memory_kind(evidence: Sequence[Evidence]) -> str | None:
+    """Either "gpu" or "host" when the memory evidence says which ran out (a CUDA allocation; the kernel's or a cgroup's
+    OOM killer, a scheduler's memory limit), else None (both, or neither)."""
+    said = [e for e in evidence if e.verdict == "oom" and e.strength in ("strong", "weak")]
+    gpu = {bool(_GPU_MEMORY.search(e.text)) for e in said}
+    return None if len(gpu) != 1 else "gpu" if True in gpu else "host"
+
+
+_HANGUP = re.compile(r"\bSIGHUP\b|\bhang ?up\b|\bgot sigval:? ?1\b|\bsignal:? 1\b|\bReceived 1 death signal\b", re.I)
+
+
+def _hangup(evidence: Sequence[Evidence]) -> bool:
+    """The stop from outside was a SIGHUP (a closed terminal or session)."""
+    return any(e.verdict == "terminated" and (_HANGUP.search(e.text) or "SIGHUP" in e.why) for e in evidence)
+
+
 def _deciding(verdict: str, competing: str | None, platforms: set[str]) -> str:
-    """The record that would tell ``verdict`` from ``competing``."""
+    """The record that would tell ``verdict`` from ``competing`` (for the platform the evidence names, if any)."""
     if competing is None:
         return ""
-    check = for_platforms(CONFIRM[competing], platforms)[0]
+    checks = for_platforms(CONFIRM[competing], platforms)
+    named = {TAGS[p] for p in platforms if p in TAGS}
+    check = next((c for c in checks if c.split(":", 1)[0] in named), checks[0])
     if verdict == "unknown":
         return f"for {competing}: {check}; and pass more: {CONFIRM['unknown'][0]}"
     return f"to rule out {competing}: {check}"
