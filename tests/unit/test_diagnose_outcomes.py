@@ -359,6 +359,24 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("42s  Warning  Evict  pod/pyspark-pi-driver-routine-bf2  Pod is evicted, because of preempt", "preempted"),
         ("Container exited with a non-zero exit code -104. Diagnostics: Container killed", "oom"),  # YARN
         ("Exit status: -102. Diagnostics: Container preempted", "preempted"),  # YARN
+        ("Task timed out after 900.05 seconds", "time-limit"),  # AWS Lambda
+        ("statusReason: Job attempt duration exceeded timeout", "time-limit"),  # AWS Batch
+        ("Job exceeded its walltime and was terminated", "time-limit"),
+        ("Execution halted because the job exceeded the maximum allowed run time", "time-limit"),
+        ("Task state is updated from RUNNING to FAILED on zones/us-central1-a/instances/x due to task timeout with "
+         "exit code 50005.", "time-limit"),  # Google Batch
+        ("Task state is updated from RUNNING to FAILED on zones/us-central1-a/instances/x due to Spot VM preemption "
+         "with exit code 50001.", "preempted"),  # Google Batch
+        ('Job 1234 exceeds job hard limit "h_vmem" of queue "all.q@node1"', "oom"),  # Grid Engine
+        ('Job 1234 exceeds job hard limit "h_rt" of queue "all.q@node1"', "time-limit"),  # Grid Engine
+        ("Aborted by admin", "terminated"),
+        ("009 (123.000.000) Job was aborted. via condor_rm (by user alice)", "terminated"),  # HTCondor
+        ("State of this instance has been externally set to failed. Terminating instance.", "terminated"),  # Airflow
+        ("The runner has received a shutdown signal. This can happen when the runner service is stopped", "terminated"),
+        ("Normal  TaintManagerEviction  pod/train-0  Marking for deletion Pod default/train-0", "terminated"),
+        ("{local_task_job.py:154} INFO - Task exited with return code Negsignal.SIGKILL", "killed"),  # Airflow
+        ("Container marked as failed: container_1 on host: ip-10-0-0-1. Exit status: -100. Diagnostics: Container "
+         "released on a *lost* node.", "preempted"),  # YARN: a machine gone without notice (weak)
     ],
 )  # fmt: skip
 def test_signals_exits_and_ends_in_plain_words(line: str, verdict: str) -> None:

@@ -402,7 +402,7 @@ RULES: tuple[Rule, ...] = (
         r"health check failed due to missing too many heartbeats|\bits node has died\b|\bNodeDiedError\b|"
         r"\bthe node it was running on is dead\b|\blame workers found\b|\bnode no longer exists\b|"
         r"\bshim health: SSH or tunnel error\b|\bPAPI error code 10\b|\bThe assigned worker has failed to complete the "
-        r"operation\b|\[GOOGLE BATCH\].*\bCannot read exit status\b",
+        r"operation\b|\[GOOGLE BATCH\].*\bCannot read exit status\b|\bContainer released on a \*?lost\*? node\b",
         MACHINE_GONE,
         None,
     ),
@@ -1412,6 +1412,51 @@ RULES: tuple[Rule, ...] = (
         "Snakemake: the user pressed Ctrl-C",
         None,
     ),
+    # batch services', CI runners' and schedulers' documented words for a job's end, in their general forms
+    _r(
+        "time-limit",
+        "strong",
+        r"\b(job|task|run|step|process|command|execution|attempt|script|function)\b[^.]{0,30}\btimed? ?out after "
+        r"[\d.]+ ?(s|sec|secs|seconds|m|min|mins|minutes|h|hours)\b|\bduration exceeded (the )?timeout\b|"
+        r"\bran longer than (the |its )?((configured|specified|allowed|maximum) )*(timeout|time ?limit|deadline)\b|"
+        r"\bexceeded (its|the) wall ?(time|clock)\b|"
+        r"\bexceeded the max(imum)? allowed (run ?|execution )?(time|duration)\b|"
+        r"\bdue to task timeout\b|\bwith exit code 50005\b|\bexceeds job (hard|soft) limit \W?[hs]_(rt|cpu)\b",
+        "the job or task ran past its time limit (AWS Batch and Lambda, Google Batch's 50005, Grid Engine, a runner's "
+        "timeout)",
+        None,
+    ),
+    _r(
+        "preempted",
+        "strong",
+        r"\bdue to (Spot )?VM preemption\b|\bwith exit code 50001\b",
+        "Google Batch: the task's Spot VM was preempted (exit code 50001)",
+        "gcp",
+    ),
+    _r(
+        "oom",
+        "strong",
+        r"\bexceeds job (hard|soft) limit \W?([hs]_vmem|h_rss|mem_free)\b",
+        "Grid Engine: the job went over its memory limit (h_vmem)",
+        "sge",
+    ),
+    _r(
+        "terminated",
+        "strong",
+        r"\b(aborted|cancell?ed|killed|stopped|terminated) by (the )?(admin|administrator|root|operator|sysadmin)\b|"
+        r"\bvia condor_rm\b|\bexternally set to (failed|success|up_for_retry|skipped)\b",
+        "an administrator, condor_rm or Airflow (a task's state set from outside) stopped the job",
+        None,
+    ),
+    _r(
+        "terminated",
+        "weak",
+        r"\b(runner|agent|worker|node) has received a shutdown signal\b|\bTaintManagerEviction\b|"
+        r"\bMarking for deletion Pod\b",
+        "the machine's agent or the node was shut down under the job (a runner's service stopped; Kubernetes' taint "
+        "manager evicting the pods of a node gone NotReady)",
+        None,
+    ),
     _r(
         "time-limit",
         "strong",
@@ -1502,6 +1547,7 @@ EXIT_RULES: tuple[ExitRule, ...] = (
         re.compile(r"Process finished with exit code (?P<code>\d+|-\d{6,})"), "the process finished with exit code"
     ),
     ExitRule(re.compile(r"returned non-zero exit status (?P<code>-?\d+)"), "a command returned exit status"),
+    ExitRule(re.compile(r"\breturn code Negsignal\.(?P<signame>SIG[A-Z0-9]+)"), "Airflow: the task died of"),
     ExitRule(
         re.compile(r"Process `[^`]*` terminated with an error exit status \((?P<code>-?\d+)\)"),
         "Nextflow: the task's process exited with",
