@@ -377,6 +377,21 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("{local_task_job.py:154} INFO - Task exited with return code Negsignal.SIGKILL", "killed"),  # Airflow
         ("Container marked as failed: container_1 on host: ip-10-0-0-1. Exit status: -100. Diagnostics: Container "
          "released on a *lost* node.", "preempted"),  # YARN: a machine gone without notice (weak)
+        ("Warning  NodeNotReady  pod/train-0  Node is not ready", "preempted"),  # (weak: a machine gone)
+        ("srun: error: Node failure on n12", "killed"),  # (as Slurm's NODE_FAIL)
+        ("Normal  Killing  pod/train-0  Container main failed liveness probe, will be restarted", "killed"),
+        ("Warning  Unhealthy  pod/train-0  Liveness probe failed: HTTP probe failed with statuscode: 500", "killed"),
+        ("zsh: interrupt  python train.py", "interrupted"),
+        ("Job was held. The job exceeded allowed execution duration of 3600 seconds", "time-limit"),
+        ("ClientError: Please use an instance type with more memory, or reduce the size of job data", "oom"),
+        ("fatal error: runtime: out of memory", "oom"),  # Go
+        ("MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD with errorcode 1.", "crashed"),
+        ("The training job has completed successfully.", "completed"),
+        ("Reporting training SUCCESS", "completed"),  # SageMaker's training toolkit
+        ("[E ProcessGroupGloo.cpp:138] Rank 0 successfully reached monitoredBarrier, but received errors while waiting "
+         "for send/recv from rank 1.", "collective-timeout"),
+        ("Your instance is scheduled to be terminated: capacity was reclaimed", "preempted"),
+        ("Preemption notice received", "preempted"),
     ],
 )  # fmt: skip
 def test_signals_exits_and_ends_in_plain_words(line: str, verdict: str) -> None:

@@ -402,7 +402,8 @@ RULES: tuple[Rule, ...] = (
         r"health check failed due to missing too many heartbeats|\bits node has died\b|\bNodeDiedError\b|"
         r"\bthe node it was running on is dead\b|\blame workers found\b|\bnode no longer exists\b|"
         r"\bshim health: SSH or tunnel error\b|\bPAPI error code 10\b|\bThe assigned worker has failed to complete the "
-        r"operation\b|\[GOOGLE BATCH\].*\bCannot read exit status\b|\bContainer released on a \*?lost\*? node\b",
+        r"operation\b|\[GOOGLE BATCH\].*\bCannot read exit status\b|\bContainer released on a \*?lost\*? node\b|"
+        r"\bNodeNotReady\b",
         MACHINE_GONE,
         None,
     ),
@@ -777,7 +778,7 @@ RULES: tuple[Rule, ...] = (
     _r(
         "killed",
         "strong",
-        r"DUE TO NODE FAILURE|\bNODE_FAIL\b",
+        r"DUE TO NODE FAILURE|\bNODE_FAIL\b|^srun: error: Node failure on \S+",
         "the node failed (everything on it died at once)",
         "slurm",
     ),
@@ -1101,7 +1102,8 @@ RULES: tuple[Rule, ...] = (
     _r(
         "completed",
         "weak",
-        r"\b(run|job|pipeline|task|workflow) (completed|finished|succeeded) successfully\b|\bstatus: SUCCEEDED\b|"
+        r"\b(run|job|pipeline|task|workflow) (has |was )?(completed|finished|succeeded) successfully\b|"
+        r"^Reporting training SUCCESS\b|\bstatus: SUCCEEDED\b|"
         r"^Status: Succeeded$|\bJob '\S+' succeeded\b",
         "the job's runner reports it finished (its own status: succeeded, done)",
         None,
@@ -1191,7 +1193,8 @@ RULES: tuple[Rule, ...] = (
     _r(
         "collective-timeout",
         "strong",
-        r"\bfailed to pass monitoredBarrier in \d+ ?ms\b",
+        r"\bfailed to pass monitoredBarrier in \d+ ?ms\b|\breached monitoredBarrier, but received errors while "
+        r"waiting\b",
         "a rank did not reach the barrier in time (Gloo's monitored barrier)",
         "torchrun",
     ),
@@ -1414,13 +1417,49 @@ RULES: tuple[Rule, ...] = (
     ),
     # batch services', CI runners' and schedulers' documented words for a job's end, in their general forms
     _r(
+        "killed",
+        "strong",
+        r"\bfailed liveness probe, will be restarted\b",
+        "Kubernetes: the kubelet killed the container because its liveness probe failed",
+        "k8s",
+    ),
+    _r(
+        "killed",
+        "weak",
+        r"\bLiveness probe failed\b",
+        "Kubernetes: the container's liveness probe failed (the kubelet restarts it: SIGTERM, then SIGKILL)",
+        "k8s",
+    ),
+    _r("interrupted", "strong", r"^zsh: interrupt\b", "zsh: the command was interrupted (Ctrl-C)", None),
+    _r(
+        "oom",
+        "strong",
+        r"\bPlease use an instance type with more memory\b|\bfatal error: runtime: out of memory\b",
+        "out of memory (SageMaker's advice for a job that ran out of it; Go's runtime)",
+        None,
+    ),
+    _r(
+        "crashed",
+        "strong",
+        r"\bMPI_ABORT was invoked on rank \d+\b",
+        "an MPI rank called MPI_Abort (the program's own error)",
+        "mpirun",
+    ),
+    _r(
+        "preempted",
+        "strong",
+        r"\bcapacity (was |has been )?reclaimed\b|\bpreemption notice (was )?(received|detected)\b",
+        "the platform reclaimed the machine's capacity (a preemption notice)",
+        None,
+    ),
+    _r(
         "time-limit",
         "strong",
         r"\b(job|task|run|step|process|command|execution|attempt|script|function)\b[^.]{0,30}\btimed? ?out after "
         r"[\d.]+ ?(s|sec|secs|seconds|m|min|mins|minutes|h|hours)\b|\bduration exceeded (the )?timeout\b|"
         r"\bran longer than (the |its )?((configured|specified|allowed|maximum) )*(timeout|time ?limit|deadline)\b|"
         r"\bexceeded (its|the) wall ?(time|clock)\b|"
-        r"\bexceeded the max(imum)? allowed (run ?|execution )?(time|duration)\b|"
+        r"\bexceeded (the |its )?(max(imum)? )?allowed (run ?|execution )?(time|duration)\b|"
         r"\bdue to task timeout\b|\bwith exit code 50005\b|\bexceeds job (hard|soft) limit \W?[hs]_(rt|cpu)\b",
         "the job or task ran past its time limit (AWS Batch and Lambda, Google Batch's 50005, Grid Engine, a runner's "
         "timeout)",
