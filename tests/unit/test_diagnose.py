@@ -259,6 +259,14 @@ def test_the_advice_fits_what_the_evidence_names() -> None:
     assert not any(f.startswith(("SLURM:", "Kubernetes:", "Nextflow:")) for f in dask.fix + dask.confirm)
 
 
+def test_a_sigterm_raised_as_keyboard_interrupt_is_a_termination_not_a_users_interrupt() -> None:
+    """uvicorn and vLLM turn SIGTERM into KeyboardInterrupt('terminated'): a stop from outside (a probe's kill)."""
+    frames = ["Traceback (most recent call last):", '  File "api_server.py", line 1130, in <module>',
+              "    uvloop.run(run_server(args))"]  # fmt: skip
+    assert diagnose([("log", [*frames, "KeyboardInterrupt: terminated"])]).verdict == "terminated"
+    assert diagnose([("log", [*frames, "KeyboardInterrupt"])]).verdict == "interrupted"
+
+
 def test_a_log_with_nothing_readable_names_no_likely_cause(tmp_path: Path) -> None:
     """An empty, binary or compressed log: unknown, and no "most likely" cause (nothing was read); the note says why."""
     empty = tmp_path / "empty.log"

@@ -392,6 +392,18 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
          "for send/recv from rank 1.", "collective-timeout"),
         ("Your instance is scheduled to be terminated: capacity was reclaimed", "preempted"),
         ("Preemption notice received", "preempted"),
+        ("2023/09/29 09:11:12 llama.go:320: llama runner exited with error: signal: illegal instruction", "crashed"),
+        ("runner exited with error: signal: killed", "killed"),  # Go's os/exec
+        ("Signal Received: 15 (Terminated)", "terminated"),
+        ("Apr-08 00:39:30.102 [SIGINT handler] DEBUG nextflow.Session - Session aborted -- Cause: SIGINT",
+         "interrupted"),
+        ("systemd[1]: snap.gemma3.server.service: State 'final-sigterm' timed out. Killing.", "killed"),
+        ("under_oom detected for 5 seconds. Cache usage 21749760 less than minimum 429496725, re-enabling OOM killer",
+         "oom"),
+        ("11/06/2019 14:54:53  L    Simulation: preempting job", "preempted"),  # PBS Pro's tracejob
+        ("message: SLURM-job '2254' failed, SLURM status is: 'TIMEOUT'.", "time-limit"),  # Snakemake's executor
+        ("frame #1: c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout(std::optional<std::chrono::duration<long>>) + 0x1d2",
+         "collective-timeout"),
     ],
 )  # fmt: skip
 def test_signals_exits_and_ends_in_plain_words(line: str, verdict: str) -> None:

@@ -122,6 +122,13 @@ def collateral_for(line: str, present: frozenset[str]) -> Rule | None:
 
 
 _SIGNAL_NAMES = {"Killed": "SIGKILL", "Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS", "Aborted": "SIGABRT"}
+_GO_SIGNAL_NAMES = {
+    "killed": "SIGKILL", "segmentation fault": "SIGSEGV", "bus error": "SIGBUS", "aborted": "SIGABRT",
+    "terminated": "SIGTERM", "interrupt": "SIGINT", "hangup": "SIGHUP", "illegal instruction": "SIGILL",
+    "floating point exception": "SIGFPE", "trace/breakpoint trap": "SIGTRAP",
+}  # fmt: skip
+"""strsignal's words for a signal, as the shell prints them and as Go's os/exec does (lowercased: "signal: killed");
+a DataLoader's "killed by signal: Terminated" is not among them (its atexit teardown names no cause)."""
 _OOM_KILLED_REASON = re.compile(r"\bReason:\s*OOMKilled\b")
 
 
@@ -141,7 +148,7 @@ def exit_rule(line: str, where: str, number: int, text: str, present: frozenset[
             code = -int(groups["signum"])
         else:
             name = groups.get("signame") or groups.get("signame2") or ""
-            name = _SIGNAL_NAMES.get(name.strip(), name.strip())
+            name = _SIGNAL_NAMES.get(name.strip()) or _GO_SIGNAL_NAMES.get(name.strip(), name.strip())
             try:
                 code = -int(signal.Signals[name])
             except KeyError:

@@ -189,7 +189,8 @@ RULES: tuple[Rule, ...] = (
     _r(
         "preempted",
         "strong",
-        r"\b(job |task |run )?([Ss]tate|[Ss]tatus)\W{1,3}PREEMPTED\b|\bJob has not timed out\b",
+        r"\b(job |task |run )?([Ss]tate|[Ss]tatus)( is)?\W{1,3}PREEMPTED\b|\bJob has not timed out\b|"
+        r"\bSimulation: preempting job\b",
         "the scheduler or platform reports the job's state PREEMPTED (submitit: stopped before its time limit)",
         None,
         flags=0,
@@ -426,7 +427,7 @@ RULES: tuple[Rule, ...] = (
     _r(
         "time-limit",
         "strong",
-        r"\b([Ss]tate|[Ss]tatus)\W{1,3}(TIMEOUT|DEADLINE)\b",
+        r"\b([Ss]tate|[Ss]tatus)( is)?\W{1,3}(TIMEOUT|DEADLINE)\b",
         "the scheduler reports the job's state TIMEOUT (seff, submitit, sacct's words)",
         "slurm",
         flags=0,
@@ -1419,6 +1420,27 @@ RULES: tuple[Rule, ...] = (
     _r(
         "killed",
         "strong",
+        r"\bState '(stop|final)-sig(term|int)' timed out\. Killing\b",
+        "systemd: the service outlived its stop timeout after SIGTERM and was SIGKILLed",
+        "systemd",
+    ),
+    _r(
+        "interrupted",
+        "strong",
+        r"\b(training|learning) (was|has been) interrupted by (the )?user\b",
+        "the trainer reports the user's interrupt",
+        None,
+    ),
+    _r(
+        "oom",
+        "weak",
+        r"\bunder_oom detected\b|\bre-enabling OOM killer\b",
+        "the cgroup's memory reached its limit (the OOM killer was enabled for it)",
+        "kernel",
+    ),
+    _r(
+        "killed",
+        "strong",
         r"\bfailed liveness probe, will be restarted\b",
         "Kubernetes: the kubelet killed the container because its liveness probe failed",
         "k8s",
@@ -1587,6 +1609,17 @@ EXIT_RULES: tuple[ExitRule, ...] = (
     ),
     ExitRule(re.compile(r"returned non-zero exit status (?P<code>-?\d+)"), "a command returned exit status"),
     ExitRule(re.compile(r"\breturn code Negsignal\.(?P<signame>SIG[A-Z0-9]+)"), "Airflow: the task died of"),
+    # Go's os/exec ("exited with error: signal: illegal instruction"), a runtime's own handler ("Signal Received: 15
+    # (Terminated)"), Nextflow's session ("Session aborted -- Cause: SIGINT")
+    ExitRule(
+        re.compile(
+            r"\bsignal: (?P<signame>killed|terminated|interrupt|hangup|illegal instruction|segmentation fault|aborted|"
+            r"bus error|floating point exception|trace/breakpoint trap)\b"
+        ),
+        "the process died of",
+    ),
+    ExitRule(re.compile(r"\bSignal Received: (?P<signum>\d+) \("), "the process's handler reports it received signal"),
+    ExitRule(re.compile(r"\b[Cc]ause: (?P<signame>SIG(INT|TERM|HUP|KILL))\b"), "the session was aborted by"),
     ExitRule(
         re.compile(r"Process `[^`]*` terminated with an error exit status \((?P<code>-?\d+)\)"),
         "Nextflow: the task's process exited with",

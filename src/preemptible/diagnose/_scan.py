@@ -62,6 +62,11 @@ _IGNORED = (
     "in a destructor or an exit handler, which Python ignored: most often printed as the interpreter shuts down at "
     "the program's end"
 )
+_SIGTERM_AS_INTERRUPT = re.compile(r"\bKeyboardInterrupt: terminated\b")
+_SIGTERM_AS_INTERRUPT_WHY = (
+    "a SIGTERM the program's handler turned into KeyboardInterrupt('terminated') (uvicorn's, vLLM's): a stop from "
+    "outside, not a user's Ctrl-C"
+)
 _NOT_A_CRASH = ("SignalException", "KeyboardInterrupt", "SystemExit", "ChildFailedError")
 _ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\)")
 _FAILURES = re.compile(r"^\s*Failures:")
@@ -186,6 +191,8 @@ class _Scan:
         line = _strip_prefix(raw)
         self.number, self.text = number, raw.strip()[:400]
         if _NATIVE_FRAME.match(line):
+            if "WorkNCCL::checkTimeout" in line:  # the watchdog's own frame: it was timing out a collective
+                self._add("collective-timeout", "weak", "NCCL's watchdog was timing out a collective (its stack)")
             return  # a frame of a native stack (c10's "Exception raised from ..."): a function's name, not an event
         if line.startswith("^C"):  # a terminal echoes Ctrl-C before whatever the process then prints
             self._add("interrupted", "strong", "a user's interrupt (^C: Ctrl-C at the terminal)")
@@ -304,6 +311,10 @@ class _Scan:
     def _not_a_failure(self, name: str, line: str) -> bool:
         """An exception that says how the process was stopped, not that it failed: a user's interrupt, or an input
         queue cancelled under its threads as the program closed it; True when recorded (in any thread)."""
+        if name == "KeyboardInterrupt" and _SIGTERM_AS_INTERRUPT.search(line):
+            self.aside = ""
+            self._add("terminated", "strong", _SIGTERM_AS_INTERRUPT_WHY)
+            return True
         if name == "KeyboardInterrupt":
             self.aside = ""
             self._add("interrupted", "strong", "a user's interrupt (KeyboardInterrupt: Ctrl-C, a notebook's stop)")
