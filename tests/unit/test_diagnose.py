@@ -267,6 +267,18 @@ def test_a_sigterm_raised_as_keyboard_interrupt_is_a_termination_not_a_users_int
     assert diagnose([("log", [*frames, "KeyboardInterrupt"])]).verdict == "interrupted"
 
 
+@pytest.mark.parametrize(
+    "end", ["[11.896s] Simulation App Shutting Down", "Error summary: End of program, Thread 0 only",
+            " Normal termination of Gaussian 16 at Tue Jan  2 10:00:00 2024.", "Program finished successfully."],
+)  # fmt: skip
+def test_a_crash_after_the_program_said_it_ended_is_shutdown_noise(end: str) -> None:
+    """The program's own end marker, then a crash in its teardown (a plugin's unload, MPI's finalize): completed."""
+    crash = ["Assertion (m_initialized.load() != True) failed.", "Trace/breakpoint trap (core dumped)"]
+    assert diagnose([("log", crash)]).verdict == "crashed"
+    assert diagnose([("log", [end, *crash])]).verdict == "completed"
+    assert diagnose([("log", [*crash, end])]).verdict == "crashed"
+
+
 def test_a_log_with_nothing_readable_names_no_likely_cause(tmp_path: Path) -> None:
     """An empty, binary or compressed log: unknown, and no "most likely" cause (nothing was read); the note says why."""
     empty = tmp_path / "empty.log"

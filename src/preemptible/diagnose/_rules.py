@@ -1152,8 +1152,12 @@ RULES: tuple[Rule, ...] = (
         "completed",
         "strong",
         r"Completed - Training job completed|Job status: JobStatus\.SUCCEEDED\b|^Job succeeded\.$|"
-        r"\bphase:\s*Succeeded\b|\bTrainingJobStatus: Completed\b|\bNormal termination \(return value 0\)",
-        "the platform reports the job finished successfully (SageMaker, SkyPilot, Kubernetes, HTCondor)",
+        r"\bphase:\s*Succeeded\b|\bTrainingJobStatus: Completed\b|\bNormal termination \(return value 0\)|"
+        r"\bNormal termination of \w+|"
+        r"\b(Simulation )?App(lication)? Shutting Down\b|\bEnd of program\b|"
+        r"^\W*(Program|Simulation|Execution) (finished|completed|ended)( successfully| normally)?\W*$",
+        "the platform or the program reports the job reached its end (SageMaker, SkyPilot, Kubernetes, HTCondor; a "
+        "program's 'End of program', 'Normal termination of', an application shutting down)",
         None,
     ),
     # other tools' documented words for how a job ended (each quoted from the tool's source or documentation)
