@@ -166,6 +166,14 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("[1]+  Abgebrochen             python train.py", "crashed"),  # SIGABRT
         ("[1]+  Speicherzugriffsfehler  python train.py", "crashed"),
         ("[1]+  Getötet                 python train.py", "oom"),  # a bare SIGKILL, as the English 'Killed'
+        ("./run.sh: Zeile 3: 12345 Getötet                 python train.py", "oom"),  # "line" in the language too
+        ("./run.sh: ligne 3 : 12345 Processus arrêté      python train.py", "oom"),
+        ("./run.sh: línea 3: 12345 Terminado (killed)      python train.py", "oom"),
+        ("./run.sh: \u0441\u0442\u0440\u043e\u043a\u0430 3: 12345 \u0423\u0431\u0438\u0442\u043e  python x", "oom"),
+        ("./run.sh: linha 3: 12345 Morto                   python train.py", "oom"),
+        ("./run.sh: riga 3: 12345 Ucciso                  python train.py", "oom"),
+        ("[1]+  Unicestwiony            python train.py", "oom"),  # pl
+        ("[1]+  Öldürüldü               python train.py", "oom"),  # tr
         ("zsh: terminated  python train.py", "terminated"),
         ("zsh: hangup     python train.py", "terminated"),
         ("python: error while loading shared libraries: libcudart.so.12: cannot open shared object file", "crashed"),

@@ -102,6 +102,12 @@ MEMORY_PRESSURE = (
 )
 """The ``why`` of a memory-pressure eviction: ``terminated`` (the kubelet ended the pod), its competing verdict ``oom``
 and its fix the pod's memory requests (`_verdict`, `_remedy`)."""
+_KILLED_WORDS = (
+    r"已杀死|[\u0423\u0443\u0412]\u0431\u0438\u0442\u043e|Getötet|強制終了|죽었음|Processus arrêté|"
+    r"Terminado \(killed\)|Morto|Ucciso|Unicestwiony|Zabit|Dödad|Öldürüldü"
+)
+"""The shell's "Killed" (glibc's strsignal for SIGKILL) in other languages: zh_CN, ru, uk, de, ja, ko, fr, es, pt_BR,
+it, pl, cs, sv, tr."""
 SHELL_KILLED = (
     "the shell reports the command died of SIGKILL, naming no sender: most often the kernel's OOM killer (check the "
     "kernel log); else a kill -9 or a supervisor's"
@@ -982,9 +988,8 @@ RULES: tuple[Rule, ...] = (
     _r(
         "oom",
         "weak",
-        r"(^|\s)(已杀死|[\u0423\u0443]бито|Getötet|強制終了|죽었음|Processus arrêté|Terminado \(killed\)|Morto)\s*$|"
-        r"^\[\d+\][+-]? +(已杀死|[\u0423\u0443]бито|Getötet|強制終了|죽었음|Processus arrêté|Ucciso)\s+\S|"
-        r"\bline \d+: +\d+ (已杀死|[\u0423\u0443]бито|Getötet|強制終了|죽었음|Processus arrêté|Ucciso)\s",
+        rf"(^|\s)({_KILLED_WORDS})\s*$|^\[\d+\][+-]? +({_KILLED_WORDS})\s+\S|"
+        rf"^\S+: [^\d:]{{1,12}} ?\d+ ?: +\d+ ({_KILLED_WORDS})\s",
         SHELL_KILLED + " (in the system's language)",
         None,
     ),
