@@ -412,6 +412,14 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("message: SLURM-job '2254' failed, SLURM status is: 'TIMEOUT'.", "time-limit"),  # Snakemake's executor
         ("frame #1: c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout(std::optional<std::chrono::duration<long>>) + 0x1d2",
          "collective-timeout"),
+        ("Runner failed with exception: Runner has been initializing for too long: 300 seconds", "time-limit"),  # Modal
+        ("The job running on agent Azure Pipelines 2 ran longer than the maximum time of 60 minutes. The operation was "
+         "canceled.", "time-limit"),  # Azure DevOps
+        ("jaxlib.xla_extension.XlaRuntimeError: DEADLINE_EXCEEDED: Barrier timed out. Barrier_id: sync0.",
+         "collective-timeout"),  # JAX's coordination service
+        ("\tthe actor's node was terminated expectedly: received SIGTERM", "terminated"),  # Ray
+        ('{"msg":"F0000 00:00:1724426337.414876 4544 loader.cc:55] Check failed: ifstr Cannot open file!"}', "crashed"),
+        ("2020-04-15 05:51:54,719 sagemaker-containers INFO Reporting training SUCCESS", "completed"),
     ],
 )  # fmt: skip
 def test_signals_exits_and_ends_in_plain_words(line: str, verdict: str) -> None:

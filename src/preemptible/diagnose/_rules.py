@@ -487,6 +487,20 @@ RULES: tuple[Rule, ...] = (
     ),
     _r(
         "time-limit",
+        "strong",
+        r"\b(job|task|run|step|process|command|execution|attempt|script|function)\b[^.]{0,30}\btimed? ?out after "
+        r"[\d.]+ ?(s|sec|secs|seconds|m|min|mins|minutes|h|hours)\b|\bduration exceeded (the )?timeout\b|"
+        r"\bran longer than (the |its )?((configured|specified|allowed|maximum) )*(timeout|time ?limit|deadline|"
+        r"time of \d+)\b|\b(has been|was) (initializing|starting|pending|running) for too long\b|"
+        r"\bexceeded (its|the) wall ?(time|clock)\b|"
+        r"\bexceeded (the |its )?(max(imum)? )?allowed (run ?|execution )?(time|duration)\b|"
+        r"\bdue to task timeout\b|\bwith exit code 50005\b|\bexceeds job (hard|soft) limit \W?[hs]_(rt|cpu)\b",
+        "the job or task ran past its time limit (AWS Batch and Lambda, Google Batch's 50005, Grid Engine, a runner's "
+        "timeout)",
+        None,
+    ),
+    _r(
+        "time-limit",
         "weak",
         r"\bqmaster enforced h_rt, h_cpu,? or h_vmem limit\b",
         "SGE's qmaster killed the job at a hard limit: h_rt or h_cpu (a time limit; h_vmem makes allocations fail "
@@ -754,7 +768,7 @@ RULES: tuple[Rule, ...] = (
     _r(
         "crashed",
         "strong",
-        r"fallen off the bus|\bNVRM: Xid\b|^Check failed: ",
+        r"fallen off the bus|\bNVRM: Xid\b|^Check failed: |\] Check failed: ",
         "the GPU or a native library failed (an Xid error, a GPU off the bus, a failed CHECK)",
         None,
     ),
@@ -1109,7 +1123,7 @@ RULES: tuple[Rule, ...] = (
         "completed",
         "weak",
         r"\b(run|job|pipeline|task|workflow) (has |was )?(completed|finished|succeeded) successfully\b|"
-        r"^Reporting training SUCCESS\b|\bstatus: SUCCEEDED\b|"
+        r"\bReporting training SUCCESS\b|\bstatus: SUCCEEDED\b|"
         r"^Status: Succeeded$|\bJob '\S+' succeeded\b",
         "the job's runner reports it finished (its own status: succeeded, done)",
         None,
@@ -1427,6 +1441,20 @@ RULES: tuple[Rule, ...] = (
     ),
     # batch services', CI runners' and schedulers' documented words for a job's end, in their general forms
     _r(
+        "collective-timeout",
+        "strong",
+        r"\bDEADLINE_EXCEEDED: Barrier timed out\b",
+        "JAX's coordination service: a barrier timed out (a host never arrived: it crashed, hung or was never started)",
+        None,
+    ),
+    _r(
+        "terminated",
+        "strong",
+        r"\bnode was terminated expectedly: received SIGTERM\b",
+        "Ray: the actor's node was terminated (a SIGTERM to the node: the autoscaler's scale-down, a drain)",
+        "ray",
+    ),
+    _r(
         "killed",
         "strong",
         r"\bState '(stop|final)-sig(term|int)' timed out\. Killing\b",
@@ -1481,19 +1509,6 @@ RULES: tuple[Rule, ...] = (
         "strong",
         r"\bcapacity (was |has been )?reclaimed\b|\bpreemption notice (was )?(received|detected)\b",
         "the platform reclaimed the machine's capacity (a preemption notice)",
-        None,
-    ),
-    _r(
-        "time-limit",
-        "strong",
-        r"\b(job|task|run|step|process|command|execution|attempt|script|function)\b[^.]{0,30}\btimed? ?out after "
-        r"[\d.]+ ?(s|sec|secs|seconds|m|min|mins|minutes|h|hours)\b|\bduration exceeded (the )?timeout\b|"
-        r"\bran longer than (the |its )?((configured|specified|allowed|maximum) )*(timeout|time ?limit|deadline)\b|"
-        r"\bexceeded (its|the) wall ?(time|clock)\b|"
-        r"\bexceeded (the |its )?(max(imum)? )?allowed (run ?|execution )?(time|duration)\b|"
-        r"\bdue to task timeout\b|\bwith exit code 50005\b|\bexceeds job (hard|soft) limit \W?[hs]_(rt|cpu)\b",
-        "the job or task ran past its time limit (AWS Batch and Lambda, Google Batch's 50005, Grid Engine, a runner's "
-        "timeout)",
         None,
     ),
     _r(
@@ -1576,7 +1591,8 @@ COLLATERAL_RULES: tuple[Rule, ...] = (
         r"error|NCCL communicator was aborted|RendezvousClosedError|RendezvousConnectionError|"
         r"failed to send a keep-alive heartbeat|Connection was likely closed|\bNo route to host\b|"
         r"\bConnection refused\b|\bBroken pipe\b|"
-        r"\bSocket Timeout\b|\bDistNetworkError\b|Horovod has been shut down",
+        r"\bSocket Timeout\b|\bDistNetworkError\b|Horovod has been shut down|"
+        r"\bActorDiedError: The actor died unexpectedly before finishing this task\b",
         PEER_LOST,
         "torchrun",
     ),

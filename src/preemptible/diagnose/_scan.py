@@ -431,7 +431,11 @@ class _Scan:
         rule = rule_for(line, found_in) if found_in else None
         if ended is not None:
             self.found.append(ended)
-            if rule is not None and rule.strength == "strong" and rule.verdict != ended.verdict:
+            if (
+                rule is not None
+                and rule.strength == "strong"
+                and (rule.verdict != ended.verdict or ended.strength != "strong")
+            ):
                 self._add(rule.verdict, rule.strength, rule.why, rule.platform)  # the same line names the cause
             return
         if rule is not None:
