@@ -420,6 +420,10 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("\tthe actor's node was terminated expectedly: received SIGTERM", "terminated"),  # Ray
         ('{"msg":"F0000 00:00:1724426337.414876 4544 loader.cc:55] Check failed: ifstr Cannot open file!"}', "crashed"),
         ("2020-04-15 05:51:54,719 sagemaker-containers INFO Reporting training SUCCESS", "completed"),
+        ("2019-12-04 12:48:10,657 - wandb.wandb_agent - INFO - Agent received command: stop", "terminated"),
+        ("2022-03-17 00:04:08,196 - ClientRunner - INFO - [run=3]: ABORT (RUN) command received", "terminated"),
+        ("WARNING function_runner.py:54 -- Trial detected as completed; re-reporting last result.", "completed"),
+        ("torchx 2023-03-07 02:44:57 INFO     Job finished: SUCCEEDED", "completed"),
     ],
 )  # fmt: skip
 def test_signals_exits_and_ends_in_plain_words(line: str, verdict: str) -> None:

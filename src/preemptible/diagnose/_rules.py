@@ -1441,6 +1441,20 @@ RULES: tuple[Rule, ...] = (
     ),
     # batch services', CI runners' and schedulers' documented words for a job's end, in their general forms
     _r(
+        "terminated",
+        "strong",
+        r"\bAgent received command: stop\b|\bABORT \(\w+\) command received\b",
+        "the run's controller told it to stop (a W&B sweep agent's stop, NVFlare's abort command)",
+        None,
+    ),
+    _r(
+        "completed",
+        "strong",
+        r"\bTrial detected as completed\b|\bJob finished: SUCCEEDED\b",
+        "the runner reports the trial or job finished (Ray Tune, TorchX)",
+        None,
+    ),
+    _r(
         "collective-timeout",
         "strong",
         r"\bDEADLINE_EXCEEDED: Barrier timed out\b",
