@@ -279,6 +279,31 @@ def test_a_crash_after_the_program_said_it_ended_is_shutdown_noise(end: str) -> 
     assert diagnose([("log", [*crash, end])]).verdict == "crashed"
 
 
+def test_the_advice_fits_yarn_airflow_gitlab_a_signal_and_a_hangup() -> None:
+    """A second stranger's check: each platform the log names gets its own items and no other's; a memory kill by
+    YARN is not to be confirmed in the kernel's log; a death by a signal gets a signal's advice, not a traceback's."""
+    yarn = diagnose([("spark", ["Container killed by YARN for exceeding memory limits. 11.1 GB of 11 GB virtual "
+                                "memory used. Consider boosting spark.yarn.executor.memoryOverhead."])])  # fmt: skip
+    assert yarn.verdict == "oom" and any(f.startswith("YARN:") for f in yarn.fix + yarn.confirm)
+    assert not any(f.startswith(("SLURM:", "Kubernetes:", "Nextflow:", "Dask:")) for f in yarn.fix + yarn.confirm)
+    assert not any("dmesg" in c for c in yarn.confirm) and "dmesg" not in yarn.deciding
+    airflow = diagnose([("task", ["State of this instance has been externally set to up_for_retry. Terminating "
+                                  "instance."])])  # fmt: skip
+    assert airflow.verdict == "terminated" and any(c.startswith("Airflow:") for c in airflow.confirm)
+    assert "SLURM" not in airflow.deciding and not any(c.startswith("SLURM:") for c in airflow.confirm)
+    gitlab = diagnose([("job", ["Terminated", "ERROR: Job failed: execution took longer than 30s seconds"])])
+    assert gitlab.verdict == "time-limit" and any(f.startswith("GitLab CI:") for f in gitlab.fix)
+    sigsys = diagnose([("unit", ["earlyoom.service: Main process exited, code=killed, status=31/SYS"])])
+    assert sigsys.verdict == "crashed" and "SIGSYS" in sigsys.summary
+    assert "died of a signal" in sigsys.confirm[0] and "faulthandler" in sigsys.fix[0]
+    hup = diagnose([("log", ["torch.distributed.elastic.agent.server.api:Received 1 death signal, shutting down "
+                             "workers"])])  # fmt: skip
+    assert hup.verdict == "terminated" and "SIGHUP" in hup.summary and "disown" in hup.fix[0]
+    child_ok = [("ray", ["dashboard agent exited with exit code 0", "received SIGTERM, shutting down"])]
+    assert diagnose(child_ok).competing == "completed"
+    assert diagnose(child_ok, exit_code=143).competing != "completed"  # (the run's own code: it did not finish)
+
+
 def test_a_log_with_nothing_readable_names_no_likely_cause(tmp_path: Path) -> None:
     """An empty, binary or compressed log: unknown, and no "most likely" cause (nothing was read); the note says why."""
     empty = tmp_path / "empty.log"

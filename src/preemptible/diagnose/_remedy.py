@@ -11,9 +11,10 @@ from typing import Any
 
 TAGS = {
     "slurm": "SLURM", "k8s": "Kubernetes", "aws": "AWS", "gcp": "GCP", "azure": "Azure", "docker": "Docker",
-    "nextflow": "Nextflow", "dask": "Dask",
+    "nextflow": "Nextflow", "dask": "Dask", "yarn": "YARN", "airflow": "Airflow", "gitlab": "GitLab CI",
+    "systemd": "systemd",
 }  # fmt: skip
-RUNS_JOBS = frozenset(TAGS) | {
+RUNS_JOBS = frozenset(TAGS) | {"github-actions",
     "lsf", "sge", "pbs", "htcondor", "ray", "skypilot", "dstack", "yarn", "colab", "jupyter", "airflow", "prefect",
 }  # fmt: skip
 """Platforms that run the job: where the evidence names one, items tagged for the others are left out. (Not the
@@ -42,6 +43,7 @@ FIX: dict[str, list[str]] = {
         "and --requeue with Run(requeue=True) to continue in a new job",
         "Kubernetes: activeDeadlineSeconds ended the Job: raise it, or let Run save on the SIGTERM that follows",
         "Nextflow: time { 4.h * task.attempt } with " + _RETRY + " (140: the executor's time limit)",
+        "GitLab CI: the job's timeout: keyword (or the project's CI/CD timeout), or save and stop before it",
         "or stop on time yourself: Run saves on SIGTERM at the limit if the save fits in the grace period (preemptible "
         "plan ROOT --params N --window S)",
     ],
@@ -54,6 +56,9 @@ FIX: dict[str, list[str]] = {
         "Nextflow: memory { 8.GB * task.attempt } with " + _RETRY + ": the task comes back with more memory",
         "Dask: a larger memory_limit per worker (dask worker --memory-limit, LocalCluster(memory_limit=...)), fewer "
         "threads per worker or smaller partitions",
+        "YARN: a larger spark.executor.memoryOverhead (spark.yarn.executor.memoryOverhead before Spark 2.3) or "
+        "executor memory; for the virtual-memory check, yarn.nodemanager.vmem-check-enabled=false or a higher "
+        "yarn.nodemanager.vmem-pmem-ratio",
     ],
     "interrupted": [
         "nothing failed: the run was stopped by hand; Run saves on SIGINT like on SIGTERM (its default signal "
@@ -78,6 +83,9 @@ FIX: dict[str, list[str]] = {
         "Kubernetes: exec form (the shell form's sh does not forward SIGTERM) and terminationGracePeriodSeconds above "
         "the predicted save",
         "SLURM: scancel sends SIGTERM then SIGKILL after KillWait: scancel --signal=USR1 --full first to save",
+        "Airflow: the task's state was set from outside: the scheduler's log says by whom (a user's clear or mark, a "
+        "zombie task whose heartbeat was missed under load: scheduler_zombie_task_threshold)",
+        "systemd: TimeoutStopSec above the predicted save (systemd sends SIGTERM, then SIGKILL after it)",
     ],
     "killed": [
         "SIGKILL ends a process without a save: if it followed a SIGTERM, the grace period was shorter than the save; "
@@ -128,8 +136,9 @@ MEMORY_EVICTION = [
 
 
 HANGUP = [
-    "a hangup (SIGHUP): the terminal or SSH session that started the run closed; start it detached (nohup python "
-    "train.py > train.log 2>&1 &, setsid, tmux or screen) or under a scheduler",
+    "a hangup (SIGHUP): the terminal or SSH session that started the run closed; start it detached from the session "
+    "(setsid python train.py > train.log 2>&1 < /dev/null &, tmux or screen, or nohup ... & followed by disown) or "
+    "under a scheduler",
     "Run does not save on SIGHUP by default (its signals are SIGTERM, SIGINT and SIGUSR1): add it with "
     "sources=[preemptible.sources.SignalSource(['SIGTERM', 'SIGINT', 'SIGUSR1', 'SIGHUP'])] to save on a hangup too",
 ]

@@ -515,7 +515,7 @@ RULES: tuple[Rule, ...] = (
         r"\b(job|task|run|function) (has )?exceeded (the |its )?(configured |maximum )?timeout\b|"
         r"\b(exceeded |reached |hit )(the |its )?max(imum)? "
         r"(execution |run ?|allowed )?(time|duration)\b|\bmax(imum)?[ _]duration (was )?exceeded\b|"
-        r"\bexecution time (limit )?(was )?exceeded\b|\bexecution took longer than\b|\b(the )?timeout was exceeded\b|"
+        r"\bexecution time (limit )?(was )?exceeded\b|\b(the )?timeout was exceeded\b|"
         r"\b(Soft)?TimeLimitExceeded\b|\b(Hard|Soft) time limit \(\S+\) exceeded\b|\bjob\.exception type=timeout\b|"
         r"\breached runtime time limit\b",
         "the job reached its time limit (submitit, dstack, Modal, CI runners, Celery, Flux, systemd)",
@@ -559,6 +559,13 @@ RULES: tuple[Rule, ...] = (
         r"can't allocate memory|Cannot allocate memory",
         "out of memory (an allocation failed)",
         None,
+    ),
+    _r(
+        "oom",
+        "strong",
+        r"\bContainer killed by YARN for exceeding (virtual |physical )?memory limits\b",
+        "YARN killed the container for going over its memory (its NodeManager's check: physical, or virtual)",
+        "yarn",
     ),
     _r(
         "oom",
@@ -1441,6 +1448,20 @@ RULES: tuple[Rule, ...] = (
     ),
     # batch services', CI runners' and schedulers' documented words for a job's end, in their general forms
     _r(
+        "time-limit",
+        "strong",
+        r"\bERROR: Job failed: execution took longer than\b",
+        "GitLab CI: the job ran past its timeout (the job's timeout:, or the project's)",
+        "gitlab",
+    ),
+    _r(
+        "time-limit",
+        "strong",
+        r"\bexecution took longer than\b|\bhas exceeded the maximum execution time of\b",
+        "a CI runner ended the job at its time limit (GitHub Actions' timeout-minutes, a runner's timeout)",
+        None,
+    ),
+    _r(
         "terminated",
         "strong",
         r"\bAgent received command: stop\b|\bABORT \(\w+\) command received\b",
@@ -1543,9 +1564,17 @@ RULES: tuple[Rule, ...] = (
         "terminated",
         "strong",
         r"\b(aborted|cancell?ed|killed|stopped|terminated) by (the )?(admin|administrator|root|operator|sysadmin)\b|"
-        r"\bvia condor_rm\b|\bexternally set to (failed|success|up_for_retry|skipped)\b",
-        "an administrator, condor_rm or Airflow (a task's state set from outside) stopped the job",
+        r"\bvia condor_rm\b",
+        "an administrator or condor_rm stopped the job",
         None,
+    ),
+    _r(
+        "terminated",
+        "strong",
+        r"\bexternally set to (failed|success|up_for_retry|skipped)\b",
+        "Airflow: the task's state was set from outside (a user, the scheduler's zombie or heartbeat check), and "
+        "Airflow stopped the task",
+        "airflow",
     ),
     _r(
         "terminated",

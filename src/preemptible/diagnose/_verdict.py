@@ -37,6 +37,8 @@ CONFIRM: dict[str, list[str]] = {
     ],
     "time-limit": [
         "SLURM: sacct -j $JOBID -o JobID,State,Elapsed,Timelimit (State TIMEOUT); save ahead with --signal=USR1@120",
+        "GitLab CI: the job's page shows its timeout and its duration (Settings > CI/CD > General pipelines for the "
+        "project's)",
         "Kubernetes: kubectl describe job (DeadlineExceeded, activeDeadlineSeconds)",
         "the job's elapsed time against its limit in the scheduler's or platform's accounting",
     ],
@@ -48,6 +50,8 @@ CONFIRM: dict[str, list[str]] = {
         "Nextflow: nextflow log $RUN_NAME -f name,exit,peak_rss,memory (a peak_rss at the task's memory directive)",
         "Dask: the nanny's 'Worker exceeded 95% memory budget. Restarting' lines and the dashboard's worker memory "
         "against memory_limit",
+        "YARN: yarn logs -applicationId $APP, or the NodeManager's log: 'Container killed by YARN for exceeding memory "
+        "limits' names the limit (physical or virtual) and the use",
     ],
     "interrupted": [
         "who pressed Ctrl-C or stopped the notebook: the ^C or KeyboardInterrupt in the log, the shell's history",
@@ -67,6 +71,8 @@ CONFIRM: dict[str, list[str]] = {
     ],
     "terminated": [
         "who sent the signal: the scheduler's or the platform's accounting and events",
+        "Airflow: the scheduler's log around the task's end: who set its state (a user, a zombie or heartbeat check)",
+        "systemd: journalctl -u $UNIT (who stopped the unit: systemctl stop, a shutdown, a dependency)",
         "Docker: docker events --filter container=$ID (its kill and die events name the signal)",
         "SLURM: sacct -j $JOBID -o JobID,State,ExitCode (CANCELLED by <uid> means scancel)",
         "Kubernetes: kubectl get events for Killing/Evicted/Preempted, and the node's events (a drain or a shutdown)",
@@ -265,8 +271,7 @@ def diagnose(
     platforms = {e.platform for e in evidence if e.platform}
     confirm, todo = _advice(evidence, verdict, platforms, root, facts.committed_after_notice if facts else None)
     confidence, competing = _confidence(evidence, verdict, how)
-    if competing == "preempted" and verdict == "terminated" and _hangup(evidence):
-        competing = "interrupted"  # a closed terminal is the user's own session ending, never a reclaim
+    competing = _rival(evidence, verdict, competing, exit_code)
     if verdict == "unknown" and not evidence and notes and len(notes) >= len(names):
         competing = None  # nothing was read (an empty, binary or compressed log): no cause is more likely
         summary = "nothing in the logs could be read: " + "; ".join(notes)
@@ -277,6 +282,15 @@ def diagnose(
     )  # fmt: skip
 
 
+def _rival(evidence: Sequence[Evidence], verdict: str, competing: str | None, exit_code: int | None) -> str | None:
+    """The competing verdict, where what the evidence names rules the usual one out."""
+    if competing == "completed" and exit_code not in (None, 0) and verdict != "unknown":
+        return _CONFUSED.get(verdict)  # the run's own non-zero exit code: it did not simply finish
+    if competing == "preempted" and verdict == "terminated" and _hangup(evidence):
+        return "interrupted"  # a closed terminal is the user's own session ending, never a reclaim
+    return competing
+
+
 def _advice(
     evidence: Sequence[Evidence], verdict: str, platforms: set[str], root: str | None, saved_at: int | None
 ) -> tuple[list[str], dict[str, Any]]:
@@ -284,14 +298,35 @@ def _advice(
     memory that ran out, a memory-pressure eviction, a hangup."""
     kind = _memory_kind(evidence) if verdict in ("oom", "killed") else None
     confirm = for_memory(for_platforms(CONFIRM[verdict], platforms), kind)
-    if kind == "gpu":
-        confirm = [c for c in confirm if not c.startswith("dmesg")]  # (the kernel has no word of a GPU's memory)
+    if kind == "gpu" or platforms & {"yarn", "dask"}:
+        confirm = [c for c in confirm if not c.startswith("dmesg")]  # (the kernel has no word of a GPU's memory, nor
+        # of YARN's NodeManager's or Dask's nanny's kills)
     memory = verdict == "terminated" and any(e.why == MEMORY_PRESSURE for e in evidence)
     if memory:
         confirm = [_MEMORY_CONFIRM, *confirm]
     hangup = verdict == "terminated" and _hangup(evidence)
     todo = remedy(verdict, platforms, root, saved_at=saved_at, memory=memory, hangup=hangup, memory_kind=kind)
+    if verdict == "crashed" and _died_of_a_signal(evidence):
+        confirm = [_SIGNAL_CONFIRM, *confirm[1:]]
+        todo["fix"] = [_SIGNAL_FIX, *todo["fix"][1:]]
     return confirm, todo
+
+
+_SIGNAL_CONFIRM = (
+    "the process died of a signal, not an exception: the kernel's record (dmesg -T or journalctl -k: a segfault "
+    "line; ausearch -m SECCOMP for a SIGSYS) and its core (coredumpctl info)"
+)
+_SIGNAL_FIX = (
+    "find where it died: python -X faulthandler (or PYTHONFAULTHANDLER=1) prints the stack at a fatal signal, gdb -p "
+    "or coredumpctl gdb for native code; a SIGSYS is a seccomp filter (systemd's SystemCallFilter=, a container's "
+    "seccomp profile) refusing a system call; then restart: Run resumes from the newest checkpoint that verifies"
+)
+
+
+def _died_of_a_signal(evidence: Sequence[Evidence]) -> bool:
+    """The crash is a death by a signal (SIGSEGV, SIGSYS, ...) with no Python exception among the evidence."""
+    crashes = [e for e in evidence if e.verdict == "crashed" and e.strength in ("strong", "weak")]
+    return any("died of SIG" in e.why for e in crashes) and not any(e.why.startswith("unhandled ") for e in crashes)
 
 
 def _summary(evidence: Sequence[Evidence], verdict: str, first: Incident | None, collateral: list[Incident]) -> str:
@@ -311,6 +346,8 @@ def _summary(evidence: Sequence[Evidence], verdict: str, first: Incident | None,
         summary += "; what failed after it failed while shutting down (the run's work was done)"
     if verdict == "terminated" and any(e.verdict == "killed" for e in evidence):
         summary += "; then killed after the grace period"
+    if verdict == "terminated" and "SIGHUP" not in summary and _hangup(evidence):
+        summary += "; the signal was SIGHUP (a hangup: the terminal or session that started it closed)"
     return summary
 
 
@@ -429,8 +466,11 @@ def _deciding(verdict: str, competing: str | None, platforms: set[str]) -> str:
     if competing is None:
         return ""
     checks = for_platforms(CONFIRM[competing], platforms)
+    if platforms & {"yarn", "dask"}:  # (their memory kills leave no record in the kernel's log)
+        checks = [c for c in checks if "dmesg" not in c] or checks
     named = {TAGS[p] for p in platforms if p in TAGS}
-    check = next((c for c in checks if c.split(":", 1)[0] in named), checks[0])
+    untagged = [c for c in checks if c.split(":", 1)[0] not in TAGS.values()]
+    check = next((c for c in checks if c.split(":", 1)[0] in named), untagged[0] if untagged else checks[0])
     if verdict == "unknown":
         return f"for {competing}: {check}; and pass more: {CONFIRM['unknown'][0]}"
     return f"to rule out {competing}: {check}"
