@@ -29,7 +29,21 @@ from typing import Any
 REAL = Path(__file__).resolve().parent.parent / "tests" / "corpus" / "diagnose" / "real"
 
 
-PARTS = ("dev", "test", "holdout", "fresh", "test2", "fresh2", "test3", "fresh3", "test4", "fresh4", "fresh5", "test5")
+PARTS = (
+    "dev",
+    "test",
+    "holdout",
+    "fresh",
+    "test2",
+    "fresh2",
+    "test3",
+    "fresh3",
+    "test4",
+    "fresh4",
+    "fresh5",
+    "test5",
+    "fresh6",
+)
 
 
 def load(part: str) -> list[dict[str, Any]]:
