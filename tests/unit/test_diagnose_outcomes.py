@@ -387,8 +387,8 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
          "released on a *lost* node.", "preempted"),  # YARN: a machine gone without notice (weak)
         ("Warning  NodeNotReady  pod/train-0  Node is not ready", "preempted"),  # (weak: a machine gone)
         ("srun: error: Node failure on n12", "killed"),  # (as Slurm's NODE_FAIL)
-        ("Normal  Killing  pod/train-0  Container main failed liveness probe, will be restarted", "killed"),
-        ("Warning  Unhealthy  pod/train-0  Liveness probe failed: HTTP probe failed with statuscode: 500", "killed"),
+        ("Normal  Killing  pod/train-0  Container main failed liveness probe, will be restarted", "terminated"),
+        ("Warning  Unhealthy  pod/train-0  Liveness probe failed: HTTP probe failed with statuscode 500", "terminated"),
         ("zsh: interrupt  python train.py", "interrupted"),
         ("Job was held. The job exceeded allowed execution duration of 3600 seconds", "time-limit"),
         ("ClientError: Please use an instance type with more memory, or reduce the size of job data", "oom"),
@@ -424,6 +424,16 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("2022-03-17 00:04:08,196 - ClientRunner - INFO - [run=3]: ABORT (RUN) command received", "terminated"),
         ("WARNING function_runner.py:54 -- Trial detected as completed; re-reporting last result.", "completed"),
         ("torchx 2023-03-07 02:44:57 INFO     Job finished: SUCCEEDED", "completed"),
+        ("An internal error has occurred in ORTE:", "crashed"),  # Open MPI
+        ("# A fatal error has been detected by the Java Runtime Environment:", "crashed"),
+        ("13:27:41.303 | ERROR   | Flow run 'x' - Crash detected! Execution was aborted by Python system exit call.",
+         "crashed"),  # Prefect
+        ("Aborting task E000027_234A_00035p00o_1: exceeded CPU time limit 298094.146307", "time-limit"),  # BOINC
+        ("[2021-05-08 19:48:35,385] {timeout.py:36} ERROR - Process timed out, PID: 10082", "time-limit"),  # Airflow
+        ("2005-06-08 20:56:24 [ProteinPredictorAtHome] Unrecoverable error (aborted via GUI RPC)", "interrupted"),
+        ("         diagnostics: Shutdown hook called before final status was reported.", "completed"),  # YARN
+        ("Terminated: 9", "killed"),  # billiard (Celery's pool)
+        ("Task myapp.tasks.test [150a75dc] raised unexpected: Terminated(15,)", "terminated"),
     ],
 )  # fmt: skip
 def test_signals_exits_and_ends_in_plain_words(line: str, verdict: str) -> None:

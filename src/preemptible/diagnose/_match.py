@@ -144,8 +144,8 @@ def exit_rule(line: str, where: str, number: int, text: str, present: frozenset[
             code = 256 - status if status > 256 else status  # 256 + N: killed by signal N
         elif "code" in groups:
             code = int(groups["code"])
-        elif "signum" in groups:
-            code = -int(groups["signum"])
+        elif "signum" in groups or "signum2" in groups:
+            code = -int(groups.get("signum") or groups["signum2"])
         else:
             name = groups.get("signame") or groups.get("signame2") or ""
             name = _SIGNAL_NAMES.get(name.strip()) or _GO_SIGNAL_NAMES.get(name.strip(), name.strip())

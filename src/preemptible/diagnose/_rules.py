@@ -1448,6 +1448,31 @@ RULES: tuple[Rule, ...] = (
     ),
     # batch services', CI runners' and schedulers' documented words for a job's end, in their general forms
     _r(
+        "crashed",
+        "strong",
+        r"\bAn internal error has occurred in ORTE\b|\bFORCE-TERMINATE AT\b|"
+        r"\bA fatal error has been detected by the Java Runtime Environment\b|"
+        r"\bCrash detected! Execution was aborted by\b",
+        "the runtime reports its own fatal error (Open MPI's ORTE, the JVM's crash report, Prefect's crash)",
+        None,
+    ),
+    _r(
+        "time-limit",
+        "strong",
+        r"\bexceeded (the )?CPU time limit\b|\bMaximum CPU time exceeded\b|\bProcess timed out, PID: \d+",
+        "the task ran past its time limit (a CPU-time limit; Airflow's execution_timeout)",
+        None,
+    ),
+    _r("interrupted", "strong", r"\baborted via GUI RPC\b", "BOINC: the user aborted the task in the manager", None),
+    _r(
+        "completed",
+        "weak",
+        r"\bShutdown hook called before final status was reported\b",
+        "YARN: the application's shutdown hook ran before it reported its final status (its work had run; the FAILED "
+        "status is the report's)",
+        "yarn",
+    ),
+    _r(
         "time-limit",
         "strong",
         r"\bERROR: Job failed: execution took longer than\b",
@@ -1511,17 +1536,11 @@ RULES: tuple[Rule, ...] = (
         "kernel",
     ),
     _r(
-        "killed",
-        "strong",
-        r"\bfailed liveness probe, will be restarted\b",
-        "Kubernetes: the kubelet killed the container because its liveness probe failed",
-        "k8s",
-    ),
-    _r(
-        "killed",
+        "terminated",
         "weak",
-        r"\bLiveness probe failed\b",
-        "Kubernetes: the container's liveness probe failed (the kubelet restarts it: SIGTERM, then SIGKILL)",
+        r"\bfailed liveness probe, will be restarted\b|\bLiveness probe failed\b",
+        "Kubernetes: the container failed its liveness probe and the kubelet restarts it (SIGTERM, then SIGKILL after "
+        "the grace period)",
         "k8s",
     ),
     _r("interrupted", "strong", r"^zsh: interrupt\b", "zsh: the command was interrupted (Ctrl-C)", None),
@@ -1687,6 +1706,11 @@ EXIT_RULES: tuple[ExitRule, ...] = (
         "the process died of",
     ),
     ExitRule(re.compile(r"\bSignal Received: (?P<signum>\d+) \("), "the process's handler reports it received signal"),
+    # billiard's (Celery's pool) exception for a worker a signal ended: "Terminated: 9", "Terminated(15,)"
+    ExitRule(
+        re.compile(r"^(\w+\.)*Terminated: (?P<signum>\d+)\s*$|\bTerminated\((?P<signum2>\d+),?\)"),
+        "billiard: the pool's worker died of signal",
+    ),
     ExitRule(re.compile(r"\b[Cc]ause: (?P<signame>SIG(INT|TERM|HUP|KILL))\b"), "the session was aborted by"),
     ExitRule(
         re.compile(r"Process `[^`]*` terminated with an error exit status \((?P<code>-?\d+)\)"),
