@@ -43,6 +43,7 @@ PARTS = (
     "fresh5",
     "test5",
     "fresh6",
+    "fresh7",
 )
 
 
