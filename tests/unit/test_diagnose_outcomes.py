@@ -434,6 +434,12 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("         diagnostics: Shutdown hook called before final status was reported.", "completed"),  # YARN
         ("Terminated: 9", "killed"),  # billiard (Celery's pool)
         ("Task myapp.tasks.test [150a75dc] raised unexpected: Terminated(15,)", "terminated"),
+        ("[rank0]:[W326 22:36:28.884350096 socket.cpp:489] [c10d] waitForInput: socket SocketImpl(fd=60) timed out "
+         "after 300000ms", "collective-timeout"),
+        ("2025-05-16 15:38:42,011 - root - INFO - [EXIT HANDLER] Job timed out, saving checkpoint.", "time-limit"),
+        ("2025-05-16 15:41:59,888 - root - INFO - [EXIT HANDLER] Error during training encountered, saving checkpoint.",
+         "crashed"),
+        ("A remote actor call has failed.", "crashed"),  # Monarch
     ],
 )  # fmt: skip
 def test_signals_exits_and_ends_in_plain_words(line: str, verdict: str) -> None:

@@ -1448,6 +1448,21 @@ RULES: tuple[Rule, ...] = (
     ),
     # batch services', CI runners' and schedulers' documented words for a job's end, in their general forms
     _r(
+        "collective-timeout",
+        "weak",
+        r"\[c10d\] waitForInput: socket .* timed out after \d+ ?ms\b",
+        "c10d: a wait on a peer's socket timed out (a peer of the process group stopped answering)",
+        "torchrun",
+    ),
+    _r("time-limit", "strong", r"\b[Jj]ob timed out\b", "the job reports it timed out (its time limit)", None),
+    _r(
+        "crashed",
+        "weak",
+        r"\b[Ee]rror during training\b|\bA remote actor call has failed\b",
+        "the program reports an error during training (or a remote actor's call failed)",
+        None,
+    ),
+    _r(
         "crashed",
         "strong",
         r"\bAn internal error has occurred in ORTE\b|\bFORCE-TERMINATE AT\b|"
