@@ -14,8 +14,8 @@ TAGS = {
     "nextflow": "Nextflow", "dask": "Dask", "yarn": "YARN", "airflow": "Airflow", "gitlab": "GitLab CI",
     "systemd": "systemd",
 }  # fmt: skip
-RUNS_JOBS = frozenset(TAGS) | {"github-actions",
-    "lsf", "sge", "pbs", "htcondor", "ray", "skypilot", "dstack", "yarn", "colab", "jupyter", "airflow", "prefect",
+RUNS_JOBS = frozenset(TAGS) | {
+    "github-actions", "lsf", "sge", "pbs", "htcondor", "ray", "skypilot", "dstack", "colab", "jupyter", "prefect",
 }  # fmt: skip
 """Platforms that run the job: where the evidence names one, items tagged for the others are left out. (Not the
 launchers and libraries that run anywhere: torchrun, mpirun, Lightning.)"""

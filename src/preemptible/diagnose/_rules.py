@@ -510,7 +510,7 @@ RULES: tuple[Rule, ...] = (
     _r(
         "time-limit",
         "strong",
-        r"\btimed-out and not checkpointable\b|\bJob has timed out\b|\bMAX_DURATION_EXCEEDED\b|"
+        r"\btimed-out and not checkpointable\b|\bJob (has )?timed out\b|\bMAX_DURATION_EXCEEDED\b|"
         r"\bFunctionTimeoutError\b|\bhit its timeout of \d+|\bMaxRuntimeExceeded\b|\bexceeded MaxRuntime|"
         r"\b(job|task|run|function) (has )?exceeded (the |its )?(configured |maximum )?timeout\b|"
         r"\b(exceeded |reached |hit )(the |its )?max(imum)? "
@@ -563,8 +563,10 @@ RULES: tuple[Rule, ...] = (
     _r(
         "oom",
         "strong",
-        r"\bContainer killed by YARN for exceeding (virtual |physical )?memory limits\b",
-        "YARN killed the container for going over its memory (its NodeManager's check: physical, or virtual)",
+        r"\bContainer killed by YARN for exceeding (virtual |physical )?memory limits\b|"
+        r"\bis running beyond physical memory limits\b|\b(exit ?(status|code)|exitCode)\W{0,3}-10[34]\b",
+        "YARN killed the container for going over its memory (its NodeManager's check, physical or virtual; exit "
+        "status -104 or -103: KILLED_EXCEEDED_PMEM, KILLED_EXCEEDED_VMEM)",
         "yarn",
     ),
     _r(
@@ -1207,14 +1209,6 @@ RULES: tuple[Rule, ...] = (
         None,
     ),
     _r(
-        "oom",
-        "strong",
-        r"\bis running beyond physical memory limits\b|\b(exit ?(status|code)|exitCode)\W{0,3}-10[34]\b",
-        "YARN killed the container for going over its memory (exit status -104 physical, -103 virtual: "
-        "KILLED_EXCEEDED_PMEM, KILLED_EXCEEDED_VMEM)",
-        "yarn",
-    ),
-    _r(
         "preempted",
         "strong",
         r"\b(exit ?(status|code)|exitCode)\W{0,3}-102\b",
@@ -1454,11 +1448,10 @@ RULES: tuple[Rule, ...] = (
         "c10d: a wait on a peer's socket timed out (a peer of the process group stopped answering)",
         "torchrun",
     ),
-    _r("time-limit", "strong", r"\b[Jj]ob timed out\b", "the job reports it timed out (its time limit)", None),
     _r(
         "crashed",
         "weak",
-        r"\b[Ee]rror during training\b|\bA remote actor call has failed\b",
+        r"\berror during training\b|\bA remote actor call has failed\b",
         "the program reports an error during training (or a remote actor's call failed)",
         None,
     ),
@@ -1497,7 +1490,7 @@ RULES: tuple[Rule, ...] = (
     _r(
         "time-limit",
         "strong",
-        r"\bexecution took longer than\b|\bhas exceeded the maximum execution time of\b",
+        r"\bexecution took longer than\b",
         "a CI runner ended the job at its time limit (GitHub Actions' timeout-minutes, a runner's timeout)",
         None,
     ),

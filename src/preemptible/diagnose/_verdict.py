@@ -244,7 +244,8 @@ def diagnose(
         first, collateral = silent_log(evidence, names)  # (the rank the others lost, when its own log says nothing)
     if first is not None and first.verdict != "collective-timeout" and not leads:
         verdict, how = first.verdict, "first"  # several ranks or nodes: what happened first, not what ranks highest
-    summary = _summary(evidence, verdict, first, collateral)
+    hangup = verdict == "terminated" and _hangup(evidence)
+    summary = _summary(evidence, verdict, first, collateral, hangup=hangup)
     checkpoint: dict[str, Any] = {}
     lost: int | None = None
     exact = False
@@ -269,9 +270,11 @@ def diagnose(
             lost = max(0, facts.last_step - base)
             exact = facts.exit is not None or facts.done  # a hard kill may have gone further than the journal saw
     platforms = {e.platform for e in evidence if e.platform}
-    confirm, todo = _advice(evidence, verdict, platforms, root, facts.committed_after_notice if facts else None)
+    confirm, todo = _advice(
+        evidence, verdict, platforms, root, facts.committed_after_notice if facts else None, hangup=hangup
+    )
     confidence, competing = _confidence(evidence, verdict, how)
-    competing = _rival(evidence, verdict, competing, exit_code)
+    competing = _rival(verdict, competing, exit_code, hangup=hangup)
     if verdict == "unknown" and not evidence and notes and len(notes) >= len(names):
         competing = None  # nothing was read (an empty, binary or compressed log): no cause is more likely
         summary = "nothing in the logs could be read: " + "; ".join(notes)
@@ -282,29 +285,34 @@ def diagnose(
     )  # fmt: skip
 
 
-def _rival(evidence: Sequence[Evidence], verdict: str, competing: str | None, exit_code: int | None) -> str | None:
-    """The competing verdict, where what the evidence names rules the usual one out."""
+def _rival(verdict: str, competing: str | None, exit_code: int | None, *, hangup: bool) -> str | None:
+    """The competing verdict, where what the evidence names rules the usual one out (``hangup``: the ``terminated``
+    was a SIGHUP)."""
     if competing == "completed" and exit_code not in (None, 0) and verdict != "unknown":
         return _CONFUSED.get(verdict)  # the run's own non-zero exit code: it did not simply finish
-    if competing == "preempted" and verdict == "terminated" and _hangup(evidence):
+    if competing == "preempted" and hangup:
         return "interrupted"  # a closed terminal is the user's own session ending, never a reclaim
     return competing
 
 
 def _advice(
-    evidence: Sequence[Evidence], verdict: str, platforms: set[str], root: str | None, saved_at: int | None
+    evidence: Sequence[Evidence],
+    verdict: str,
+    platforms: set[str],
+    root: str | None,
+    saved_at: int | None,
+    *,
+    hangup: bool,
 ) -> tuple[list[str], dict[str, Any]]:
     """How to confirm ``verdict``, and its fix and verify commands, for what the evidence names: the platforms, the
     memory that ran out, a memory-pressure eviction, a hangup."""
     kind = _memory_kind(evidence) if verdict in ("oom", "killed") else None
     confirm = for_memory(for_platforms(CONFIRM[verdict], platforms), kind)
-    if kind == "gpu" or platforms & {"yarn", "dask"}:
-        confirm = [c for c in confirm if not c.startswith("dmesg")]  # (the kernel has no word of a GPU's memory, nor
-        # of YARN's NodeManager's or Dask's nanny's kills)
+    if kind == "gpu" or platforms & _NO_KERNEL_RECORD:  # (nor has the kernel a word of a GPU's memory)
+        confirm = [c for c in confirm if not c.startswith("dmesg")]
     memory = verdict == "terminated" and any(e.why == MEMORY_PRESSURE for e in evidence)
     if memory:
         confirm = [_MEMORY_CONFIRM, *confirm]
-    hangup = verdict == "terminated" and _hangup(evidence)
     todo = remedy(verdict, platforms, root, saved_at=saved_at, memory=memory, hangup=hangup, memory_kind=kind)
     if verdict == "crashed" and _died_of_a_signal(evidence):
         confirm = [_SIGNAL_CONFIRM, *confirm[1:]]
@@ -329,9 +337,12 @@ def _died_of_a_signal(evidence: Sequence[Evidence]) -> bool:
     return any("died of SIG" in e.why for e in crashes) and not any(e.why.startswith("unhandled ") for e in crashes)
 
 
-def _summary(evidence: Sequence[Evidence], verdict: str, first: Incident | None, collateral: list[Incident]) -> str:
+def _summary(
+    evidence: Sequence[Evidence], verdict: str, first: Incident | None, collateral: list[Incident], *, hangup: bool
+) -> str:
     """The verdict's one line: what its strongest evidence means (a process's own words before another's report
-    of them); with several ranks or nodes, what happened where it started, and how much followed."""
+    of them); with several ranks or nodes, what happened where it started, and how much followed (``hangup``: the
+    ``terminated`` was a SIGHUP)."""
     deciding = [e for e in evidence if e.verdict == verdict and e.strength != "collateral"]
     deciding.sort(key=lambda e: (e.reported, e.why != MEMORY_PRESSURE))  # (stable; the eviction's named cause first)
     strongest = next((e for e in deciding if e.strength == "strong"), deciding[0] if deciding else None)
@@ -346,7 +357,7 @@ def _summary(evidence: Sequence[Evidence], verdict: str, first: Incident | None,
         summary += "; what failed after it failed while shutting down (the run's work was done)"
     if verdict == "terminated" and any(e.verdict == "killed" for e in evidence):
         summary += "; then killed after the grace period"
-    if verdict == "terminated" and "SIGHUP" not in summary and _hangup(evidence):
+    if hangup and "SIGHUP" not in summary:
         summary += "; the signal was SIGHUP (a hangup: the terminal or session that started it closed)"
     return summary
 
@@ -456,6 +467,10 @@ def _memory_kind(evidence: Sequence[Evidence]) -> str | None:
 _HANGUP = re.compile(r"\bSIGHUP\b|\bhang ?up\b|\bgot sigval:? ?1\b|\bsignal:? 1\b|\bReceived 1 death signal\b", re.I)
 
 
+_NO_KERNEL_RECORD = frozenset({"yarn", "dask"})
+"""Platforms whose memory kills leave no record in the kernel's log (YARN's NodeManager, Dask's nanny)."""
+
+
 def _hangup(evidence: Sequence[Evidence]) -> bool:
     """The stop from outside was a SIGHUP (a closed terminal or session)."""
     return any(e.verdict == "terminated" and (_HANGUP.search(e.text) or "SIGHUP" in e.why) for e in evidence)
@@ -466,7 +481,7 @@ def _deciding(verdict: str, competing: str | None, platforms: set[str]) -> str:
     if competing is None:
         return ""
     checks = for_platforms(CONFIRM[competing], platforms)
-    if platforms & {"yarn", "dask"}:  # (their memory kills leave no record in the kernel's log)
+    if platforms & _NO_KERNEL_RECORD:  # (not even as the first check of a SIGKILL: "OOM first: dmesg ...")
         checks = [c for c in checks if "dmesg" not in c] or checks
     named = {TAGS[p] for p in platforms if p in TAGS}
     untagged = [c for c in checks if c.split(":", 1)[0] not in TAGS.values()]
