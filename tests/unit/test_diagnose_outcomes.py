@@ -440,6 +440,19 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("2025-05-16 15:41:59,888 - root - INFO - [EXIT HANDLER] Error during training encountered, saving checkpoint.",
          "crashed"),
         ("A remote actor call has failed.", "crashed"),  # Monarch
+        ("2024-04-14T22:05:23.8605906Z Killed", "oom"),  # GitHub Actions' timestamp, then the shell's line
+        ("@packages/net-stubbing: Killed", "oom"),  # a workspace runner names the package
+        ("  Warning  Evicted    12m   kubelet  Pod ephemeral local storage usage exceeds the total limit of containers "
+         "1Gi.", "terminated"),  # kubectl describe's events
+        ('06:59:26  runner: initiating hard shutdown signal="SIGTERM"', "terminated"),  # a structured log's field
+        ("Sent interrupt. Waiting 5s before force killing", "terminated"),  # Nomad stops the task
+        ("Gracefully stopping... (press Ctrl+C again to force)", "interrupted"),  # Docker Compose
+        ("Too long with no output (exceeded 10m0s): context deadline exceeded", "time-limit"),  # CircleCI
+        ("No output has been received in the last 10m0s, this potentially indicates a stalled build or something "
+         "wrong with the build itself.", "time-limit"),  # Travis CI
+        ("Timeout has been exceeded", "time-limit"),  # Jenkins' timeout step
+        ('"stoppedReason": "Your Spot Task was interrupted.",', "preempted"),  # ECS / AWS Batch on Fargate Spot
+        ("The TPU was preempted", "preempted"),
     ],
 )  # fmt: skip
 def test_signals_exits_and_ends_in_plain_words(line: str, verdict: str) -> None:

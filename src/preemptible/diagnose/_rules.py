@@ -315,8 +315,9 @@ RULES: tuple[Rule, ...] = (
     _r(
         "preempted",
         "strong",
-        r"\bnode (was|has been) preempted\b|\b(has|have|had) been (manually )?preempted\b",
-        "the node running the work was preempted (Ray, a cluster manager)",
+        r"\bnode (was|has been) preempted\b|\b(has|have|had) been (manually )?preempted\b|"
+        r"\b(TPU|VM|instance|machine|host|worker|slice|allocation)s? (was|were|got|is being) pre-?empted\b",
+        "the node, machine or TPU running the work was preempted (Ray, a cluster manager, a cloud)",
         None,
     ),
     _r(
@@ -855,8 +856,9 @@ RULES: tuple[Rule, ...] = (
         "strong",
         r"\bThe node was low on resource\b|"
         r"\bThe node had condition: \[\w*Pressure\]|\bReason:\s*Evicted\b|Eviction manager: pod is evicted|"
-        r"eviction manager: must evict",
-        "Kubernetes evicted the pod (node pressure)",
+        r"eviction manager: must evict|^\s*Warning\s+Evicted\s|\bephemeral local storage usage exceeds\b|"
+        r"\bexceeded its local ephemeral storage limit\b",
+        "Kubernetes evicted the pod (node pressure, or its disk over its ephemeral-storage limit)",
         "k8s",
     ),
     _r(
@@ -889,6 +891,14 @@ RULES: tuple[Rule, ...] = (
         r"\bTERM_(OWNER|ADMIN|FORCE_OWNER|FORCE_ADMIN|REQUEUE_OWNER|REQUEUE_ADMIN)\b",
         "a user or an admin stopped the job (dstack, Determined, LSF)",
         None,
+    ),
+    _r(
+        "terminated",
+        "weak",
+        r"\bSent interrupt\. Waiting \d+\w* before force killing\b",
+        "Nomad stopped the task (a job stop or update, a drain, a lost client's allocation): its kill signal, then "
+        "SIGKILL after the kill timeout",
+        "nomad",
     ),
     _r(
         "terminated",
@@ -962,6 +972,13 @@ RULES: tuple[Rule, ...] = (
         "torchrun passed an interrupt (Ctrl-C) on to its workers (it forwards only signals it received)",
         "torchrun",
     ),
+    _r(
+        "interrupted",
+        "weak",
+        r"\bGracefully stopping\.\.\. \(press Ctrl\+C again to force\)",
+        "Docker Compose is stopping the services on a signal to `up` in the foreground: most often the user's Ctrl-C",
+        "docker",
+    ),
     # kills
     _r(
         "killed",
@@ -995,7 +1012,7 @@ RULES: tuple[Rule, ...] = (
         "oom",
         "weak",
         r"\bline \d+: +\d+ Killed\b|^\[\d+\][+-]? +Killed\b|^[*_]*Killed[*_]*$|"
-        r"[\d\]%)]Killed\s*$|^zsh: killed\b|^Killed: 9$|^killed;?$",
+        r"[\d\]%)]Killed\s*$|^zsh: killed\b|^Killed: 9$|^killed;?$|^[\w@/.-]+(:| +\|) Killed$",
         SHELL_KILLED,
         None,
         flags=0,
@@ -1193,9 +1210,10 @@ RULES: tuple[Rule, ...] = (
         "preempted",
         "strong",
         r"\bContainer preempted by scheduler\b|\bBESTEFFORT_KILL\b|\bnode state: preempted\b|"
-        r"\bdue to Spot Preemption\b|\bSecondaryStatus: Interrupted\b|\bPreemption detected, saving checkpoint\b",
+        r"\bdue to Spot Preemption\b|\bSecondaryStatus: Interrupted\b|\bPreemption detected, saving checkpoint\b|"
+        r"\bYour Spot Task was interrupted\b|\bstopCode\W{1,4}SpotInterruption\b",
         "the scheduler or the cloud preempted the job (YARN, OAR's best-effort jobs, Azure Batch, GCP Batch, SageMaker "
-        "managed spot, NeMo's preemption callback)",
+        "managed spot, ECS and AWS Batch on Fargate Spot, NeMo's preemption callback)",
         None,
     ),
     _r(
@@ -1279,8 +1297,10 @@ RULES: tuple[Rule, ...] = (
         "time-limit",
         "strong",
         r"\bCancelling nested steps due to timeout\b|\bBuild timed out \(after \d+ minutes\)|"
-        r"\"result_state\": \"TIMEDOUT\"",
-        "the job reached its time limit (Jenkins, Databricks)",
+        r"\"result_state\": \"TIMEDOUT\"|^Timeout has been exceeded$|"
+        r"\bToo long with no output \(exceeded [\dhms.]+\)|"
+        r"\bNo output has been received in the last \d+ ?\w*, this potentially indicates a stalled build\b",
+        "the job reached its time limit (Jenkins, Databricks; CircleCI's and Travis CI's limit on time without output)",
         None,
     ),
     _r(
@@ -1775,6 +1795,11 @@ EXIT_RULES: tuple[ExitRule, ...] = (
             r"(received|caught)\b"
         ),
         "the process received signal",
+    ),
+    # a structured log's field: 'initiating hard shutdown signal="SIGTERM"', '"signal":"SIGTERM"'
+    ExitRule(
+        re.compile(r"(?<![\w.-])\"?signal\"?\s?[=:]\s?\"?(?P<signame>SIG(TERM|INT|HUP|QUIT|USR1|USR2))\b"),
+        "the process logged the signal it received",
     ),
     ExitRule(
         re.compile(r"\bexited with (exit |status )?(code|status):? (?P<code>-?\d+)\b", re.I), "a process exited with"

@@ -81,7 +81,11 @@ _STATUS_LINE = re.compile(r"^\s*Exit Code:\s*(\d+)\s*$|\bExited \((\d+)\)|\bexit
 def _strip_prefix(line: str) -> str:
     """``[rank0]: ...`` / ``[default0]:...`` (torchrun), ``[1,0]<stderr>:`` (mpirun) and ``0: ...`` (srun --label)
     prefixes, under a Markdown quote's ``> `` (a log pasted into an issue or a forum)."""
-    return re.sub(r"^((\[[^\]]*\](<std(out|err)>)?:)+\s?|\d+: |std(out|err): )", "", _QUOTE.sub("", line)).rstrip()
+    line = _STAMP_PREFIX.sub("", _QUOTE.sub("", line))
+    return re.sub(r"^((\[[^\]]*\](<std(out|err)>)?:)+\s?|\d+: |std(out|err): )", "", line).rstrip()
+
+
+_STAMP_PREFIX = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:?\d\d)? ")
 
 
 _QUOTE = re.compile(r"^>( |$)")
