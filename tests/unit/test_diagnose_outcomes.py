@@ -453,6 +453,8 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("Timeout has been exceeded", "time-limit"),  # Jenkins' timeout step
         ('"stoppedReason": "Your Spot Task was interrupted.",', "preempted"),  # ECS / AWS Batch on Fargate Spot
         ("The TPU was preempted", "preempted"),
+        ("08:10:53.571  Finished: ABORTED", "terminated"),  # Jenkins, under its timestamper's time
+        ("08:10:53.571  Rejected by Peter Persiel", "interrupted"),  # Jenkins' input step, answered no
     ],
 )  # fmt: skip
 def test_signals_exits_and_ends_in_plain_words(line: str, verdict: str) -> None:

@@ -895,6 +895,22 @@ RULES: tuple[Rule, ...] = (
     _r(
         "terminated",
         "weak",
+        r"^Finished: ABORTED$|^Aborted by \S",
+        "Jenkins aborted the build: a user or an administrator stopped it (a timeout step says so first)",
+        "jenkins",
+        flags=0,
+    ),
+    _r(
+        "interrupted",
+        "weak",
+        r"^Rejected by \S",
+        "Jenkins: the user answered no at the pipeline's input step, which stops the build",
+        "jenkins",
+        flags=0,
+    ),
+    _r(
+        "terminated",
+        "weak",
         r"\bSent interrupt\. Waiting \d+\w* before force killing\b",
         "Nomad stopped the task (a job stop or update, a drain, a lost client's allocation): its kill signal, then "
         "SIGKILL after the kill timeout",

@@ -80,12 +80,15 @@ _STATUS_LINE = re.compile(r"^\s*Exit Code:\s*(\d+)\s*$|\bExited \((\d+)\)|\bexit
 
 def _strip_prefix(line: str) -> str:
     """``[rank0]: ...`` / ``[default0]:...`` (torchrun), ``[1,0]<stderr>:`` (mpirun) and ``0: ...`` (srun --label)
-    prefixes, under a Markdown quote's ``> `` (a log pasted into an issue or a forum)."""
+    prefixes, after a leading timestamp (`_STAMP_PREFIX`) and under a Markdown quote's ``> `` (a log pasted into an
+    issue or a forum)."""
     line = _STAMP_PREFIX.sub("", _QUOTE.sub("", line))
     return re.sub(r"^((\[[^\]]*\](<std(out|err)>)?:)+\s?|\d+: |std(out|err): )", "", line).rstrip()
 
 
-_STAMP_PREFIX = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:?\d\d)? ")
+_STAMP_PREFIX = re.compile(r"^(\d{4}-\d\d-\d\d[T ])?\d\d:\d\d:\d\d([.,]\d+)?(Z|[+-]\d\d:?\d\d)? +")
+"""A timestamp the log's writer put before each line (GitHub Actions', Jenkins' timestamper): the rules that read a
+line from its start (the shell's ``Killed``, Jenkins' ``Finished: ABORTED``) read it after the timestamp."""
 
 
 _QUOTE = re.compile(r"^>( |$)")
