@@ -224,6 +224,9 @@ def test_advice_leaves_out_the_platforms_a_log_does_not_name() -> None:
     assert ray.deciding == "" or "SLURM:" not in ray.deciding
     bare = diagnose([("out", ["Killed"])])
     assert {"SLURM:", "Kubernetes:"} <= {f.split(" ", 1)[0] for f in bare.fix}
+    mac = diagnose([("zsh", ["% hwaro version", "Killed: 9", 'kernel: load code signature error 2 for file "hwaro"'])])
+    assert mac.verdict == "killed" and "codesign" in mac.summary  # a Mac has no scheduler's settings to change
+    assert mac.fix and not any(f.startswith(("SLURM:", "Kubernetes:", "Nextflow:")) for f in mac.fix)
 
 
 def test_the_advice_fits_what_the_evidence_names() -> None:

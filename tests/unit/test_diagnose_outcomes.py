@@ -455,6 +455,15 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("The TPU was preempted", "preempted"),
         ("08:10:53.571  Finished: ABORTED", "terminated"),  # Jenkins, under its timestamper's time
         ("08:10:53.571  Rejected by Peter Persiel", "interrupted"),  # Jenkins' input step, answered no
+        ('"bug_type": "298",', "oom"),  # macOS's JetsamEvent report
+        ('kernel: load code signature error 2 for file "openfang"', "killed"),  # macOS refuses the signature
+        ("[1]    57761 illegal hardware instruction  python", "crashed"),  # zsh: SIGILL (an AVX wheel on Rosetta)
+        ("Abort trap: 6", "crashed"),  # macOS bash: SIGABRT
+        ("OMP: Error #15: Initializing libomp.dylib, but found libiomp5.dylib already initialized.", "crashed"),
+        ("forrtl: error (200): program aborting due to window-CLOSE event", "interrupted"),  # the console closed
+        ("forrtl: error (200): program aborting due to logoff event", "terminated"),
+        (" 764: [b3359:542858] *** An error occurred in MPI_Waitall", "crashed"),  # Open MPI
+        ("-e:1:in 'ARGF.class#gets': Interrupt", "interrupted"),  # Ruby's Ctrl-C
     ],
 )  # fmt: skip
 def test_signals_exits_and_ends_in_plain_words(line: str, verdict: str) -> None:

@@ -16,8 +16,10 @@ TAGS = {
 }  # fmt: skip
 RUNS_JOBS = frozenset(TAGS) | {
     "github-actions", "lsf", "sge", "pbs", "htcondor", "ray", "skypilot", "dstack", "colab", "jupyter", "prefect",
+    "nomad", "jenkins", "macos", "windows",
 }  # fmt: skip
-"""Platforms that run the job: where the evidence names one, items tagged for the others are left out. (Not the
+"""Platforms that run the job: where the evidence names one, items tagged for the others are left out (a desktop's
+operating system counts: a run on a Mac or a Windows machine has no scheduler's settings to change). (Not the
 launchers and libraries that run anywhere: torchrun, mpirun, Lightning.)"""
 _RETRY = "errorStrategy { task.exitStatus in 137..140 ? 'retry' : 'terminate' } with maxRetries 3"
 _DRILL_SOURCE = {"aws": "aws", "gcp": "gcp", "azure": "azure", "slurm": "slurm"}

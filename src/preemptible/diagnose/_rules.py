@@ -1302,6 +1302,62 @@ RULES: tuple[Rule, ...] = (
         None,
     ),
     _r(
+        "oom",
+        "weak",
+        r"\bJetsamEvent\b|^\W*\"bug_type\"\W+298\b",
+        "macOS wrote a JetsamEvent report: it ended processes under memory pressure (its largest process first)",
+        "macos",
+    ),
+    _r(
+        "killed",
+        "strong",
+        r"\bload code signature error \d+ for file\b|\bSecurity policy would not allow process\b|"
+        r"\binvalid signature \(code or signature have been modified\)|\bNamespace CODESIGNING\b",
+        "macOS refused the binary's code signature and SIGKILLed it at launch (the shell's 'Killed: 9', exit 137): "
+        "not memory; re-sign it (codesign --force --sign -)",
+        "macos",
+    ),
+    _r(
+        "crashed",
+        "strong",
+        r"(" + _JOB + r"|^\[\d+\][+-]? +\d+ +)(illegal hardware instruction|Abort trap: 6|Illegal instruction: 4|"
+        r"Segmentation fault: 11|Bus error: 10)\b|"
+        r"^zsh: (abort|segmentation fault|bus error|illegal hardware instruction)\b|"
+        r"\bOMP: Error #15: Initializing \S+, but found \S+ already initialized\b",
+        "the process crashed: zsh's and macOS's words for SIGILL, SIGABRT, SIGSEGV, SIGBUS; OpenMP's runtime found "
+        "itself loaded twice and aborts the process",
+        None,
+    ),
+    _r(
+        "interrupted",
+        "strong",
+        r"\bprogram aborting due to window-CLOSE event\b",
+        "the user closed the Windows console the run was in (Intel's Fortran runtime, loaded with MKL, reports it)",
+        "windows",
+    ),
+    _r(
+        "terminated",
+        "strong",
+        r"\bprogram aborting due to (logoff|shutdown) event\b",
+        "Windows ended the console the run was in: the user logged off, or the machine shut down",
+        "windows",
+    ),
+    _r(
+        "crashed",
+        "strong",
+        r"\*\*\* An error occurred in MPI_\w+|\bMPI_ERRORS_ARE_FATAL \(processes in this communicator will now abort\b",
+        "an MPI call failed and the job aborts (Open MPI's MPI_ERRORS_ARE_FATAL); the scheduler then ends the rest",
+        "mpirun",
+    ),
+    _r(
+        "interrupted",
+        "strong",
+        r"^\S+:\d+:in [`'][^']*': Interrupt$",
+        "Ruby raised Interrupt: the user's Ctrl-C",
+        None,
+        flags=0,
+    ),
+    _r(
         "crashed",
         "strong",
         r"\berror while loading shared libraries: |^Exception Type: +EXC_(BAD_ACCESS|CRASH|BAD_INSTRUCTION)\b|"
