@@ -464,6 +464,13 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("forrtl: error (200): program aborting due to logoff event", "terminated"),
         (" 764: [b3359:542858] *** An error occurred in MPI_Waitall", "crashed"),  # Open MPI
         ("-e:1:in 'ARGF.class#gets': Interrupt", "interrupted"),  # Ruby's Ctrl-C
+        ("Terminate batch job (Y/N)? ", "interrupted"),  # Windows' cmd after a Ctrl-C
+        ("client_loop: send disconnect: Broken pipe", "terminated"),  # the SSH session dropped: SIGHUP
+        ("c++: fatal error: Killed signal terminated program cc1plus", "oom"),  # a build's compiler, OOM-killed
+        ("memory allocation of 1048576 bytes failed", "oom"),  # Rust's allocator
+        ("thread 'main' panicked at src/main.rs:10:5:", "crashed"),  # Rust
+        ('Exception in thread "main" java.lang.NullPointerException', "crashed"),
+        ('Exception in thread "main" java.lang.OutOfMemoryError: Java heap space', "oom"),
     ],
 )  # fmt: skip
 def test_signals_exits_and_ends_in_plain_words(line: str, verdict: str) -> None:
