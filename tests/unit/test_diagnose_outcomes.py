@@ -471,10 +471,25 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("thread 'main' panicked at src/main.rs:10:5:", "crashed"),  # Rust
         ('Exception in thread "main" java.lang.NullPointerException', "crashed"),
         ('Exception in thread "main" java.lang.OutOfMemoryError: Java heap space', "oom"),
+        ("(RayTrainWorker pid=1190) [2026-03-23 12:40:43,142] [INFO] [axolotl.train] Training completed! Saving "
+         "trained model to /data/outputs/run-1.", "completed"),
+        ("Reached training limit (2 steps). Exiting continuous_training loop.", "completed"),
+        ("10 of 10 steps (100%) done", "completed"),  # Snakemake's workflow, every job done
+        ("FATAL: While checking container encryption: could not open image", "crashed"),  # Apptainer
+        ("ERROR ~ Script compilation failed", "crashed"),  # Nextflow
     ],
 )  # fmt: skip
 def test_signals_exits_and_ends_in_plain_words(line: str, verdict: str) -> None:
     assert _verdict(line) == verdict, diagnose([("log", [line])]).render()
+
+
+def test_a_requeue_the_job_asked_for_at_its_time_limit_warning_is_the_time_limit() -> None:
+    requeue = "slurmstepd: error: *** JOB 31182239 ON sh-06-34 CANCELLED AT 2018-11-05T10:35:06 DUE TO JOB REQUEUE ***"
+    assert _verdict("step 10", requeue) == "preempted"  # alone: most often a preemption in requeue mode
+    warned = ("Mon Nov  5 10:34:59 PST 2018: Job 31182239 received SIGUSR1, re-queueing", requeue)
+    assert _verdict(*warned) == "time-limit"  # its --signal=USR1@N warning came first: its own handler requeued it
+    assert _verdict(*reversed(warned)) == "preempted"  # (the warning after the requeue is the next run's)
+    assert _verdict("Training completed or interrupted") != "completed"  # (a line that does not know which)
 
 
 @pytest.mark.parametrize(

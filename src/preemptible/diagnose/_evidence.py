@@ -51,8 +51,13 @@ _BY_SIGNAL = {
     "SIGINT": ("interrupted", "died of SIGINT (Ctrl-C at a terminal, or a notebook's interrupt)"),
     **{
         name: ("terminated", f"died of {name}; the code does not say who sent it")
-        for name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1")
+        for name in ("SIGTERM", "SIGHUP", "SIGQUIT")
     },
+    "SIGUSR1": (
+        "time-limit",
+        "died of SIGUSR1: what a Slurm job asks for before its time limit (--signal=USR1@N); the code does not say "
+        "who sent it",
+    ),
     "SIGUSR2": (
         "time-limit",
         "died of SIGUSR2: what Grid Engine sends at a job's soft wall-clock limit (schedulers' wrappers such as "

@@ -114,6 +114,12 @@ SHELL_KILLED = (
 )
 """The ``why`` of a shell's bare ``Killed``: weak ``oom`` evidence whose competing verdict is ``killed``. Where the
 threads of the real corpus found the cause, the OOM killer sent it about 5 times in 8."""
+REQUEUED = (
+    "SLURM requeued the job (a preemption in requeue mode, or a requeue its own signal handler asked for before the "
+    "time limit)"
+)
+"""The ``why`` of Slurm's requeue: weak ``preempted`` evidence, unless the job itself got its time-limit warning first
+(`_verdict._decide`: then its own handler asked for the requeue)."""
 CONSEQUENCES = (PEER_LOST, PEER_NODE)
 """The endings of the ``why`` of evidence that says only that another rank or node went away: never the cause while
 something else explains it (`_verdict._decide`, `_incident.initiating`)."""
@@ -1129,8 +1135,7 @@ RULES: tuple[Rule, ...] = (
         "preempted",
         "weak",
         r"CANCELLED AT \S+ DUE TO JOB REQUEUE\b",
-        "SLURM requeued the job (a preemption in requeue mode, or a requeue its own signal handler asked for before "
-        "the time limit)",
+        REQUEUED,
         "slurm",
     ),
     _r("completed", "weak", r"\bJobState=COMPLETED\b", "scontrol: job state COMPLETED", "slurm"),
@@ -1145,8 +1150,10 @@ RULES: tuple[Rule, ...] = (
         "completed",
         "strong",
         r"\breached (max_steps|max_epochs|the maximum number of (steps|epochs))\b|"
-        r"^(?!.*\b(epoch|iter|step)\w* ?\d)[\[\w\] :.,|/()-]*"  # (not "epoch 3 training done")
-        r"\b(training|train|optimization) (is )?(finished|completed?|done)\b|'train_runtime':|"
+        r"\bReached training limit \(\d+ steps\)|"
+        r"^(?P<all>\d+) of (?P=all) steps \(100%\) done$|"
+        r"^(?!.*\b(epoch|iter|step)\w* ?\d)[\[\w\] :.,|/()=-]*"  # (not "epoch 3 training done")
+        r"\b(training|train|optimization) (is )?(finished|completed?|done)\b(?! or )|'train_runtime':|"
         r"\bfinished (training|optimization)\b|\[after training is done\]|End time of running main|"
         r"\bExperiment \S+ has completed\b|\b\d+ epochs? completed in\b|\bdone training\b|\bTotal training time:|"
         r"\btraining of experiment is done\b|\bDONE_BY_RUNNER\b|\bLoss for final step:|\*\*\* Best metric:|"
@@ -1348,6 +1355,16 @@ RULES: tuple[Rule, ...] = (
         r"\*\*\* An error occurred in MPI_\w+|\bMPI_ERRORS_ARE_FATAL \(processes in this communicator will now abort\b",
         "an MPI call failed and the job aborts (Open MPI's MPI_ERRORS_ARE_FATAL); the scheduler then ends the rest",
         "mpirun",
+    ),
+    _r(
+        "crashed",
+        "strong",
+        r"^FATAL: +(While \w+ |container creation failed|could not open image|Unable to )|"
+        r"^ERROR ~ Script compilation failed$",
+        "the job failed to start: Apptainer/Singularity could not run the container (its FATAL), Nextflow could not "
+        "compile the pipeline's script",
+        None,
+        flags=0,
     ),
     _r(
         "interrupted",

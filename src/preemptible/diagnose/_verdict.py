@@ -22,7 +22,7 @@ from preemptible.diagnose._facts import journal_evidence, journal_facts
 from preemptible.diagnose._incident import Incident, initiating, silent_log
 from preemptible.diagnose._input import LogInput
 from preemptible.diagnose._remedy import TAGS, for_memory, for_platforms, remedy
-from preemptible.diagnose._rules import CONSEQUENCES, MACHINE_GONE, MEMORY_PRESSURE, SHELL_KILLED
+from preemptible.diagnose._rules import CONSEQUENCES, MACHINE_GONE, MEMORY_PRESSURE, REQUEUED, SHELL_KILLED
 from preemptible.diagnose._scan import TimeWindow, scan_lines
 
 CONFIRM: dict[str, list[str]] = {
@@ -378,6 +378,8 @@ def _decide(evidence: Sequence[Evidence]) -> tuple[str, str]:
         return "crashed", "failed first"
     if _reclaimed(evidence, verdict):
         return "preempted", "spot"
+    if verdict == "preempted" and _requeued_for_the_limit(causal):
+        return "time-limit", "rule"
     if verdict in _AFTER_THE_END and _shutdown_noise(evidence):
         return "completed", "after the end"
     return verdict, "rule"
@@ -534,6 +536,19 @@ def _shutdown_noise(evidence: Sequence[Evidence]) -> bool:
         return False
     against = [e for e in evidence if e.verdict in _AFTER_THE_END and e.strength in ("strong", "weak")]
     return all(e.where == "exit code" or (e.where in ends and (e.line or 0) > ends[e.where]) for e in against)
+
+
+def _requeued_for_the_limit(evidence: Sequence[Evidence]) -> bool:
+    """Slurm's requeue (`_rules.REQUEUED`) is all that says preempted, and the job got its time-limit warning (a
+    SIGUSR1 it asked for with --signal) before it: its own handler asked for the requeue."""
+    preempted = [e for e in evidence if e.verdict == "preempted" and e.strength != "hint"]
+    if not preempted or any(e.why != REQUEUED for e in preempted):
+        return False
+    return any(
+        e.verdict == "time-limit" and e.strength == "weak" and e.where == p.where and (e.line or 0) < (p.line or 0)
+        for e in evidence
+        for p in preempted
+    )
 
 
 def _decide_among(evidence: Sequence[Evidence]) -> str:
