@@ -44,6 +44,9 @@ PARTS = (
     "test5",
     "fresh6",
     "fresh7",
+    "test6",
+    "fresh8",
+    "fresh9",
 )
 
 
