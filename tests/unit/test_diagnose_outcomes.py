@@ -477,6 +477,10 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("10 of 10 steps (100%) done", "completed"),  # Snakemake's workflow, every job done
         ("FATAL: While checking container encryption: could not open image", "crashed"),  # Apptainer
         ("ERROR ~ Script compilation failed", "crashed"),  # Nextflow
+        ("torch.distributed.DistBackendError: [5] is setting up NCCL communicator and retrieving ncclUniqueId from [0] "
+         "via c10d key-value store by key '0', but store->get('0') got error: wait timeout after 300000ms",
+         "collective-timeout"),  # rank 0 never got to the communicator's setup
+        ("Some of your processes may have been killed by the cgroup out-of-memory handler.", "oom"),  # Slurm, wrapped
     ],
 )  # fmt: skip
 def test_signals_exits_and_ends_in_plain_words(line: str, verdict: str) -> None:

@@ -542,7 +542,8 @@ RULES: tuple[Rule, ...] = (
     _r(
         "oom",
         "strong",
-        r"Detected \d+ oom[-_]kill event|\bOUT_OF_MEMORY\b|\bOUT_OF_ME\+",
+        r"Detected \d+ oom[-_]kill event|\bOUT_OF_MEMORY\b|\bOUT_OF_ME\+|"
+        r"\bmay have been killed by the cgroup out-of-memory handler\b",
         "SLURM: the step was OOM-killed",
         "slurm",
     ),
@@ -1355,6 +1356,15 @@ RULES: tuple[Rule, ...] = (
         r"\*\*\* An error occurred in MPI_\w+|\bMPI_ERRORS_ARE_FATAL \(processes in this communicator will now abort\b",
         "an MPI call failed and the job aborts (Open MPI's MPI_ERRORS_ARE_FATAL); the scheduler then ends the rest",
         "mpirun",
+    ),
+    _r(
+        "collective-timeout",
+        "strong",
+        r"\bretrieving ncclUniqueId from \[\d+\] via c10d key-value store\b.*\bgot error: "
+        r"(Socket Timeout|wait timeout)",
+        "a rank waited for rank 0's NCCL id in the store and timed out: a rank (most often 0) never reached the "
+        "communicator's setup (it crashed, hung or is slower to start)",
+        "torchrun",
     ),
     _r(
         "crashed",
