@@ -564,7 +564,9 @@ def test_a_node_lost_without_notice_is_detected_the_rest_goes_on_resharded_and_g
         assert (stop["reason"], stop["saved"]) == ("notice", True), stop
         assert commit_doc(root, stop["step"])["world_size"] == n - 1
         c.replace(n)
-        agents = launch(c, root, slow=False, nnodes=f"{n}:{n}", env=env, name="relaunch", **long)
+        # the grown job runs on to two periodic saves at world n (not to the long first run's end: no reference here)
+        finish = {"script": long["script"], "args": ("--steps", str(stop["step"] + 80), "--save-every", "40")}
+        agents = launch(c, root, slow=False, nnodes=f"{n}:{n}", env=env, name="relaunch", **finish)
         codes = [a.wait(timeout=300) for a in agents]
         assert codes == [0] * n, [a.stderr()[-3000:] for a in agents]
         assert f"resumed_from={stop['step']}" in agents[0].stdout()
