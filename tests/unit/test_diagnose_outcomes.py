@@ -481,6 +481,13 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
          "via c10d key-value store by key '0', but store->get('0') got error: wait timeout after 300000ms",
          "collective-timeout"),  # rank 0 never got to the communicator's setup
         ("Some of your processes may have been killed by the cgroup out-of-memory handler.", "oom"),  # Slurm, wrapped
+        ("Jan 24 01:46:15 sense4 kernel: pid 41663 (sliod), uid 0, was killed: out of swap space", "oom"),  # FreeBSD
+        ("> k delete pod max-restarts-worker-0-1-2bn2v", "terminated"),  # kubectl under its usual alias
+        ("  Normal  EvictedDueToPodsReadyTimeout  2m5s  kueue-workload-controller  Exceeded the PodsReady timeout "
+         "e2e-gsj4m/job-high-67543", "terminated"),
+        ('reason="WorkloadEvictedDueToPreempted"', "preempted"),  # Kueue
+        ("    reason: MPIJobEvicted", "terminated"),
+        ("run : ActionPhase.SUCCEEDED", "completed"),  # Flyte
     ],
 )  # fmt: skip
 def test_signals_exits_and_ends_in_plain_words(line: str, verdict: str) -> None:

@@ -880,7 +880,8 @@ RULES: tuple[Rule, ...] = (
     _r(
         "terminated",
         "strong",
-        r"\bkubectl delete (pods?|jobs?|pytorchjobs?|tfjobs?|mpijobs?|deployments?)\b|\bkubectl drain\b",
+        r"(\bkubectl|^\W*k) delete (pods?|jobs?|jobsets?|pytorchjobs?|tfjobs?|mpijobs?|deployments?)\b|"
+        r"\bkubectl drain\b",
         "a user deleted the pod or job (or drained its node): Kubernetes sent SIGTERM",
         "k8s",
     ),
@@ -1365,6 +1366,37 @@ RULES: tuple[Rule, ...] = (
         "a rank waited for rank 0's NCCL id in the store and timed out: a rank (most often 0) never reached the "
         "communicator's setup (it crashed, hung or is slower to start)",
         "torchrun",
+    ),
+    _r(
+        "oom",
+        "strong",
+        r"\bwas killed: (out of swap space|failed to reclaim memory)\b",
+        "the FreeBSD kernel killed the process: memory and swap ran out",
+        "kernel",
+    ),
+    _r(
+        "terminated",
+        "strong",
+        r"\b(Workload)?EvictedDueTo(PodsReadyTimeout|AdmissionCheck|ClusterQueueStopped|InactiveWorkload|"
+        r"LocalQueueStopped)\b|"
+        r"\bExceeded the PodsReady timeout\b|\bMPIJobEvicted\b|\b\d+/\d+ workers are evicted\b",
+        "the job's pods were evicted from outside the program: Kueue evicted the workload (its pods not ready in time, "
+        "an admission check, a stopped queue), or the MPIJob failed because a worker pod was evicted",
+        "k8s",
+    ),
+    _r(
+        "preempted",
+        "strong",
+        r"\b(Workload)?EvictedDueToPreempted\b",
+        "Kueue preempted the workload for another with a higher priority or a fairer share",
+        "k8s",
+    ),
+    _r(
+        "completed",
+        "strong",
+        r"\b(ActionPhase|WorkflowExecutionPhase|TaskExecutionPhase|NodeExecutionPhase)\.SUCCEEDED\b",
+        "Flyte reports the run or task succeeded",
+        None,
     ),
     _r(
         "crashed",
