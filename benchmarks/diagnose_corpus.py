@@ -47,6 +47,7 @@ PARTS = (
     "test6",
     "fresh8",
     "fresh9",
+    "fresh10",
 )
 
 

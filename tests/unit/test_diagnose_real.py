@@ -64,6 +64,9 @@ to ``fresh9``, scored once at 07fa13c (rules as at a756d2c, the last change befo
 confident right. A blind reader (tests/corpus/diagnose/reader/) read test6 29/31 (after diagnose's first look),
 fresh8 34/38 (89.5%) and fresh9 33/35 (94.3%), each before diagnose scored it. All three, spent, were then tuned on:
 their floors are today's scores.
+Batch 22 (27 excerpts gathered blind after fresh9 was scored: HH, Q&A and forum threads; JJ, GPU cluster and job
+tooling threads) went to ``fresh10`` whole, scored once at 15b64e5 (rules as at be2cc0a): 13/27 (48.1%), 10/12
+confident right; a blind reader read it 21/27 (77.8%). Spent, it was then tuned on (its floor, 18, is today's score).
 Batch 16 (53 excerpts gathered blind by two more helpers: S, reinforcement learning, robotics and model serving; T,
 bioinformatics, chemistry and physics pipelines) went to dev whole, for tuning; before any tuning on it (at 1725c28)
 diagnose read 29/53 of it (54.7%), a measure of the rules on logs they had never seen, taken once.
@@ -91,15 +94,15 @@ from preemptible.diagnose import VERDICTS, diagnose
 REAL = Path(__file__).resolve().parent.parent / "corpus" / "diagnose" / "real"
 FLOORS = {"dev": 460, "test": 113, "holdout": 20, "fresh": 27, "test2": 26, "fresh2": 20, "test3": 31, "fresh3": 63,
           "test4": 8, "fresh4": 25, "fresh5": 3, "test5": 17, "fresh6": 22, "fresh7": 19, "test6": 24, "fresh8": 33,
-          "fresh9": 30}  # fmt: skip
-UNSCORED: tuple[str, ...] = ("fresh10",)
+          "fresh9": 30, "fresh10": 18}  # fmt: skip
+UNSCORED: tuple[str, ...] = ()
 """Parts gathered, split and kept unread: scored once, after the round's last rule change (none now)."""
 CONFIDENT, CONFIDENT_RIGHT = 0.8, 0.9
 CALIBRATED = {"dev": (308, 335), "test": (75, 80), "holdout": (18, 18), "fresh": (18, 19), "test2": (15, 15),
               "fresh2": (15, 16), "test3": (21, 21), "fresh3": (40, 45), "test4": (3, 6),
               "fresh4": (21, 21), "fresh5": (3, 3), "test5": (12, 13),
               "fresh6": (15, 16), "fresh7": (12, 13), "test6": (13, 13), "fresh8": (25, 27),
-              "fresh9": (24, 25)}  # fmt: skip
+              "fresh9": (24, 25), "fresh10": (15, 17)}  # fmt: skip
 """Per part: of the verdicts at `CONFIDENT` or more, how many were right when the rules last changed."""
 
 
