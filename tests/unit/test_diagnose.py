@@ -365,3 +365,48 @@ def test_attempt_without_a_root_is_refused_and_a_log_named_twice_is_read_once(
     assert "expected --root ROOT with it" in capsys.readouterr().err
     assert main(["diagnose", str(log), str(log), "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["evidence"]) == 1
+
+
+def test_a_stranger_s_logs_get_the_advice_of_the_platform_they_ran_on() -> None:
+    """A stranger's check on public logs: a line only a platform writes (a CI runner's, a Mac's, a Windows path, a
+    Compose service's exit, Jupyter's kernel restarter) names it without being evidence, and the advice is that
+    platform's; a cancelled CI job is not a closed terminal; shared memory and native crashes get their own fix."""
+    gha = diagnose(
+        [("gha", ["2022-12-07T10:18:10.5771753Z ##[error]The runner has received a shutdown signal. This can happen "
+                  "when the runner service is stopped, or a manually started runner is canceled.",
+                  "2022-12-07T10:18:10.7098386Z ##[error]The operation was canceled.",
+                  "2022-12-07T10:18:10.7710701Z Cleaning up orphan processes"])]
+    )  # fmt: skip
+    assert gha.verdict == "terminated" and "SIGHUP" not in gha.summary and gha.competing != "interrupted"
+    assert not any("setsid" in f or "nohup" in f for f in gha.fix)  # (a hosted runner has no session to detach from)
+    assert any(f.startswith("GitHub Actions:") for f in gha.fix)
+    assert not any(f.startswith(("SLURM:", "Kubernetes:", "Airflow:", "systemd:")) for f in gha.fix + gha.confirm)
+    assert [e for e in gha.evidence if e.strength == "context"] == []  # where it ran is not evidence of how it ended
+    compose = diagnose([("up", ["webui-1  | LatentDiffusion: Running in eps-prediction mode",
+                                "webui-docker-auto-cpu-1 exited with code 137"])])  # fmt: skip
+    assert compose.verdict == "killed" and "docker inspect" in compose.deciding
+    assert not any(f.startswith(("SLURM:", "Nextflow:", "macOS:")) for f in compose.fix + compose.confirm)
+    mps_oom = (
+        "RuntimeError: MPS backend out of memory (MPS allocated: 17.00 GB). Tried to allocate 256 MB on private pool. "
+        "Use PYTORCH_MPS_HIGH_WATERMARK_RATIO=0.0 to disable upper limit"
+    )
+    mps = diagnose([("mac", [mps_oom])])
+    assert mps.verdict == "oom" and any("PYTORCH_MPS_HIGH_WATERMARK_RATIO" in f for f in mps.fix)
+    assert "dmesg" not in mps.deciding and not any("dmesg" in c for c in mps.confirm)
+    bus = diagnose([("zsh", ["Epoch 1 of 10:   0%|   | 0/10", "zsh: bus error  python train.py"])])
+    assert bus.verdict == "crashed" and "DiagnosticReports" in bus.confirm[0] and "faulthandler" in bus.fix[0]
+    nt = diagnose([("pycharm", ["Epoch 2/5:   2%| 1/49", "Process finished with exit code -1073741819 (0xC0000005)"])])
+    assert nt.verdict == "crashed" and "Event Viewer" in nt.confirm[0] and "dmesg" not in nt.deciding
+    colab = diagnose([("colab", ["tcmalloc: large alloc 2847006720 bytes == 0x5586 @ 0x7f3b",
+                                 "KernelRestarter: restarting kernel (1/5), keep random ports"])])  # fmt: skip
+    assert colab.verdict == "oom"  # a kernel restarted after a huge allocation is not a finished run
+    shm = diagnose([("dl", ["ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient "
+                            "shared memory (shm)."])])  # fmt: skip
+    assert shm.verdict == "crashed" and "--shm-size" in shm.fix[0]
+    circle = diagnose([("ci", ["pytest", "Too long with no output (exceeded 10m0s): context deadline exceeded"])])
+    assert circle.verdict == "time-limit" and circle.fix[0].startswith("CircleCI:")
+    assert not any(f.startswith(("SLURM:", "GitLab CI:")) for f in circle.fix)
+    gitlab = diagnose([("ci", ["ERROR: Job failed: execution took longer than 1h0m0s seconds"])])
+    assert not any("--source slurm" in v for v in gitlab.verify)  # (a drill of Slurm's signal only for Slurm)
+    caught = diagnose([("s", ["submitit WARNING - Caught signal SIGUSR2 on node7: this job is preempted."])])
+    assert not any("died of" in e.why for e in caught.evidence)  # caught and logged: the process did not die of it

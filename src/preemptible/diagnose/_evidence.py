@@ -110,4 +110,7 @@ def _ended(code: int, what: str, where: str, line: int | None, text: str, *, str
     strength = "strong" if strong or always else "weak"
     if code == 0 or code in _CODES:
         strength = "weak"  # a clean exit, or a code that only suggests its cause
-    return Evidence(verdict, strength, f"{what} {code}: {meaning}", where, line, text)
+    if what.endswith("received signal") and meaning.startswith("died of "):
+        meaning = meaning[len("died of ") :]  # (a handler caught it and logged it: the process did not die of it)
+    windows = code in _NT_INTERRUPT or code < -255 or code >= _NT_ERROR  # an NTSTATUS: only Windows reports them
+    return Evidence(verdict, strength, f"{what} {code}: {meaning}", where, line, text, "windows" if windows else None)

@@ -15,7 +15,7 @@ from typing import Any, BinaryIO
 
 import numpy
 
-from preemptible.diagnose._match import COLLATERAL_TABLE, CONTEXT_TABLE, EXIT_TABLE, RULE_TABLE
+from preemptible.diagnose._match import COLLATERAL_TABLE, CONTEXT_TABLE, EXIT_TABLE, MARK_TABLE, RULE_TABLE
 from preemptible.diagnose._rules import COLLECTIVE_FRAME_WORDS, END_HOOK_WORDS, PEER_LOST_TAG
 
 MAX_LOG_BYTES = 4 << 30
@@ -36,7 +36,7 @@ def scan_keywords() -> tuple[bytes, ...] | None:
     words = {"traceback", "error", "exception", "interrupt", "exit", "failure", "root cause", "==========",
              "process name", "oomkilled", "local_rank", "^c", PEER_LOST_TAG, *END_HOOK_WORDS,
              *COLLECTIVE_FRAME_WORDS}  # fmt: skip
-    for _, found_in in RULE_TABLE + EXIT_TABLE + COLLATERAL_TABLE + CONTEXT_TABLE:
+    for _, found_in in RULE_TABLE + EXIT_TABLE + COLLATERAL_TABLE + CONTEXT_TABLE + MARK_TABLE:
         if found_in is None:
             return None
         words.update(found_in)

@@ -15,6 +15,7 @@ from preemptible.diagnose._rules import (
     EXIT_RULES,
     MACHINE_GONE,
     PEER_LOST,
+    PLATFORM_MARKS,
     RULES,
     SPOT_CONTEXT,
     Rule,
@@ -25,10 +26,16 @@ RULE_TABLE: list[tuple[Any, tuple[str, ...] | None]] = [(rule, rule.needles) for
 EXIT_TABLE: list[tuple[Any, tuple[str, ...] | None]] = [(rule, needles(rule.pattern)) for rule in EXIT_RULES]
 COLLATERAL_TABLE: list[tuple[Any, tuple[str, ...] | None]] = [(rule, rule.needles) for rule in COLLATERAL_RULES]
 CONTEXT_TABLE: list[tuple[Any, tuple[str, ...] | None]] = [(SPOT_CONTEXT, SPOT_CONTEXT.needles)]
+MARK_TABLE: list[tuple[Any, tuple[str, ...] | None]] = [(rule, rule.needles) for rule in PLATFORM_MARKS]
 
 
 _NEEDLES = sorted(
-    {n for _, found_in in RULE_TABLE + EXIT_TABLE + COLLATERAL_TABLE + CONTEXT_TABLE if found_in for n in found_in}
+    {
+        n
+        for _, found_in in RULE_TABLE + EXIT_TABLE + COLLATERAL_TABLE + CONTEXT_TABLE + MARK_TABLE
+        if found_in
+        for n in found_in
+    }
 )
 
 
@@ -113,6 +120,11 @@ def rule_for(line: str, present: frozenset[str]) -> Rule | None:
 def spot_context(line: str, present: frozenset[str]) -> bool:
     """A line that says the work runs on spot/preemptible capacity (`_rules.SPOT_CONTEXT`)."""
     return _first(CONTEXT_TABLE, line, present) is not None
+
+
+def platform_marks(line: str, present: frozenset[str]) -> list[Rule]:
+    """The platforms' marks (`_rules.PLATFORM_MARKS`) that match ``line``."""
+    return [r for r, _ in candidates(MARK_TABLE, present) if r.pattern.search(line)]
 
 
 def collateral_for(line: str, present: frozenset[str]) -> Rule | None:

@@ -12,15 +12,15 @@ from typing import Any
 TAGS = {
     "slurm": "SLURM", "k8s": "Kubernetes", "aws": "AWS", "gcp": "GCP", "azure": "Azure", "docker": "Docker",
     "nextflow": "Nextflow", "dask": "Dask", "yarn": "YARN", "airflow": "Airflow", "gitlab": "GitLab CI",
-    "systemd": "systemd",
+    "systemd": "systemd", "github-actions": "GitHub Actions", "circleci": "CircleCI", "macos": "macOS",
+    "windows": "Windows", "jupyter": "Jupyter",
 }  # fmt: skip
 RUNS_JOBS = frozenset(TAGS) | {
-    "github-actions", "lsf", "sge", "pbs", "htcondor", "ray", "skypilot", "dstack", "colab", "jupyter", "prefect",
-    "nomad", "jenkins", "macos", "windows",
+    "lsf", "sge", "pbs", "htcondor", "ray", "skypilot", "dstack", "colab", "prefect", "nomad", "jenkins",
 }  # fmt: skip
 """Platforms that run the job: where the evidence names one, items tagged for the others are left out (a desktop's
-operating system counts: a run on a Mac or a Windows machine has no scheduler's settings to change). (Not the
-launchers and libraries that run anywhere: torchrun, mpirun, Lightning.)"""
+operating system and a CI service count: a run on a Mac, a Windows machine or a CI runner has no scheduler's settings
+to change). (Not the launchers and libraries that run anywhere: torchrun, mpirun, Lightning.)"""
 _RETRY = "errorStrategy { task.exitStatus in 137..140 ? 'retry' : 'terminate' } with maxRetries 3"
 _DRILL_SOURCE = {"aws": "aws", "gcp": "gcp", "azure": "azure", "slurm": "slurm"}
 _TRAIN = "python train.py"  # stands for the user's own command in the printed lines
@@ -46,6 +46,9 @@ FIX: dict[str, list[str]] = {
         "Kubernetes: activeDeadlineSeconds ended the Job: raise it, or let Run save on the SIGTERM that follows",
         "Nextflow: time { 4.h * task.attempt } with " + _RETRY + " (140: the executor's time limit)",
         "GitLab CI: the job's timeout: keyword (or the project's CI/CD timeout), or save and stop before it",
+        "GitHub Actions: timeout-minutes on the job or the step (360 minutes by default), or save and stop before it",
+        "CircleCI: no_output_timeout on the step (10 minutes by default) ended a step that printed nothing that long: "
+        "most often it hung (py-spy dump --pid in the step); print progress, or raise it",
         "or stop on time yourself: Run saves on SIGTERM at the limit if the save fits in the grace period (preemptible "
         "plan ROOT --params N --window S)",
     ],
@@ -61,6 +64,15 @@ FIX: dict[str, list[str]] = {
         "YARN: a larger spark.executor.memoryOverhead (spark.yarn.executor.memoryOverhead before Spark 2.3) or "
         "executor memory; for the virtual-memory check, yarn.nodemanager.vmem-check-enabled=false or a higher "
         "yarn.nodemanager.vmem-pmem-ratio",
+        "Docker: a larger --memory for the container (Docker Desktop's own memory setting caps every container), and "
+        "--shm-size (or --ipc=host) for the DataLoader workers' shared memory",
+        "GitHub Actions: a runner with more memory (a larger runs-on label), or less parallelism in the job (make -j, "
+        "pytest -n, DataLoader workers)",
+        "macOS: a smaller batch; PYTORCH_MPS_HIGH_WATERMARK_RATIO lets the Apple GPU use more of the unified memory "
+        "(0.0 lifts the cap, and the system may then swap)",
+        "Windows: a larger paging file (System > Advanced system settings > Performance > Virtual memory) for 'The "
+        "paging file is too small', or a smaller batch",
+        "Jupyter: a runtime with more RAM, or load less at once (a streamed dataset, mmap, a smaller model)",
     ],
     "interrupted": [
         "nothing failed: the run was stopped by hand; Run saves on SIGINT like on SIGTERM (its default signal "
@@ -88,6 +100,10 @@ FIX: dict[str, list[str]] = {
         "Airflow: the task's state was set from outside: the scheduler's log says by whom (a user's clear or mark, a "
         "zombie task whose heartbeat was missed under load: scheduler_zombie_task_threshold)",
         "systemd: TimeoutStopSec above the predicted save (systemd sends SIGTERM, then SIGKILL after it)",
+        "GitHub Actions: a cancelled run (a user, or concurrency's cancel-in-progress for a newer push) gets SIGINT "
+        "then SIGTERM: Run saves on them; keep the checkpoint in a cache or an artifact so the next run resumes. 'The "
+        "runner has received a shutdown signal' is the machine under the job: a self-hosted runner's service "
+        "restarted, a spot runner reclaimed, or a runner that ran out of memory",
     ],
     "killed": [
         "SIGKILL ends a process without a save: if it followed a SIGTERM, the grace period was shorter than the save; "
@@ -96,6 +112,8 @@ FIX: dict[str, list[str]] = {
         "Nextflow: a task's 137 is most often its executor's memory limit: nextflow log shows its peak_rss against "
         "memory; " + _RETRY,
         "if nothing sent SIGTERM first, look for the OOM killer (dmesg) before anything else",
+        "macOS: a program killed at launch (Killed: 9) whose code signature is invalid: codesign --force --sign - on "
+        "the binary (tools that rewrite a binary, install_name_tool, invalidate its signature)",
     ],
     "completed": ["nothing to fix: the run finished"],
     "unknown": ["give diagnose more to read: the scheduler's log, --exit-code, and the run's checkpoint --root"],
@@ -110,7 +128,10 @@ def verify(verdict: str, platforms: set[str], root: str | None) -> list[str]:
     plan = f"preemptible plan {where} --params N" + (f" --platform {source}" if source != "signal" else " --window S")
     return {
         "preempted": [drill, plan],
-        "time-limit": [f"preemptible drill --source slurm --reference -- {_TRAIN}", plan],
+        "time-limit": [
+            f"preemptible drill --source {'slurm' if 'slurm' in platforms else source} --reference -- {_TRAIN}",
+            plan,
+        ],
         "oom": [
             f"{_TRAIN} for a few steps, watching torch.cuda.max_memory_allocated() (GPU) or sacct -o MaxRSS (host)"
         ],

@@ -184,8 +184,10 @@ RULES: tuple[Rule, ...] = (
     _r(
         "oom",
         "hint",
-        r"\bkernel (for \S+ )?appears to have died\b",
-        "Jupyter's kernel died without a word (most often it ran out of memory; else a native crash)",
+        r"\bkernel (for \S+ )?appears to have died\b|\bKernelRestarter: restarting kernel\b|"
+        r"\btcmalloc: large alloc \d+ bytes\b",
+        "Jupyter's kernel died without a word (most often it ran out of memory; else a native crash), or the process "
+        "asked for a very large allocation (tcmalloc's warning, often just before a Colab runtime runs out of RAM)",
         "jupyter",
     ),
     # a scheduler's "preempted" that is really a node failure (PBS/Moab)
@@ -696,10 +698,11 @@ RULES: tuple[Rule, ...] = (
     _r(
         "crashed",
         "strong",
-        r"Segmentation fault|Fatal Python error|illegal memory access|\bBus error\b|core dumped",
-        "the process crashed",
+        r"Segmentation fault|\bBus error\b|core dumped",
+        "the process died of a signal: native code crashed (a segfault, a bus error, an abort)",
         None,
     ),
+    _r("crashed", "strong", r"Fatal Python error|illegal memory access", "the process crashed", None),
     _r(
         "crashed",
         "strong",
@@ -942,11 +945,18 @@ RULES: tuple[Rule, ...] = (
     _r(
         "terminated",
         "weak",
-        r"\b(job|run|task|workflow|operation) (is being|was|has been) (cancell?ed|canceling|cancelling)\b|"
         r"\bjobs? SIGHUPed\b|\bReceived (OS )?signal '?hangup'?|\bline \d+: +\d+ Hangup\b|^Hangup$|"
-        r"^\[\d+\][+-]? +(Hangup|Aufgelegt|Fin de la connexion \(raccroché\)|Обрыв терминальной линии)\s+\S|"
+        r"^\[\d+\][+-]? +(Hangup|Aufgelegt|Fin de la connexion \(raccroché\)|Обрыв терминальной линии)\s+\S",
+        "the command was stopped from outside: its terminal or session hung up (SIGHUP)",
+        None,
+    ),
+    _r(
+        "terminated",
+        "weak",
+        r"\b(job|run|task|workflow|operation) (is being|was|has been) (cancell?ed|canceling|cancelling)\b|"
         r"\bJob '?\w+'? (was )?stopped\.?$|\bJob \S+ has been stopped\b",
-        "the command was stopped from outside: its terminal hung up (SIGHUP), or a user cancelled or stopped the job",
+        "the job was cancelled or stopped from outside: a user, a newer run that replaced it, the platform's timeout, "
+        "or the runner or machine under it shutting down",
         None,
     ),
     _r(
@@ -1333,8 +1343,8 @@ RULES: tuple[Rule, ...] = (
         r"Segmentation fault: 11|Bus error: 10)\b|"
         r"^zsh: (abort|segmentation fault|bus error|illegal hardware instruction)\b|"
         r"\bOMP: Error #15: Initializing \S+, but found \S+ already initialized\b",
-        "the process crashed: zsh's and macOS's words for SIGILL, SIGABRT, SIGSEGV, SIGBUS; OpenMP's runtime found "
-        "itself loaded twice and aborts the process",
+        "the process died of a signal: zsh's and macOS's words for SIGILL, SIGABRT, SIGSEGV, SIGBUS; or OpenMP's "
+        "runtime found itself loaded twice and aborts the process",
         None,
     ),
     _r(
@@ -1819,6 +1829,29 @@ RULES: tuple[Rule, ...] = (
         flags=0,
     ),
 )
+
+
+PLATFORM_SEEN = "the job runs here (a line only this platform writes): its advice fits this platform"
+PLATFORM_MARKS: tuple[Rule, ...] = (
+    _r("unknown", "context",
+       r"^##\[group\]|^##\[endgroup\]|^Run actions/|\buses: actions/|^Cleaning up orphan processes$|"
+       r"^(##\[error\])?The runner has received a shutdown signal\b|"
+       r"^(##\[error\])?Process completed with exit code \d+\.$",
+       PLATFORM_SEEN, "github-actions", flags=0),
+    _r("unknown", "context", r"^Exited with code exit status \d+$|^Too long with no output \(exceeded", PLATFORM_SEEN,
+       "circleci", flags=0),
+    _r("unknown", "context",
+       r"^zsh: |\bAbort trap: \d+$|\bKilled: 9$|^/Users/|[\s'\"(]/Users/|\.dylib\b|\bMPS backend\b",
+       PLATFORM_SEEN, "macos", flags=0),
+    _r("unknown", "context", r"[A-Z]:\\Users\\|[A-Z]:\\Program Files|\bKERNELBASE\.dll\b|\bWinError \d+",
+       PLATFORM_SEEN, "windows", flags=0),
+    _r("unknown", "context", r"\bKernelRestarter\b|/dist-packages/google/colab/", PLATFORM_SEEN, "jupyter", flags=0),
+    _r("unknown", "context", r"^\S+ exited with code \d+$|\bdocker-compose |\bdocker compose ", PLATFORM_SEEN, "docker",
+       flags=0),
+)  # fmt: skip
+"""Lines that say where the job runs without saying how it ended (a CI runner's group markers, a Mac's shell and
+paths, a Windows path, Jupyter's kernel restarter, Compose's service prefixes): never evidence, only the platform
+whose advice fits (`_remedy.for_platforms`)."""
 
 
 SPOT_CONTEXT = _r(

@@ -19,6 +19,7 @@ from preemptible.diagnose._match import (
     is_peer_lost,
     is_time_limit,
     machine_gone,
+    platform_marks,
     present,
     rule_for,
     spot_context,
@@ -172,6 +173,7 @@ class _Scan:
         self.in_collective = False  # ... and passes through a torch.distributed collective (`_rules.COLLECTIVE_FRAME`)
         self.prev_line = ""  # the line before this one (when it was read)
         self.spot = False  # a line said the work runs on spot/preemptible capacity
+        self.platforms: set[str] = set()  # the platforms whose marks a line showed (`_rules.PLATFORM_MARKS`)
         self.who: str | None = None
         self.stamp: str | None = None
         self.mpi_first: int | None = None  # mpirun named the first process to fail: its exit code follows
@@ -197,6 +199,7 @@ class _Scan:
             self.window.see(raw)
         line = _strip_prefix(raw)
         self.number, self.text = number, raw.strip()[:400]
+        self._platform(line)
         if _NATIVE_FRAME.match(line):
             if "WorkNCCL::checkTimeout" in line:  # the watchdog's own frame: it was timing out a collective
                 self._add("collective-timeout", "weak", "NCCL's watchdog was timing out a collective (its stack)")
@@ -215,6 +218,15 @@ class _Scan:
         if self._torchrun_summary(line):
             return
         self._rules(line)
+
+    def _platform(self, line: str) -> None:
+        """A line that says where the job runs (`_rules.PLATFORM_MARKS`), once per log and platform: read before
+        anything else (a traceback's frame, a container's status line), since it is no event of its own."""
+        found_in = present(line)
+        for mark in platform_marks(line, found_in) if found_in else ():
+            if mark.platform not in self.platforms:
+                self.platforms.add(mark.platform or "")
+                self._add(mark.verdict, mark.strength, mark.why, mark.platform)
 
     def finish(self) -> list[Evidence]:
         """The evidence of the whole log, each kind capped (`MAX_EVIDENCE_PER_KIND`)."""

@@ -22,7 +22,14 @@ from preemptible.diagnose._facts import journal_evidence, journal_facts
 from preemptible.diagnose._incident import Incident, initiating, silent_log
 from preemptible.diagnose._input import LogInput
 from preemptible.diagnose._remedy import TAGS, for_memory, for_platforms, remedy
-from preemptible.diagnose._rules import CONSEQUENCES, MACHINE_GONE, MEMORY_PRESSURE, REQUEUED, SHELL_KILLED
+from preemptible.diagnose._rules import (
+    CONSEQUENCES,
+    MACHINE_GONE,
+    MEMORY_PRESSURE,
+    PLATFORM_SEEN,
+    REQUEUED,
+    SHELL_KILLED,
+)
 from preemptible.diagnose._scan import TimeWindow, scan_lines
 
 CONFIRM: dict[str, list[str]] = {
@@ -40,6 +47,8 @@ CONFIRM: dict[str, list[str]] = {
         "GitLab CI: the job's page shows its timeout and its duration (Settings > CI/CD > General pipelines for the "
         "project's)",
         "Kubernetes: kubectl describe job (DeadlineExceeded, activeDeadlineSeconds)",
+        "GitHub Actions: the job's duration on the run's page against its timeout-minutes (360 by default)",
+        "CircleCI: how long the step printed nothing against its no_output_timeout (10 minutes by default)",
         "the job's elapsed time against its limit in the scheduler's or platform's accounting",
     ],
     "oom": [
@@ -52,6 +61,15 @@ CONFIRM: dict[str, list[str]] = {
         "against memory_limit",
         "YARN: yarn logs -applicationId $APP, or the NodeManager's log: 'Container killed by YARN for exceeding memory "
         "limits' names the limit (physical or virtual) and the use",
+        "Docker: docker inspect --format '{{.State.OOMKilled}}' $CONTAINER (true: the container's memory limit; "
+        "docker stats during the run shows its use against it)",
+        "GitHub Actions: the job's peak memory against the runner's (free -m, or /usr/bin/time -v around the step)",
+        "macOS: log show --last 1h --predicate 'eventMessage contains \"jetsam\"' (a JetsamEvent names the process), "
+        "or Activity Monitor's memory pressure during the run",
+        "Windows: Event Viewer > Windows Logs > System, Resource-Exhaustion-Detector (low on virtual memory), and Task "
+        "Manager's committed memory against its limit",
+        "Jupyter: the runtime's RAM gauge during the run (Colab says 'Your session crashed after using all available "
+        "RAM')",
     ],
     "interrupted": [
         "who pressed Ctrl-C or stopped the notebook: the ^C or KeyboardInterrupt in the log, the shell's history",
@@ -75,6 +93,8 @@ CONFIRM: dict[str, list[str]] = {
         "systemd: journalctl -u $UNIT (who stopped the unit: systemctl stop, a shutdown, a dependency)",
         "Docker: docker events --filter container=$ID (its kill and die events name the signal)",
         "SLURM: sacct -j $JOBID -o JobID,State,ExitCode (CANCELLED by <uid> means scancel)",
+        "GitHub Actions: the run's page (a cancel names who cancelled it); for 'The runner has received a shutdown "
+        "signal', the runner machine's own record (a self-hosted host's journal, a spot runner's reclaim)",
         "Kubernetes: kubectl get events for Killing/Evicted/Preempted, and the node's events (a drain or a shutdown)",
         "on spot machines, the cloud's interruption record for the instance (a SIGTERM there is often a reclaim)",
     ],
@@ -82,6 +102,9 @@ CONFIRM: dict[str, list[str]] = {
         "OOM first: dmesg -T | grep -i oom (a SIGKILL without an OOM record is a grace period that ran out or kill -9)",
         "the grace period: terminationGracePeriodSeconds, SLURM KillWait, docker stop -t, torchrun's shutdown timeout",
         "whether a SIGTERM came before it in the logs (then the process did not exit in time)",
+        "Docker: docker inspect --format '{{.State.OOMKilled}}' $CONTAINER (false: a docker stop, kill or a health "
+        "check, not memory)",
+        "macOS: a Killed: 9 at launch is most often the code signature: codesign -v --verbose=2 on the binary",
     ],
     "completed": [
         "the exit code (--exit-code: 0 is a normal end); the journal's done event / DONE.json in the checkpoint root; "
@@ -232,6 +255,8 @@ def diagnose(
             name, lines = log_input
             names.append(name)
             evidence += scan_lines(lines, name, window)
+    marks = [e for e in evidence if e.why == PLATFORM_SEEN]  # where the job runs: for the advice, never evidence
+    evidence = [e for e in evidence if e.why != PLATFORM_SEEN]
     facts = journal_facts(root, attempt=attempt, window=window if names else None) if root is not None else None
     if facts is not None:
         evidence += journal_evidence(facts)
@@ -269,7 +294,7 @@ def diagnose(
             base = max(facts.last_committed or 0, facts.last_memory or 0)
             lost = max(0, facts.last_step - base)
             exact = facts.exit is not None or facts.done  # a hard kill may have gone further than the journal saw
-    platforms = {e.platform for e in evidence if e.platform}
+    platforms = {e.platform for e in [*evidence, *marks] if e.platform}
     confirm, todo = _advice(
         evidence, verdict, platforms, root, facts.committed_after_notice if facts else None, hangup=hangup
     )
@@ -315,15 +340,33 @@ def _advice(
         confirm = [_MEMORY_CONFIRM, *confirm]
     todo = remedy(verdict, platforms, root, saved_at=saved_at, memory=memory, hangup=hangup, memory_kind=kind)
     if verdict == "crashed" and _died_of_a_signal(evidence):
-        confirm = [_SIGNAL_CONFIRM, *confirm[1:]]
+        record = next((_SIGNAL_RECORD[p] for p in sorted(platforms) if p in _SIGNAL_RECORD), _SIGNAL_CONFIRM)
+        confirm = [record, *confirm[1:]]
         todo["fix"] = [_SIGNAL_FIX, *todo["fix"][1:]]
+    if verdict in ("crashed", "oom") and any(_SHM.search(e.text) for e in evidence if e.strength != "collateral"):
+        todo["fix"] = [_SHM_FIX, *todo["fix"]]
     return confirm, todo
+
+
+_SHM = re.compile(r"\bshared memory\b|/dev/shm\b|\(shm\)", re.I)
+_SHM_FIX = (
+    "the log names shared memory (/dev/shm), where DataLoader workers hand over their batches: a larger one "
+    "(docker run --shm-size=8g or --ipc=host; Kubernetes: an emptyDir with medium: Memory mounted at /dev/shm), or "
+    "fewer DataLoader workers"
+)
 
 
 _SIGNAL_CONFIRM = (
     "the process died of a signal, not an exception: the kernel's record (dmesg -T or journalctl -k: a segfault "
     "line; ausearch -m SECCOMP for a SIGSYS) and its core (coredumpctl info)"
 )
+_SIGNAL_RECORD = {
+    "macos": "the process died of a signal, not an exception: macOS's crash report (Console.app, or "
+    "~/Library/Logs/DiagnosticReports/*.ips) names the crashed thread and the library it was in",
+    "windows": "the process died of a native error, not an exception: Event Viewer > Windows Logs > Application, "
+    "its 'Application Error' event names the faulting module",
+}
+"""Where a Mac or a Windows machine records a native crash (they have no dmesg)."""
 _SIGNAL_FIX = (
     "find where it died: python -X faulthandler (or PYTHONFAULTHANDLER=1) prints the stack at a fatal signal, gdb -p "
     "or coredumpctl gdb for native code; a SIGSYS is a seccomp filter (systemd's SystemCallFilter=, a container's "
@@ -334,7 +377,8 @@ _SIGNAL_FIX = (
 def _died_of_a_signal(evidence: Sequence[Evidence]) -> bool:
     """The crash is a death by a signal (SIGSEGV, SIGSYS, ...) with no Python exception among the evidence."""
     crashes = [e for e in evidence if e.verdict == "crashed" and e.strength in ("strong", "weak")]
-    return any("died of SIG" in e.why for e in crashes) and not any(e.why.startswith("unhandled ") for e in crashes)
+    died = any(w in e.why for e in crashes for w in ("died of SIG", "died of a signal", "Windows NTSTATUS"))
+    return died and not any(e.why.startswith("unhandled ") for e in crashes)
 
 
 def _summary(
@@ -469,8 +513,9 @@ def _memory_kind(evidence: Sequence[Evidence]) -> str | None:
 _HANGUP = re.compile(r"\bSIGHUP\b|\bhang ?up\b|\bgot sigval:? ?1\b|\bsignal:? 1\b|\bReceived 1 death signal\b", re.I)
 
 
-_NO_KERNEL_RECORD = frozenset({"yarn", "dask"})
-"""Platforms whose memory kills leave no record in the kernel's log (YARN's NodeManager, Dask's nanny)."""
+_NO_KERNEL_RECORD = frozenset({"yarn", "dask", "macos", "windows"})
+"""Platforms whose memory kills leave no record in the kernel's log (YARN's NodeManager, Dask's nanny), or with no
+``dmesg`` to read (a Mac, a Windows machine)."""
 
 
 def _hangup(evidence: Sequence[Evidence]) -> bool:
