@@ -410,3 +410,8 @@ def test_a_stranger_s_logs_get_the_advice_of_the_platform_they_ran_on() -> None:
     assert not any("--source slurm" in v for v in gitlab.verify)  # (a drill of Slurm's signal only for Slurm)
     caught = diagnose([("s", ["submitit WARNING - Caught signal SIGUSR2 on node7: this job is preempted."])])
     assert not any("died of" in e.why for e in caught.evidence)  # caught and logged: the process did not die of it
+    slurm = diagnose([("out", ["slurmstepd: error: Failed to send MESSAGE_TASK_EXIT: Connection refused"])])
+    assert slurm.evidence == []  # Slurm's daemons talking to each other: no peer of the training's went away
+    done = diagnose([("fit", ["`Trainer.fit` stopped: `max_epochs=1` reached."])])
+    assert done.verdict == "completed" and "traceback" not in done.deciding.split(":", 1)[0]
+    assert "--exit-code" in done.deciding  # (not "read the first traceback" for a log that has none)

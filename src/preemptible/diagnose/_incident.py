@@ -274,8 +274,8 @@ def _straggler(
         f"every rank in these logs timed out on the same collective{same}: the rank that stopped answering did not "
         "log here; pass its log too, or find the rank missing from the timeouts"
     )
-    return Incident(None, None, "unknown", "collective-timeout", earliest.time, earliest.text, why, earliest.where,
-                 earliest.line), None  # fmt: skip
+    # (no line of its own to quote: the first timeout's is a collateral one, listed with the others)
+    return Incident(None, None, "unknown", "collective-timeout", earliest.time, "", why, earliest.where, None), None
 
 
 def _span(ranks: list[int]) -> str:

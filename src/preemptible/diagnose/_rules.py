@@ -1881,12 +1881,13 @@ COLLATERAL_RULES: tuple[Rule, ...] = (
     _r(
         "collective-timeout",
         "collateral",
-        r"Connection reset by peer|Connection closed by (remote )?peer|remote process exited or there was a network "
+        r"^(?!.*\bslurmstepd\b).*"  # (not Slurm's own daemons talking to each other)
+        r"(Connection reset by peer|Connection closed by (remote )?peer|remote process exited or there was a network "
         r"error|NCCL communicator was aborted|RendezvousClosedError|RendezvousConnectionError|"
         r"failed to send a keep-alive heartbeat|Connection was likely closed|\bNo route to host\b|"
         r"\bConnection refused\b|\bBroken pipe\b|"
         r"\bSocket Timeout\b|\bDistNetworkError\b|Horovod has been shut down|"
-        r"\bActorDiedError: The actor died unexpectedly before finishing this task\b",
+        r"\bActorDiedError: The actor died unexpectedly before finishing this task\b)",
         PEER_LOST,
         "torchrun",
     ),

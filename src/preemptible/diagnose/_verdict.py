@@ -535,6 +535,8 @@ def _deciding(verdict: str, competing: str | None, platforms: set[str]) -> str:
     check = next((c for c in checks if c.split(":", 1)[0] in named), untagged[0] if untagged else checks[0])
     if verdict == "unknown":
         return f"for {competing}: {check}; and pass more: {CONFIRM['unknown'][0]}"
+    if verdict == "completed" and competing == "crashed":
+        check = "the run's exit code (--exit-code: 0 is a normal end) and any traceback after its last step"
     return f"to rule out {competing}: {check}"
 
 
