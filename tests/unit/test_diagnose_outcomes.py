@@ -494,6 +494,13 @@ def test_signals_exits_and_ends_in_plain_words(line: str, verdict: str) -> None:
     assert _verdict(line) == verdict, diagnose([("log", [line])]).render()
 
 
+def test_a_sigkill_a_launcher_reports_names_no_sender_so_its_verdict_is_not_confident() -> None:
+    root_cause = diagnose([("torchrun", ["  rank      : 0 (local_rank: 0)", "  exitcode  : -9 (pid: 1234)",
+                                         "  traceback : Signal 9 (SIGKILL) received by PID 1234"])])  # fmt: skip
+    assert (root_cause.verdict, root_cause.competing) == ("killed", "oom")
+    assert root_cause.confidence < 0.8  # the OOM killer, a grace period or kill -9: the launcher cannot tell
+
+
 def test_a_requeue_the_job_asked_for_at_its_time_limit_warning_is_the_time_limit() -> None:
     requeue = "slurmstepd: error: *** JOB 31182239 ON sh-06-34 CANCELLED AT 2018-11-05T10:35:06 DUE TO JOB REQUEUE ***"
     assert _verdict("step 10", requeue) == "preempted"  # alone: most often a preemption in requeue mode

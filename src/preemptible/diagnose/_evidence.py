@@ -47,6 +47,9 @@ def exit_evidence(code: int, what: str, where: str, line: int | None, text: str,
     return replace(_ended(code, what, where, line, text, strong=strong), reported=True)
 
 
+SIGKILL_ANY_SENDER = "SIGKILL (an OOM kill, a grace period that ran out, or kill -9)"
+"""What a reported SIGKILL says: it names no sender (its verdict, ``killed``, is no surer than the shell's
+``Killed``)."""
 _BY_SIGNAL = {
     "SIGINT": ("interrupted", "died of SIGINT (Ctrl-C at a terminal, or a notebook's interrupt)"),
     **{
@@ -63,7 +66,7 @@ _BY_SIGNAL = {
         "died of SIGUSR2: what Grid Engine sends at a job's soft wall-clock limit (schedulers' wrappers such as "
         "Nextflow's report it as 140); the code does not say who sent it",
     ),
-    "SIGKILL": ("killed", "SIGKILL (an OOM kill, a grace period that ran out, or kill -9)"),
+    "SIGKILL": ("killed", SIGKILL_ANY_SENDER),
     "SIGXCPU": ("time-limit", "died of SIGXCPU: a CPU-time limit ran out (ulimit -t, a scheduler's CPU-time limit)"),
     "SIGALRM": (
         "time-limit",

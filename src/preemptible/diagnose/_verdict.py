@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from preemptible.diagnose._evidence import VERDICTS, Evidence, exit_evidence
+from preemptible.diagnose._evidence import SIGKILL_ANY_SENDER, VERDICTS, Evidence, exit_evidence
 from preemptible.diagnose._facts import journal_evidence, journal_facts
 from preemptible.diagnose._incident import Incident, initiating, silent_log
 from preemptible.diagnose._input import LogInput
@@ -484,6 +484,9 @@ def _confidence(evidence: Sequence[Evidence], verdict: str, how: str) -> tuple[f
         return CONFIDENCE["derived"], competing
     mine = {e.strength for e in evidence if e.verdict == verdict}
     rank = VERDICTS.index(verdict)
+    if verdict == "killed" and own and all(e.why.endswith(SIGKILL_ANY_SENDER) for e in own):
+        # a SIGKILL a launcher reports (torchrun's root cause, exitcode -9) names no sender: no surer than the shell's
+        return CONFIDENCE["weak, killed"], competing
     if "strong" in mine:
         against = any(e.strength != "hint" and VERDICTS.index(e.verdict) < rank for e in others)
         key = "strong, against" if against else "strong"
