@@ -69,8 +69,8 @@ tooling threads) went to ``fresh10`` whole, scored once at 15b64e5 (rules as at 
 confident right; a blind reader read it 21/27 (77.8%). Spent, it was then tuned on (its floor, 18, is today's score).
 Batch 23 (24 excerpts gathered blind after fresh10 was scored: LL, image, video and robotics trainers; MM, speech,
 audio and vision toolkits and training wrappers) went to ``fresh11`` whole, scored once at 682bd90 (rules as at
-83f3cc7): 16/24 (66.7%), 12/15 confident right; a blind reader read it 23/24 (95.8%). Seven of its eight misses are a
-SIGKILL the rules read as ``killed`` and the thread found was memory; reading every reported SIGKILL as ``oom`` would
+83f3cc7): 16/24 (66.7%), 12/15 confident right; a blind reader read it 23/24 (95.8%). Six of its eight misses are
+a SIGKILL the rules read as ``killed`` and the thread found was memory; reading every reported SIGKILL as ``oom`` would
 gain 27 cases over the corpus and lose 37, so the verdict stays, but a SIGKILL a launcher reports (torchrun's root
 cause) no longer carries a strong verdict's confidence: its sender is unnamed, right 19 times in 26 as ``killed``.
 ``CALIBRATED`` for dev, test and holdout is recorded after that change (their confident killed verdicts, mostly right,
