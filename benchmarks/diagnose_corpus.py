@@ -49,6 +49,7 @@ PARTS = (
     "fresh9",
     "fresh10",
     "fresh11",
+    "fresh12",
 )
 
 

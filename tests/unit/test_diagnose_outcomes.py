@@ -488,6 +488,19 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ('reason="WorkloadEvictedDueToPreempted"', "preempted"),  # Kueue
         ("    reason: MPIJobEvicted", "terminated"),
         ("run : ActionPhase.SUCCEEDED", "completed"),  # Flyte
+        ("May 09 16:36:58 host systemd[2186]: tmux-spawn-d006.scope: systemd-oomd killed 1 process(es) in this unit.",
+         "oom"),
+        ("RuntimeError: Exception occured! file=cuml_allocator.hpp line=109: FAIL: call='cudaMalloc(&ptr, n)'. "
+         "Reason:out of memory", "oom"),  # RAPIDS
+        ("SOURCE_EXHAUSTED: Failed to allocate request for 625.00MiB (655360000B) on device ordinal 1", "oom"),
+        ("OMP: Error #13: Assertion failure at kmp_runtime.cpp(3689).", "crashed"),
+        ("[1]    17358 abort      python myfile2.py", "crashed"),  # zsh's job status: SIGABRT
+        ("supervised.exceptions.AutoMLException: Stop training after the first fold. The time estimate for training on "
+         "all folds is larger than total_time_limit.", "time-limit"),  # mljar
+        ("        Ran out of time, early stopping on iteration 3. Best iteration is:", "time-limit"),  # AutoGluon
+        ("[flaml.automl.logger: 08-23 07:26:47] {2631} INFO - retrained model: LGBMClassifier(n_estimators=1)",
+         "completed"),
+        ("08:20:16 Progress on:train 200it/200it rate:3.3s/it elapsed:23:52 postfix:loss=3.1", "completed"),  # Levanter
     ],
 )  # fmt: skip
 def test_signals_exits_and_ends_in_plain_words(line: str, verdict: str) -> None:
@@ -519,6 +532,9 @@ def test_a_requeue_the_job_asked_for_at_its_time_limit_warning_is_the_time_limit
         "Epoch 1/5: 100%|██████████| 49/49 [21:57<00:00, 26.90s/img]",  # an epoch's bar, not the run's
         "Loading checkpoint shards: 100%|██████████| 4/4 [00:15<00:00]",
         "Time limit exceeded... Skipping ExtraTreesEntr_BAG_L2.",  # a model's time budget inside the job, not the job's
+        "Number of target algorithms that exceeded the time limit: 1",  # auto-sklearn's summary counts its trials
+        "Number of target algorithms that exceeded the memory limit: 2",
+        "This could be caused by a segmentation fault while calling the function or by an excessive memory",  # joblib
     ],
 )
 def test_words_that_only_look_like_an_end_decide_nothing(line: str) -> None:

@@ -487,7 +487,7 @@ RULES: tuple[Rule, ...] = (
         "time-limit",
         "strong",
         r"\bjob killed: (walltime|cput) \d+ exceeded limit\b|"
-        r"\b(exceed(ed|s)?|reach(ed|es)?|due to|hit) (the |its |a |running |maximum |hard )?"
+        r"^(?!Number of )(.*)\b(exceed(ed|s)?|reach(ed|es)?|due to|hit) (the |its |a |running |maximum |hard )?"
         r"(wall[ -]?clock|wall[ -]?time|run[ -]?time|job'?s? time|time) (time )?limit\b|"
         r"\b(wall ?time|time) limit (was )?(exceeded|reached)\b(?!\W{1,5}skipping\b)|\bwalltime exceeded\b|"
         r"\bDUE TO TIME LIMIT\b",
@@ -583,9 +583,9 @@ RULES: tuple[Rule, ...] = (
         "oom",
         "strong",
         r"\bTERM_(MEMLIMIT|SWAP)\b|\bjob killed: p?v?mem \d+\w* exceeded limit\b|exceeded a memory resource limit|"
-        r"\bdue to memory usage\b|\bexceeded (the )?(mem|memory) usage (hard |soft )?limit\b|\b(excessive|"
-        r"too much) (memory|RAM)\b|"
-        r"\b(exceed(ed|s|ing)?|over) (the |its |a )?(requested |allocated |job'?s? )?memory"
+        r"\bdue to memory usage\b|\bexceeded (the )?(mem|memory) usage (hard |soft )?limit\b|"
+        r"^(?!.*\b(could|may|might) be caused by\b)(.*\b(excessive|too much) (memory|RAM)\b)|"
+        r"^(?!Number of )(.*)\b(exceed(ed|s|ing)?|over) (the |its |a )?(requested |allocated |job'?s? )?memory"
         r"( usage)? limits?\b|\bmemory limit (was )?exceeded\b|\bexceed\w* (the )?h_vmem\b|(?<!or )\bh_vmem limit\b|"
         r"\bgone over (its |the )?(cgroup )?memory limit\b|\bexceeded request_memory\b",
         "the scheduler ended the job for using more memory than it asked for (LSF, PBS, HTCondor, SGE)",
@@ -698,7 +698,8 @@ RULES: tuple[Rule, ...] = (
     _r(
         "crashed",
         "strong",
-        r"Segmentation fault|\bBus error\b|core dumped",
+        r"^(?!.*\b(could|may|might) be caused by an? (segmentation fault|bus error)\b)"
+        r"(.*(Segmentation fault|\bBus error\b|core dumped))",
         "the process died of a signal: native code crashed (a segfault, a bus error, an abort)",
         None,
     ),
@@ -1339,6 +1340,7 @@ RULES: tuple[Rule, ...] = (
     _r(
         "crashed",
         "strong",
+        r"^\[\d+\][+-]? +\d+ +(abort|segmentation fault|bus error) +\S|"
         r"(" + _JOB + r"|^\[\d+\][+-]? +\d+ +)(illegal hardware instruction|Abort trap: 6|Illegal instruction: 4|"
         r"Segmentation fault: 11|Bus error: 10)\b|"
         r"^zsh: (abort|segmentation fault|bus error|illegal hardware instruction)\b|"
@@ -1406,6 +1408,39 @@ RULES: tuple[Rule, ...] = (
         "strong",
         r"\b(ActionPhase|WorkflowExecutionPhase|TaskExecutionPhase|NodeExecutionPhase)\.SUCCEEDED\b",
         "Flyte reports the run or task succeeded",
+        None,
+    ),
+    _r(
+        "oom",
+        "strong",
+        r"\bsystemd-oomd killed (\d+|some) process\(es\)|"
+        r"\bFAIL: call='cudaMalloc\([^)]*\)'\. Reason: ?out of memory\b|"
+        r"\b(RE)?SOURCE_EXHAUSTED: Failed to allocate request for [\d.]+ ?\w*B\b",
+        "out of memory: systemd-oomd killed the unit's processes under memory pressure; a CUDA allocation failed "
+        "(RAPIDS' allocator); an accelerator could not allocate (XLA's RESOURCE_EXHAUSTED, wrapped)",
+        None,
+    ),
+    _r(
+        "crashed",
+        "strong",
+        r"\bOMP: Error #\d+: Assertion failure at\b",
+        "the OpenMP runtime failed an assertion and aborts the process",
+        None,
+    ),
+    _r(
+        "time-limit",
+        "strong",
+        r"\bAutoMLException: .*\btotal_time_limit\b|^\W*Ran out of time, early stopping on iteration \d+",
+        "the AutoML run's own time budget stopped the training (mljar's total_time_limit, AutoGluon's time_limit)",
+        None,
+    ),
+    _r(
+        "completed",
+        "weak",
+        r"\[flaml\.automl\.logger: [^\]]*\] \{\d+\} INFO - retrained model: |"
+        r"\bProgress on:train (?P<it>\d+)it/(?P=it)it\b",
+        "the run reached its end: FLAML retrained the best model after its search budget; Levanter's progress at its "
+        "last step",
         None,
     ),
     _r(
