@@ -84,13 +84,18 @@ _OTHER = {
 """Other signals that end a process: a failure, named (any signal not listed reads as "died of SIGNAME")."""
 
 
+def _ntstatus(code: int) -> bool:
+    """An exit code only Windows reports: an NTSTATUS (Ctrl-C's, or an error's)."""
+    return code in _NT_INTERRUPT or code < -255 or code >= _NT_ERROR
+
+
 def _meaning(code: int) -> tuple[str, str, bool]:
     """What an exit code (or minus a signal number) says: (verdict, meaning, always strong)."""
     signum = -code if code < 0 else code - 128 if code > 128 else None
     name = _EXIT_SIGNALS.get(signum) if signum is not None else None
     if code in _NT_INTERRUPT:
         name = "SIGINT"  # Windows' STATUS_CONTROL_C_EXIT: Ctrl-C
-    elif code < -255 or code >= _NT_ERROR:
+    elif _ntstatus(code):
         return (
             "crashed",
             f"a Windows NTSTATUS error 0x{code & 0xFFFFFFFF:08X} (an access violation, a stack fault)",
@@ -115,5 +120,5 @@ def _ended(code: int, what: str, where: str, line: int | None, text: str, *, str
         strength = "weak"  # a clean exit, or a code that only suggests its cause
     if what.endswith("received signal") and meaning.startswith("died of "):
         meaning = meaning[len("died of ") :]  # (a handler caught it and logged it: the process did not die of it)
-    windows = code in _NT_INTERRUPT or code < -255 or code >= _NT_ERROR  # an NTSTATUS: only Windows reports them
-    return Evidence(verdict, strength, f"{what} {code}: {meaning}", where, line, text, "windows" if windows else None)
+    platform = "windows" if _ntstatus(code) else None
+    return Evidence(verdict, strength, f"{what} {code}: {meaning}", where, line, text, platform)
