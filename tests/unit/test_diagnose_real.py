@@ -87,6 +87,18 @@ dev whole; before any tuning on it (at 0929479) diagnose read 6/17 of it.
 Batch 18 (28 excerpts gathered blind: Y, hyperparameter search, federated, recommendation and graph training; Z,
 scientific ML and academic pretraining) went to dev whole; before any tuning on it (at 13fe3fe) diagnose read 14/28.
 
+Issue 55, seventh round: one convention for a SIGKILL. The label is the thread's own verdict: six cases of the first
+parts (dev llama-856-exitcode-9, hedwig-70-killed-after-progress, deepspeed-3232-return-code-9; holdout
+raisf-11-exitcode-9; test colossalai-3514-exitcode-9, rlvigen-17-dataloader-killed), whose own ``why`` records that
+the thread found memory, were relabelled from ``killed`` (what the log alone supports) to ``oom``. And a SIGKILL that
+names no sender (torchrun's ``exitcode: -9``, exit 137, ``signal 9``, a tool's ``error code -9``) is now read as the
+shell's bare ``Killed`` was already: the OOM killer's, at 0.6, with ``killed`` competing. Over the parts gathered
+under the issue's brief (fresh to fresh12, test2 to test6) that reading is right 19 times in 27 and the old one 8;
+over the first parts (dev, test, holdout), whose gatherers labelled an unexplained SIGKILL ``killed``, 11 in 35.
+Over all parts it loses 2 cases net (1004 to 1002 of 1242): dev 460 to 454, test 113 to 105, holdout 20 to 19,
+test2 26 to 24, test5 17 to 16; fresh 27 to 30, fresh3 63 to 67, fresh4 25 to 26, fresh6 22 to 23, fresh9 30 to 31,
+fresh11 16 to 22. The floors below are those scores.
+
 The confidence each verdict carries must mean what it says: over all parts, of the verdicts at 0.8 or more, at least
 90% are right (447/480, 93.1%, at ddc8b59; 449/481 after), and no part falls below the fraction recorded for it
 (`CALIBRATED`: today's; when each was measured: test2 15/17 at its second look, fresh2 15/17 and fresh3 36/43 when
@@ -104,14 +116,14 @@ import pytest
 from preemptible.diagnose import VERDICTS, diagnose
 
 REAL = Path(__file__).resolve().parent.parent / "corpus" / "diagnose" / "real"
-FLOORS = {"dev": 460, "test": 113, "holdout": 20, "fresh": 27, "test2": 26, "fresh2": 20, "test3": 31, "fresh3": 63,
-          "test4": 8, "fresh4": 25, "fresh5": 3, "test5": 17, "fresh6": 22, "fresh7": 19, "test6": 24, "fresh8": 33,
-          "fresh9": 30, "fresh10": 18, "fresh11": 16, "fresh12": 29}  # fmt: skip
+FLOORS = {"dev": 454, "test": 105, "holdout": 19, "fresh": 30, "test2": 24, "fresh2": 20, "test3": 31, "fresh3": 67,
+          "test4": 8, "fresh4": 26, "fresh5": 3, "test5": 16, "fresh6": 23, "fresh7": 19, "test6": 24, "fresh8": 33,
+          "fresh9": 31, "fresh10": 18, "fresh11": 22, "fresh12": 29}  # fmt: skip
 UNSCORED: tuple[str, ...] = ()
 """Parts gathered, split and kept unread: scored once, after the round's last rule change (none now)."""
 CONFIDENT, CONFIDENT_RIGHT = 0.8, 0.9
-CALIBRATED = {"dev": (305, 332), "test": (70, 75), "holdout": (16, 16), "fresh": (18, 19), "test2": (15, 15),
-              "fresh2": (15, 16), "test3": (21, 21), "fresh3": (40, 45), "test4": (3, 6),
+CALIBRATED = {"dev": (305, 331), "test": (70, 75), "holdout": (16, 16), "fresh": (18, 19), "test2": (15, 15),
+              "fresh2": (15, 16), "test3": (21, 21), "fresh3": (41, 45), "test4": (3, 6),
               "fresh4": (21, 21), "fresh5": (3, 3), "test5": (12, 13),
               "fresh6": (15, 16), "fresh7": (12, 13), "test6": (13, 13), "fresh8": (25, 27),
               "fresh9": (24, 25), "fresh10": (15, 17), "fresh11": (12, 13),

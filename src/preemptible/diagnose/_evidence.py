@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, replace
 
-from preemptible.diagnose._rules import PEER_NODE
+from preemptible.diagnose._rules import PEER_NODE, SIGKILL_ANY_SENDER
 
 VERDICTS = (
     "preempted", "time-limit", "oom", "interrupted", "collective-timeout", "crashed", "terminated", "killed",
@@ -47,9 +47,6 @@ def exit_evidence(code: int, what: str, where: str, line: int | None, text: str,
     return replace(_ended(code, what, where, line, text, strong=strong), reported=True)
 
 
-SIGKILL_ANY_SENDER = "SIGKILL (an OOM kill, a grace period that ran out, or kill -9)"
-"""What a reported SIGKILL says: it names no sender (its verdict, ``killed``, is no surer than the shell's
-``Killed``)."""
 _BY_SIGNAL = {
     "SIGINT": ("interrupted", "died of SIGINT (Ctrl-C at a terminal, or a notebook's interrupt)"),
     **{

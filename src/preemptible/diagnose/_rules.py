@@ -108,6 +108,9 @@ _KILLED_WORDS = (
 )
 """The shell's "Killed" (glibc's strsignal for SIGKILL) in other languages: zh_CN, ru, uk, de, ja, ko, fr, es, pt_BR,
 it, pl, cs, sv, tr."""
+SIGKILL_ANY_SENDER = "SIGKILL (an OOM kill, a grace period that ran out, or kill -9)"
+"""What a SIGKILL reported without its sender says (a launcher's, a tool's, an exit code's): the verdict read from it
+alone is the OOM killer's, with ``killed`` competing, and no surer than the shell's ``Killed``."""
 SHELL_KILLED = (
     "the shell reports the command died of SIGKILL, naming no sender: most often the kernel's OOM killer (check the "
     "kernel log); else a kill -9 or a supervisor's"
@@ -1033,7 +1036,7 @@ RULES: tuple[Rule, ...] = (
         "killed",
         "weak",
         r"Signal 9 \(SIGKILL\) received|got (signal|sigval) ?: ?9\b",
-        "SIGKILL (cannot be caught)",
+        SIGKILL_ANY_SENDER,
         "torchrun",
     ),
     _r(
