@@ -50,6 +50,7 @@ PARTS = (
     "fresh10",
     "fresh11",
     "fresh12",
+    "fresh13",
 )
 
 

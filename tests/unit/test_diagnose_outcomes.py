@@ -501,6 +501,18 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("[flaml.automl.logger: 08-23 07:26:47] {2631} INFO - retrained model: LGBMClassifier(n_estimators=1)",
          "completed"),
         ("08:20:16 Progress on:train 200it/200it rate:3.3s/it elapsed:23:52 postfix:loss=3.1", "completed"),  # Levanter
+        ("Message:             Pod was active on the node longer than the specified deadline", "time-limit"),  # Argo
+        ("Exit code: 137. Reason: The container could not be located when the pod was terminated", "terminated"),
+        ('level=info msg="Updated message  -> Stopped with strategy \'Terminate\'" namespace=argo', "terminated"),
+        ("Runtime error: Launch timed out, space was not healthy after 30 min", "time-limit"),  # a Hugging Face Space
+        ("This job was terminated because it ran longer than the maximum allowed job run time.", "time-limit"),
+        ("    Total hbm usage >= 9.50G:", "oom"),  # XLA's report of what did not fit in HBM
+        ("[2024-08-26 06:20:26 +0000] [22] [ERROR] Worker (pid:25) was sent SIGKILL! Perhaps out of memory?", "oom"),
+        ("Memory usage on this node: 7.4/7.5 GiB: ***LOW MEMORY*** less than 10% of the memory on this node is "
+         "available for use.", "oom"),  # Ray Tune's status: a hint, when nothing else is said
+        ("2020-08-24 06:17:41.069 Workflow failed.", "crashed"),  # Metaflow
+        ("13:10:12.582 | ERROR   | Task run 'some_task-0' - Crash detected! Execution was cancelled by the runtime "
+         "environment.", "terminated"),  # Prefect's cancellation
     ],
 )  # fmt: skip
 def test_signals_exits_and_ends_in_plain_words(line: str, verdict: str) -> None:
@@ -541,10 +553,20 @@ def test_a_requeue_the_job_asked_for_at_its_time_limit_warning_is_the_time_limit
         "Number of target algorithms that exceeded the time limit: 1",  # auto-sklearn's summary counts its trials
         "Number of target algorithms that exceeded the memory limit: 2",
         "This could be caused by a segmentation fault while calling the function or by an excessive memory",  # joblib
+        "[TensorRT] VERBOSE: Graph construction and optimization completed in 1.30692 seconds.",  # a phase, not the run
     ],
 )
 def test_words_that_only_look_like_an_end_decide_nothing(line: str) -> None:
     assert _verdict(line) == "unknown", diagnose([("log", [line])]).render()
+
+
+def test_a_cancelled_task_s_error_is_the_cancel_s_consequence_not_the_cause() -> None:
+    cancelled = ["Traceback (most recent call last):", '  File "calls.py", line 181, in aresult',
+                 "asyncio.exceptions.CancelledError"]  # fmt: skip
+    alone = diagnose([("log", cancelled)])
+    assert (alone.verdict, alone.confidence) == ("crashed", CONFIDENCE["weak"])  # (when nothing else says why)
+    stopped = diagnose([("log", ["INFO | prefect.agent - Found 1 flow runs awaiting cancellation.", *cancelled])])
+    assert stopped.verdict == "terminated", stopped.render()
 
 
 def test_a_guess_at_an_oom_is_no_evidence_and_a_caught_oom_is_a_hint() -> None:

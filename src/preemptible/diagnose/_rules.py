@@ -123,9 +123,11 @@ REQUEUED = (
 )
 """The ``why`` of Slurm's requeue: weak ``preempted`` evidence, unless the job itself got its time-limit warning first
 (`_verdict._decide`: then its own handler asked for the requeue)."""
-CONSEQUENCES = (PEER_LOST, PEER_NODE)
-"""The endings of the ``why`` of evidence that says only that another rank or node went away: never the cause while
-something else explains it (`_verdict._decide`, `_incident.initiating`)."""
+CANCELLED = "its task was cancelled from outside it (what cancelled it decides: a stop, a timeout, a failure elsewhere)"
+"""The ``why`` ending of an unhandled ``CancelledError`` (asyncio's, concurrent.futures'): a consequence."""
+CONSEQUENCES = (PEER_LOST, PEER_NODE, CANCELLED)
+"""The endings of the ``why`` of evidence that says only that another rank or node went away, or that a task was
+cancelled: never the cause while something else explains it (`_verdict._decide`, `_incident.initiating`)."""
 LOST_PEER = (
     "stopped answering its peers: its node was lost without notice, cut off from the network, or hung "
     "(preemptible's peer watch)"
@@ -468,9 +470,61 @@ RULES: tuple[Rule, ...] = (
     _r(
         "time-limit",
         "strong",
-        r"Job was active longer than specified deadline|\bDeadlineExceeded\b",
-        "Kubernetes Job activeDeadlineSeconds reached",
+        r"Job was active longer than specified deadline|\bDeadlineExceeded\b|"
+        r"\bPod was active on the node longer than the specified deadline\b",
+        "Kubernetes Job activeDeadlineSeconds reached (a Job's or a pod's, as Argo's activeDeadlineSeconds sets it)",
         "k8s",
+    ),
+    _r(
+        "terminated",
+        "strong",
+        r"\bThe container could not be located when the pod was (terminated|deleted)\b",
+        "Kubernetes: the pod was terminated or deleted from outside and its container was gone (its exit 137 is the "
+        "kubelet's stand-in, not an OOM kill)",
+        "k8s",
+    ),
+    _r(
+        "terminated",
+        "strong",
+        r"\bStopped with strategy '(Terminate|Stop)'",
+        "Argo Workflows: the workflow was stopped (argo terminate or argo stop, a shutdown strategy)",
+        "k8s",
+    ),
+    _r(
+        "time-limit",
+        "strong",
+        r"\bLaunch timed out, space was not healthy after \d+ ?min\b|"
+        r"\bThis job was terminated because it ran longer than the maximum allowed job run time\b",
+        "the platform's time limit: a Hugging Face Space's launch timeout, Galaxy's maximum job run time",
+        None,
+    ),
+    _r(
+        "oom",
+        "strong",
+        r"^\s*(Total hbm usage >=|Program hbm requirement|Largest program allocations in hbm)",
+        "XLA's report of what did not fit in a TPU's or GPU's HBM (printed with RESOURCE_EXHAUSTED)",
+        None,
+    ),
+    _r(
+        "killed",
+        "weak",
+        r"\bWorker \(pid:\d+\) was sent SIGKILL! Perhaps out of memory\?",
+        "gunicorn: a worker died of " + SIGKILL_ANY_SENDER,
+        None,
+    ),
+    _r(
+        "oom",
+        "hint",
+        r"\*\*\*LOW MEMORY\*\*\* less than \d+% of the memory on this node is available",
+        "Ray: the node was nearly out of memory (Tune's status warning)",
+        "ray",
+    ),
+    _r(
+        "crashed",
+        "strong",
+        r"^Workflow failed\.\s*$|\] Task failed\.\s*$",
+        "Metaflow: a step's task failed, and the workflow with it",
+        None,
     ),
     _r(
         "time-limit",
@@ -1169,7 +1223,8 @@ RULES: tuple[Rule, ...] = (
         r"\bReached training limit \(\d+ steps\)|"
         r"^(?P<all>\d+) of (?P=all) steps \(100%\) done$|"
         r"^(?!.*\b(epoch|iter|step)\w* ?\d)[\[\w\] :.,|/()=-]*"  # (not "epoch 3 training done")
-        r"\b(training|train|optimization) (is )?(finished|completed?|done)\b(?! or )|'train_runtime':|"
+        r"\b(training|train) (is )?(finished|completed?|done)\b(?! or )|"
+        r"\boptimization (is )?(finished|completed?|done)\b(?! or | in \d)|'train_runtime':|"
         r"\bfinished (training|optimization)\b|\[after training is done\]|End time of running main|"
         r"\bExperiment \S+ has completed\b|\b\d+ epochs? completed in\b|\bdone training\b|\bTotal training time:|"
         r"\btraining of experiment is done\b|\bDONE_BY_RUNNER\b|\bLoss for final step:|\*\*\* Best metric:|"
@@ -1298,8 +1353,9 @@ RULES: tuple[Rule, ...] = (
         "terminated",
         "strong",
         r"\bExecution was aborted by a termination signal\b|\bJob was aborted by the user\b|"
-        r"\bTrainingJobStatus: Stopped, SecondaryStatus: Stopped\b",
-        "a stop from outside (Prefect's SIGTERM, HTCondor's condor_rm, SageMaker's StopTrainingJob)",
+        r"\bTrainingJobStatus: Stopped, SecondaryStatus: Stopped\b|"
+        r"\bExecution was cancelled by the runtime environment\b|\bflow runs? awaiting cancellation\b",
+        "a stop from outside (Prefect's SIGTERM or cancellation, HTCondor's condor_rm, SageMaker's StopTrainingJob)",
         None,
     ),
     _r(

@@ -25,6 +25,7 @@ from preemptible.diagnose._match import (
     spot_context,
 )
 from preemptible.diagnose._rules import (
+    CANCELLED,
     COLLECTIVE_FRAME,
     END_HOOK,
     LOST_PEER,
@@ -374,6 +375,8 @@ class _Scan:
             return False  # read as any other line: the rules name the signal, the OOM, the time limit, the machine
         if is_peer_lost(line, found_in):
             self._add("crashed", "weak", f"unhandled {name}: {PEER_LOST}", "torchrun")  # another rank's end caused it
+        elif name == "CancelledError":
+            self._add("crashed", "weak", f"unhandled {name}: {CANCELLED}")  # (what cancelled it is the cause)
         else:
             self._add("crashed", "strong", f"unhandled {name}")
         return True  # nothing in a crash's message counts as other evidence ("... preemption ...")
