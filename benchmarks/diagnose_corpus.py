@@ -51,6 +51,7 @@ PARTS = (
     "fresh11",
     "fresh12",
     "fresh13",
+    "fresh14",
 )
 
 

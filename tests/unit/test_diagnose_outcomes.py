@@ -513,6 +513,11 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("2020-08-24 06:17:41.069 Workflow failed.", "crashed"),  # Metaflow
         ("13:10:12.582 | ERROR   | Task run 'some_task-0' - Crash detected! Execution was cancelled by the runtime "
          "environment.", "terminated"),  # Prefect's cancellation
+        ('  "messageKind": "spot_interrupted",', "preempted"),  # Karpenter's interruption controller
+        ("I1215 12:28:18.432174 1 job_controller.go:356] Try to handle request <Queue: , Job: default/vjtest, "
+         "Task:task0, Pod:vjtest-task0-1, Event:PodEvicted, ExitCode:0, Action:, JobVersion: 0>", "terminated"),
+        ("I1011 18:34:02.960310 1 scale_down.go:790] ip-172-16-207-18.ec2.internal was unneeded for 31.06s",
+         "terminated"),  # the cluster autoscaler: a hint, when nothing else is said
     ],
 )  # fmt: skip
 def test_signals_exits_and_ends_in_plain_words(line: str, verdict: str) -> None:
@@ -567,6 +572,27 @@ def test_a_cancelled_task_s_error_is_the_cancel_s_consequence_not_the_cause() ->
     assert (alone.verdict, alone.confidence) == ("crashed", CONFIDENCE["weak"])  # (when nothing else says why)
     stopped = diagnose([("log", ["INFO | prefect.agent - Found 1 flow runs awaiting cancellation.", *cancelled])])
     assert stopped.verdict == "terminated", stopped.render()
+
+
+def test_a_spawned_child_that_lost_its_parent_is_the_parent_s_consequence() -> None:
+    child = ["Traceback (most recent call last):", '  File "<string>", line 1, in <module>',
+             '  File "/usr/lib/python3.8/multiprocessing/spawn.py", line 116, in spawn_main',
+             "    exitcode = _main(fd, parent_sentinel)",
+             '  File "/usr/lib/python3.8/multiprocessing/spawn.py", line 126, in _main',
+             "    self = reduction.pickle.load(from_parent)",
+             "_pickle.UnpicklingError: pickle data was truncated"]  # fmt: skip
+    killed = "torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with signal SIGKILL"
+    both = diagnose([("log", [killed, *child])])
+    assert (both.verdict, both.competing) == ("oom", "killed"), both.render()  # the SIGKILL decides, not the child
+    alone = diagnose([("log", child)])
+    assert (alone.verdict, alone.confidence) == ("crashed", CONFIDENCE["weak"]), alone.render()
+
+
+def test_a_pod_s_error_status_is_a_hint_a_named_cause_outranks() -> None:
+    pods = ["mpi-test-2-mpijob-launcher-lv2fx   1/1   CrashLoopBackOff   2   1m",
+            "mpirun.real noticed that process rank 1 with PID 39 on node w-1 exited on signal 9 (Killed)."]  # fmt: skip
+    assert _verdict(*pods) == "oom"  # (the rank's SIGKILL, read as the OOM killer's)
+    assert _verdict(pods[0]) == "crashed"
 
 
 def test_a_guess_at_an_oom_is_no_evidence_and_a_caught_oom_is_a_hint() -> None:

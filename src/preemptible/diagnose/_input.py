@@ -16,7 +16,7 @@ from typing import Any, BinaryIO
 import numpy
 
 from preemptible.diagnose._match import COLLATERAL_TABLE, CONTEXT_TABLE, EXIT_TABLE, MARK_TABLE, RULE_TABLE
-from preemptible.diagnose._rules import COLLECTIVE_FRAME_WORDS, END_HOOK_WORDS, PEER_LOST_TAG
+from preemptible.diagnose._rules import COLLECTIVE_FRAME_WORDS, END_HOOK_WORDS, PEER_LOST_TAG, SPAWN_CHILD_WORDS
 
 MAX_LOG_BYTES = 4 << 30
 """What one input may contribute: of a longer file, its last 4 GiB (how a run ended is at its end); of a stream,
@@ -35,7 +35,7 @@ def scan_keywords() -> tuple[bytes, ...] | None:
     torchrun's summary, mpirun's report, container status) can act on; None if some rule has no needle."""
     words = {"traceback", "error", "exception", "interrupt", "exit", "failure", "root cause", "==========",
              "process name", "oomkilled", "local_rank", "^c", PEER_LOST_TAG, *END_HOOK_WORDS,
-             *COLLECTIVE_FRAME_WORDS}  # fmt: skip
+             *COLLECTIVE_FRAME_WORDS, *SPAWN_CHILD_WORDS}  # fmt: skip
     for _, found_in in RULE_TABLE + EXIT_TABLE + COLLATERAL_TABLE + CONTEXT_TABLE + MARK_TABLE:
         if found_in is None:
             return None

@@ -125,7 +125,12 @@ REQUEUED = (
 (`_verdict._decide`: then its own handler asked for the requeue)."""
 CANCELLED = "its task was cancelled from outside it (what cancelled it decides: a stop, a timeout, a failure elsewhere)"
 """The ``why`` ending of an unhandled ``CancelledError`` (asyncio's, concurrent.futures'): a consequence."""
-CONSEQUENCES = (PEER_LOST, PEER_NODE, CANCELLED)
+PARENT_GONE = (
+    "a spawned child could not read what its parent sends it at start (the parent had died or failed: its end decides)"
+)
+"""The ``why`` ending of an exception a ``multiprocessing`` child raised while unpickling its start from its parent
+(``EOFError: Ran out of input``, ``pickle data was truncated``): a consequence."""
+CONSEQUENCES = (PEER_LOST, PEER_NODE, CANCELLED, PARENT_GONE)
 """The endings of the ``why`` of evidence that says only that another rank or node went away, or that a task was
 cancelled: never the cause while something else explains it (`_verdict._decide`, `_incident.initiating`)."""
 LOST_PEER = (
@@ -156,6 +161,9 @@ COLLECTIVE_FRAME = re.compile(
 """A traceback's frame inside a torch.distributed collective or point-to-point operation: a timeout raised there is
 the collective's, in whatever words."""
 COLLECTIVE_FRAME_WORDS = ("distributed",)
+SPAWN_CHILD_FRAME = re.compile(r'^\s*File "[^"]*multiprocessing[/\\]spawn\.py", line \d+, in (spawn_main|_main)\s*$')
+"""A traceback's frame in a ``multiprocessing`` child's start (`PARENT_GONE`)."""
+SPAWN_CHILD_WORDS = ("spawn.py",)
 """Needles of `COLLECTIVE_FRAME`, for the streamed reader as `END_HOOK_WORDS`."""
 _MISSING = re.compile(r"\branks? \[([\d, ]+)\] did not answer\b")
 _STORE = re.compile(r"\bthe job's store at (\S+?):\d+ is unreachable\b")
@@ -473,6 +481,27 @@ RULES: tuple[Rule, ...] = (
         r"Job was active longer than specified deadline|\bDeadlineExceeded\b|"
         r"\bPod was active on the node longer than the specified deadline\b",
         "Kubernetes Job activeDeadlineSeconds reached (a Job's or a pod's, as Argo's activeDeadlineSeconds sets it)",
+        "k8s",
+    ),
+    _r(
+        "preempted",
+        "strong",
+        r'"?messageKind"?[:=] ?"?spot_interrupted\b',
+        "Karpenter's interruption controller: AWS reclaimed the spot node (a Spot interruption warning)",
+        "aws",
+    ),
+    _r(
+        "terminated",
+        "strong",
+        r"\bEvent:PodEvicted\b",
+        "Volcano: a pod of the job was evicted, and the job's policy ended or restarted its task",
+        "k8s",
+    ),
+    _r(
+        "terminated",
+        "hint",
+        r"\bscale_down\.go:\d+\] \S+ was unneeded for\b",
+        "the cluster autoscaler marked the node unneeded (it scales such nodes down, with what runs on them)",
         "k8s",
     ),
     _r(
@@ -1186,9 +1215,9 @@ RULES: tuple[Rule, ...] = (
     ),
     _r(
         "crashed",
-        "weak",
+        "hint",
         r"^\S+\s+\d+/\d+\s+(Error|CrashLoopBackOff)\s+\d+",
-        "Kubernetes: the pod's container exited non-zero (kubectl get pods: Error)",
+        "Kubernetes: the pod's container exited non-zero (kubectl get pods: Error; a status, not why: a hint)",
         "k8s",
         flags=0,
     ),
@@ -1981,7 +2010,8 @@ COLLATERAL_RULES: tuple[Rule, ...] = (
         r"failed to send a keep-alive heartbeat|Connection was likely closed|\bNo route to host\b|"
         r"\bConnection refused\b|\bBroken pipe\b|"
         r"\bSocket Timeout\b|\bDistNetworkError\b|Horovod has been shut down|"
-        r"\bActorDiedError: The actor died unexpectedly before finishing this task\b)",
+        r"\bActorDiedError: The actor died unexpectedly before finishing this task\b|"
+        r"\bORTE has lost communication with a remote daemon\b)",
         PEER_LOST,
         "torchrun",
     ),

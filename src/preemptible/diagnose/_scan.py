@@ -29,9 +29,11 @@ from preemptible.diagnose._rules import (
     COLLECTIVE_FRAME,
     END_HOOK,
     LOST_PEER,
+    PARENT_GONE,
     PEER_LOST,
     PEER_NODE,
     RELAYED,
+    SPAWN_CHILD_FRAME,
     SPOT_CONTEXT,
     STORE_LOST,
     peer_lost,
@@ -172,6 +174,7 @@ class _Scan:
         self.aside = ""  # "ignored" | "thread": the traceback being read did not end the process (see `_ASIDE`)
         self.in_end_hook = False  # the traceback being read runs in an end-of-training hook (see `_rules.END_HOOK`)
         self.in_collective = False  # ... and passes through a torch.distributed collective (`_rules.COLLECTIVE_FRAME`)
+        self.in_spawn = False  # ... or through a multiprocessing child's start (`_rules.SPAWN_CHILD_FRAME`)
         self.prev_line = ""  # the line before this one (when it was read)
         self.spot = False  # a line said the work runs on spot/preemptible capacity
         self.platforms: set[str] = set()  # the platforms whose marks a line showed (`_rules.PLATFORM_MARKS`)
@@ -289,10 +292,12 @@ class _Scan:
             aside = _ASIDE.match(prev)
             if not _CHAINED.match(prev):  # (a chained traceback's aside and collective are its first part's)
                 self.aside = "" if aside is None else "ignored" if aside.group(1) else "thread"
-                self.in_collective = False
+                self.in_collective = self.in_spawn = False
             return line.rstrip().endswith(":")  # (IPython's names the exception: a rule may read it, ^C's)
         if COLLECTIVE_FRAME.match(line):
             self.in_collective = True  # (also in a traceback whose start an excerpt cut off)
+        if SPAWN_CHILD_FRAME.match(line):
+            self.in_spawn = True
         if not self.in_traceback and was_indented and _EXCEPTION_LINE.match(line):
             self.in_traceback = True  # the exception line of a traceback whose start was cut off
         if not self.in_traceback:
@@ -309,11 +314,11 @@ class _Scan:
             return True  # another process's output interleaved (multiprocessing's "Process actor_6:"): skipped
         self.in_traceback = False
         if match is None:
-            self.in_collective = False
+            self.in_collective = self.in_spawn = False
             self._cut_traceback()
             return False
         ended = self._exception(line, match)
-        self.in_collective = False
+        self.in_collective = self.in_spawn = False
         return ended
 
     def _aside(self, name: str) -> bool:
@@ -375,6 +380,8 @@ class _Scan:
             return False  # read as any other line: the rules name the signal, the OOM, the time limit, the machine
         if is_peer_lost(line, found_in):
             self._add("crashed", "weak", f"unhandled {name}: {PEER_LOST}", "torchrun")  # another rank's end caused it
+        elif self.in_spawn and name in ("EOFError", "UnpicklingError"):
+            self._add("crashed", "weak", f"unhandled {name}: {PARENT_GONE}")  # (what ended the parent is the cause)
         elif name == "CancelledError":
             self._add("crashed", "weak", f"unhandled {name}: {CANCELLED}")  # (what cancelled it is the cause)
         else:
