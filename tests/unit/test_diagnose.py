@@ -14,7 +14,7 @@ import pytest
 
 from conftest import Trainer, clean_env
 from preemptible.cli import main
-from preemptible.diagnose import VERDICTS, diagnose, read_log, scan_lines
+from preemptible.diagnose import CONFIDENCE, VERDICTS, diagnose, read_log, scan_lines
 
 CORPUS = Path(__file__).parent.parent / "corpus" / "diagnose"
 CASES: dict[str, dict[str, Any]] = {
@@ -368,6 +368,36 @@ def test_attempt_without_a_root_is_refused_and_a_log_named_twice_is_read_once(
     assert "expected --root ROOT with it" in capsys.readouterr().err
     assert main(["diagnose", str(log), str(log), "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["evidence"]) == 1
+
+
+def test_a_second_stranger_s_logs_get_the_sender_the_platform_and_the_memory_right() -> None:
+    """A stranger's check on 15 public logs (issue 55, seventh round): where the log names the SIGKILL's sender it is
+    not read as the OOM killer's; a tool's report of the shell's kill does not count against it; the platform a line
+    names picks the advice; an accelerator's memory gets its own advice, not the host's."""
+    unit = diagnose([("journal", ["flux.service: State 'stop-sigterm' timed out. Killing.",
+                                  "flux.service: Main process exited, code=killed, status=9/KILL"])])  # fmt: skip
+    assert unit.verdict == "killed" and any(f.startswith("systemd: TimeoutStopSec") for f in unit.fix)
+    assert not any(f.startswith(("Kubernetes:", "Docker:", "SLURM:", "Nextflow:", "macOS:")) for f in unit.fix)
+    assert any(c.startswith("systemd: journalctl") for c in unit.confirm)
+    typed = diagnose([("shell", ["$ docker stop test", "test"])], exit_code=137)
+    assert typed.verdict == "terminated" and "killed after the grace period" in typed.summary, typed.render()
+    assert diagnose([("shell", ["$ kill -9 4410", "[1]+  Killed  python train.py"])]).verdict == "killed"
+    circle = diagnose([("ci", ["/bin/bash: line 1:  2440 Killed  python build.py", "CircleCI received exit code 137"])])
+    assert (circle.verdict, circle.confidence) == ("oom", CONFIDENCE["weak, killed"]), circle.render()
+    gha = diagnose([("ci", ["##[error]The job running on runner GitHub Actions 3 has exceeded the maximum execution "
+                            "time of 360 minutes."])])  # fmt: skip
+    assert gha.verdict == "time-limit" and any(f.startswith("GitHub Actions:") for f in gha.fix)
+    assert not any(f.startswith(("SLURM:", "Kubernetes:", "GitLab CI:", "Nextflow:")) for f in gha.fix + gha.confirm)
+    docker = diagnose([("nomad", ['Exit Code: 137, Exit Message: "Docker container exited with non-zero exit code: '
+                                  '137"'])])  # fmt: skip
+    assert docker.verdict == "oom" and "docker inspect" in docker.deciding, docker.render()
+    hbm = diagnose([("jax", ["jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: XLA:TPU compile permanent "
+                             "error. Ran out of memory in memory space hbm. Used 20.4G of 15.48G hbm."])])  # fmt: skip
+    assert (hbm.verdict, hbm.competing) == ("oom", "crashed") and "dmesg" not in hbm.deciding
+    assert any("XLA" in f for f in hbm.fix) and not any(f.startswith(("SLURM:", "Docker:", "Windows:")) for f in
+                                                        hbm.fix + hbm.confirm)  # fmt: skip
+    timed = diagnose([("time", ["Command terminated by signal 9"])])
+    assert "signal 9:" in timed.evidence[0].why and "signal -9" not in timed.evidence[0].why
 
 
 def test_a_stranger_s_logs_get_the_advice_of_the_platform_they_ran_on() -> None:

@@ -118,4 +118,5 @@ def _ended(code: int, what: str, where: str, line: int | None, text: str, *, str
     if what.endswith("received signal") and meaning.startswith("died of "):
         meaning = meaning[len("died of ") :]  # (a handler caught it and logged it: the process did not die of it)
     platform = "windows" if _ntstatus(code) else None
-    return Evidence(verdict, strength, f"{what} {code}: {meaning}", where, line, text, platform)
+    shown = -code if code < 0 and what.endswith("signal") else code  # ("ended by signal 9", not "-9")
+    return Evidence(verdict, strength, f"{what} {shown}: {meaning}", where, line, text, platform)

@@ -46,7 +46,8 @@ FIX: dict[str, list[str]] = {
         "Kubernetes: activeDeadlineSeconds ended the Job: raise it, or let Run save on the SIGTERM that follows",
         "Nextflow: time { 4.h * task.attempt } with " + _RETRY + " (140: the executor's time limit)",
         "GitLab CI: the job's timeout: keyword (or the project's CI/CD timeout), or save and stop before it",
-        "GitHub Actions: timeout-minutes on the job or the step (360 minutes by default), or save and stop before it",
+        "GitHub Actions: timeout-minutes on the job or the step (360 minutes by default, and the most a job may run "
+        "on a GitHub-hosted runner: past it, a self-hosted runner, or save before it and resume in the next job)",
         "CircleCI: no_output_timeout on the step (10 minutes by default) ended a step that printed nothing that long: "
         "most often it hung (py-spy dump --pid in the step); print progress, or raise it",
         "or stop on time yourself: Run saves on SIGTERM at the limit if the save fits in the grace period (preemptible "
@@ -54,6 +55,8 @@ FIX: dict[str, list[str]] = {
     ],
     "oom": [
         "GPU: a smaller micro-batch with more gradient accumulation, activation checkpointing, or a sharded optimizer",
+        "GPU: under XLA on a TPU or a GPU: a smaller batch or sequence, rematerialisation (jax.checkpoint), or more "
+        "sharding of the parameters and optimizer state over the device mesh",
         "host memory: fewer DataLoader workers or a smaller prefetch_factor; if the saves push memory over, "
         "Run(async_save=False) and no pre-staging (prestage_every=None) stage no second copy of the state",
         "SLURM: a larger --mem (sacct MaxRSS shows what the step used)",
@@ -108,7 +111,10 @@ FIX: dict[str, list[str]] = {
     "killed": [
         "SIGKILL ends a process without a save: if it followed a SIGTERM, the grace period was shorter than the save; "
         "raise it above preemptible plan's prediction, or shrink the save (bf16_moments=True, prestage_every=K)",
-        "Kubernetes: terminationGracePeriodSeconds; Docker: docker stop -t; SLURM: GraceTime / KillWait",
+        "Kubernetes: terminationGracePeriodSeconds above the predicted save",
+        "Docker: docker stop -t (or stop_grace_period in Compose) above the predicted save",
+        "SLURM: GraceTime (preemption) or KillWait (scancel, the time limit) above the predicted save",
+        "systemd: TimeoutStopSec above the predicted save (systemd sends SIGTERM, then SIGKILL after it)",
         "Nextflow: a task's 137 is most often its executor's memory limit: nextflow log shows its peak_rss against "
         "memory; " + _RETRY,
         "if nothing sent SIGTERM first, look for the OOM killer (dmesg) before anything else",
@@ -199,10 +205,14 @@ def remedy(
 
 
 def for_memory(items: list[str], kind: str | None) -> list[str]:
-    """Without the items for the memory that did not run out ("GPU: ..." for host memory, "host memory: ..." for a
-    GPU's)."""
+    """Without the items for the memory that did not run out ("GPU: ..." for host memory; for a GPU's or a TPU's,
+    "host memory: ..." and the platforms' items, which are about the host's: a scheduler's or a container's memory
+    limit, a paging file; a Mac's unified memory is both)."""
     other = {"host": "GPU:", "gpu": "host memory:"}.get(kind or "")
-    return items if other is None else [i for i in items if not i.startswith(other)]
+    kept = items if other is None else [i for i in items if not i.startswith(other)]
+    if kind == "gpu":
+        kept = [i for i in kept if i.split(":", 1)[0] not in set(TAGS.values()) - {TAGS["macos"]}]
+    return kept
 
 
 def for_platforms(items: list[str], platforms: set[str]) -> list[str]:

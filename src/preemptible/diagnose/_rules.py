@@ -507,6 +507,22 @@ RULES: tuple[Rule, ...] = (
     _r(
         "terminated",
         "strong",
+        r"^[$#] *(sudo +)?(docker|podman) +(container +)?stop\b",
+        "a container stop typed in the log's shell: SIGTERM, then SIGKILL after the grace period (docker stop -t)",
+        "docker",
+    ),
+    _r(
+        "killed",
+        "strong",
+        r"^[$#] *(sudo +)?((docker|podman) +(container +)?kill\b(?!.*--signal)|"
+        r"(kill|pkill|killall) +-(9|KILL|SIGKILL)\b)|\bprocess force killed by others\b",
+        "a SIGKILL with its sender named: a kill -9 or docker kill typed in the log's shell, OpenPAI's 'force killed "
+        "by others'",
+        None,
+    ),
+    _r(
+        "terminated",
+        "strong",
         r"\bThe container could not be located when the pod was (terminated|deleted)\b",
         "Kubernetes: the pod was terminated or deleted from outside and its container was gone (its exit 137 is the "
         "kubelet's stand-in, not an OOM kill)",
@@ -1111,8 +1127,8 @@ RULES: tuple[Rule, ...] = (
     _r(
         "killed",
         "strong",
-        r"forcefully exiting via Signals\.SIGKILL|State 'stop-sigterm' timed out\. Killing\b",
-        "torchrun or systemd SIGKILLed workers that outlived the shutdown grace period",
+        r"forcefully exiting via Signals\.SIGKILL",
+        "torchrun SIGKILLed workers that outlived the shutdown grace period",
         "torchrun",
     ),
     _r(
@@ -1971,6 +1987,9 @@ PLATFORM_MARKS: tuple[Rule, ...] = (
     _r("unknown", "context", r"\bKernelRestarter\b|/dist-packages/google/colab/", PLATFORM_SEEN, "jupyter", flags=0),
     _r("unknown", "context", r"^\S+ exited with code \d+$|\bdocker-compose |\bdocker compose ", PLATFORM_SEEN, "docker",
        flags=0),
+    _r("unknown", "context", r"\bDocker container exited with non-zero exit code\b", PLATFORM_SEEN, "docker"),
+    _r("unknown", "context", r"\bThe job running on runner .+ has exceeded the maximum execution time of \d+ minutes",
+       PLATFORM_SEEN, "github-actions"),
 )  # fmt: skip
 """Lines that say where the job runs without saying how it ended (a CI runner's group markers, a Mac's shell and
 paths, a Windows path, Jupyter's kernel restarter, Compose's service prefixes): never evidence, only the platform

@@ -57,6 +57,8 @@ CONFIRM: dict[str, list[str]] = {
         "SLURM: sacct -j $JOBID -o JobID,State,MaxRSS,ReqMem (State OUT_OF_MEMORY)",
         "Kubernetes: kubectl describe pod $POD (Last State: Terminated, Reason: OOMKilled) vs resources.limits.memory",
         "GPU: the traceback's 'Tried to allocate' figure against torch.cuda.max_memory_allocated()",
+        "GPU: under XLA (a TPU's or a GPU's RESOURCE_EXHAUSTED), the report's HBM figures ('Used 20.4G of 15.48G hbm', "
+        "'Total hbm usage') against the device's memory",
         "Nextflow: nextflow log $RUN_NAME -f name,exit,peak_rss,memory (a peak_rss at the task's memory directive)",
         "Dask: the nanny's 'Worker exceeded 95% memory budget. Restarting' lines and the dashboard's worker memory "
         "against memory_limit",
@@ -106,6 +108,7 @@ CONFIRM: dict[str, list[str]] = {
         "Docker: docker inspect --format '{{.State.OOMKilled}}' $CONTAINER (false: a docker stop, kill or a health "
         "check, not memory)",
         "macOS: a Killed: 9 at launch is most often the code signature: codesign -v --verbose=2 on the binary",
+        "systemd: journalctl -u $UNIT (the stop that timed out: systemctl stop, a shutdown, a restart)",
     ],
     "completed": [
         "the exit code (--exit-code: 0 is a normal end); the journal's done event / DONE.json in the checkpoint root; "
@@ -302,7 +305,7 @@ def diagnose(
         evidence, verdict, platforms, root, facts.committed_after_notice if facts else None, hangup=hangup
     )
     confidence, competing = _confidence(evidence, verdict, how)
-    competing = _rival(verdict, competing, exit_code, hangup=hangup)
+    competing = _rival(verdict, competing, exit_code, hangup=hangup, kind=_memory_kind(evidence))
     if verdict == "unknown" and not evidence and notes and len(notes) >= len(names):
         competing = None  # nothing was read (an empty, binary or compressed log): no cause is more likely
         summary = "nothing in the logs could be read: " + "; ".join(notes)
@@ -318,9 +321,13 @@ def _sigkill_only(evidence: Sequence[Evidence]) -> bool:
     return bool(own) and all(e.why.endswith(SIGKILL_ANY_SENDER) for e in own)
 
 
-def _rival(verdict: str, competing: str | None, exit_code: int | None, *, hangup: bool) -> str | None:
+def _rival(
+    verdict: str, competing: str | None, exit_code: int | None, *, hangup: bool, kind: str | None = None
+) -> str | None:
     """The competing verdict, where what the evidence names rules the usual one out (``hangup``: the ``terminated``
-    was a SIGHUP)."""
+    was a SIGHUP; ``kind``: the memory that ran out, `_memory_kind`)."""
+    if verdict == "oom" and competing == "killed" and kind == "gpu":
+        return "crashed"  # (an allocation that failed on a GPU or a TPU raises: no SIGKILL to mistake it for)
     if competing == "completed" and exit_code not in (None, 0) and verdict != "unknown":
         return _CONFUSED.get(verdict)  # the run's own non-zero exit code: it did not simply finish
     if competing == "preempted" and hangup:
@@ -505,8 +512,10 @@ def _confidence(evidence: Sequence[Evidence], verdict: str, how: str) -> tuple[f
         against = any(e.strength != "hint" and VERDICTS.index(e.verdict) < rank for e in others)
         key = "strong, against" if against else "strong"
     elif "weak" in mine:
-        against = any(e.strength != "hint" for e in others)
         bare = verdict == "killed" or all(e.why.startswith(SHELL_KILLED) for e in own)
+        # (a tool's report of the shell's SIGKILL, CircleCI's exit code 137, is the same kill, not another verdict)
+        same = bare and verdict == "oom"
+        against = any(e.strength != "hint" and not (same and e.why.endswith(SIGKILL_ANY_SENDER)) for e in others)
         key = "weak, against" if against else "weak, killed" if bare else "weak"
     else:
         key = "hint"
