@@ -396,6 +396,9 @@ def test_a_second_stranger_s_logs_get_the_sender_the_platform_and_the_memory_rig
     assert (hbm.verdict, hbm.competing) == ("oom", "crashed") and "dmesg" not in hbm.deciding
     assert any("XLA" in f for f in hbm.fix) and not any(f.startswith(("SLURM:", "Docker:", "Windows:")) for f in
                                                         hbm.fix + hbm.confirm)  # fmt: skip
+    disk = diagnose([("events", ["  Warning  Evicted  3m  kubelet  The node was low on resource: ephemeral-storage. "
+                                 "Container trainer was using 12Gi, which exceeds its request of 0."])])  # fmt: skip
+    assert disk.verdict == "terminated" and "ephemeral-storage" in disk.fix[0], disk.render()
     timed = diagnose([("time", ["Command terminated by signal 9"])])
     assert "signal 9:" in timed.evidence[0].why and "signal -9" not in timed.evidence[0].why
 

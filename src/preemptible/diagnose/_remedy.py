@@ -162,6 +162,12 @@ MEMORY_EVICTION = [
     FIX["oom"][1],
 ]
 """The fix for a memory-pressure eviction (`_rules.MEMORY_PRESSURE`): the pod's memory, before the signal's."""
+STORAGE_EVICTION = (
+    "Kubernetes: the pod was evicted for its disk (ephemeral-storage: its writable layer, logs and emptyDir over its "
+    "request or limit, or the node's disk full): set resources.requests and limits.ephemeral-storage to what it "
+    "writes, or write scratch files, logs and checkpoints to a volume (a PVC, an emptyDir with a sizeLimit)"
+)
+"""The fix for an eviction for ephemeral storage, before the signal's."""
 
 
 HANGUP = [
@@ -183,16 +189,20 @@ def remedy(
     memory: bool = False,
     hangup: bool = False,
     memory_kind: str | None = None,
+    storage: bool = False,
 ) -> dict[str, Any]:
     """``{"fix": [...], "verify": [...]}`` for ``verdict``, the platform-tagged items only for ``platforms``.
     ``saved_at``: the step the journal shows committed after the notice (the save path needs no fix then).
     ``memory``: a ``terminated`` that was a memory-pressure eviction (its memory fix comes first). ``hangup``: a
     ``terminated`` by SIGHUP (a closed session: its own fix). ``memory_kind``: "gpu" or "host" when the evidence
-    says which memory ran out (the other's items are left out)."""
+    says which memory ran out (the other's items are left out). ``storage``: a ``terminated`` that was an eviction
+    for ephemeral storage (its disk fix comes first)."""
     fix = for_platforms(FIX[verdict], platforms)
     fix = for_memory(fix, memory_kind)
     if memory:
         fix = [*MEMORY_EVICTION, *fix]
+    if storage:
+        fix = [STORAGE_EVICTION, *fix]
     if hangup:
         fix = [*HANGUP, *fix[1:]]
     if saved_at is not None and verdict in ("preempted", "time-limit", "terminated"):

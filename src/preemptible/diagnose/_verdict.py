@@ -353,7 +353,12 @@ def _advice(
     memory = verdict == "terminated" and any(e.why == MEMORY_PRESSURE for e in evidence)
     if memory:
         confirm = [_MEMORY_CONFIRM, *confirm]
-    todo = remedy(verdict, platforms, root, saved_at=saved_at, memory=memory, hangup=hangup, memory_kind=kind)
+    storage = verdict == "terminated" and any(
+        e.verdict == "terminated" and "ephemeral" in e.text.lower().replace("-", " ") for e in evidence
+    )  # (an eviction for the pod's disk)
+    todo = remedy(
+        verdict, platforms, root, saved_at=saved_at, memory=memory, hangup=hangup, memory_kind=kind, storage=storage
+    )
     if verdict == "crashed" and _died_of_a_signal(evidence):
         record = next((_SIGNAL_RECORD[p] for p in sorted(platforms) if p in _SIGNAL_RECORD), _SIGNAL_CONFIRM)
         confirm = [record, *confirm[1:]]
