@@ -52,6 +52,7 @@ PARTS = (
     "fresh12",
     "fresh13",
     "fresh14",
+    "fresh15",
 )
 
 
