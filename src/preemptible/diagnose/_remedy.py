@@ -221,8 +221,12 @@ def for_memory(items: list[str], kind: str | None) -> list[str]:
     other = {"host": "GPU:", "gpu": "host memory:"}.get(kind or "")
     kept = items if other is None else [i for i in items if not i.startswith(other)]
     if kind == "gpu":
-        kept = [i for i in kept if i.split(":", 1)[0] not in set(TAGS.values()) - {TAGS["macos"]}]
+        kept = [i for i in kept if i.split(":", 1)[0] not in _HOST_MEMORY_TAGS]
     return kept
+
+
+_HOST_MEMORY_TAGS = frozenset(TAGS.values()) - {TAGS["macos"]}
+"""The platforms whose memory items are about the host's memory (all but a Mac's, whose memory the GPU shares)."""
 
 
 def for_platforms(items: list[str], platforms: set[str]) -> list[str]:

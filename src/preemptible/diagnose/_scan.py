@@ -175,6 +175,7 @@ class _Scan:
         self.in_end_hook = False  # the traceback being read runs in an end-of-training hook (see `_rules.END_HOOK`)
         self.in_collective = False  # ... and passes through a torch.distributed collective (`_rules.COLLECTIVE_FRAME`)
         self.in_spawn = False  # ... or through a multiprocessing child's start (`_rules.SPAWN_CHILD_FRAME`)
+        self.found_in: frozenset[str] = frozenset()  # the needles (`_match.present`) of the line being read
         self.prev_line = ""  # the line before this one (when it was read)
         self.spot = False  # a line said the work runs on spot/preemptible capacity
         self.platforms: set[str] = set()  # the platforms whose marks a line showed (`_rules.PLATFORM_MARKS`)
@@ -203,6 +204,7 @@ class _Scan:
             self.window.see(raw)
         line = _strip_prefix(raw)
         self.number, self.text = number, raw.strip()[:400]
+        self.found_in = present(line)  # the rules' needles in the line: found once, used by every reader below
         self._platform(line)
         if _NATIVE_FRAME.match(line):
             if "WorkNCCL::checkTimeout" in line:  # the watchdog's own frame: it was timing out a collective
@@ -211,6 +213,7 @@ class _Scan:
         if line.startswith("^C"):  # a terminal echoes Ctrl-C before whatever the process then prints
             self._add("interrupted", "strong", "a user's interrupt (^C: Ctrl-C at the terminal)")
             line = line[2:]
+            self.found_in = present(line)
         was_indented, self.prev_indented = self.prev_indented, line[:1] in (" ", "\t") and bool(line.strip())
         prev, self.prev_line = self.prev_line, line
         if self._traceback(line, was_indented, prev):
@@ -226,7 +229,7 @@ class _Scan:
     def _platform(self, line: str) -> None:
         """A line that says where the job runs (`_rules.PLATFORM_MARKS`), once per log and platform: read before
         anything else (a traceback's frame, a container's status line), since it is no event of its own."""
-        found_in = present(line)
+        found_in = self.found_in
         for mark in platform_marks(line, found_in) if found_in else ():
             if mark.platform not in self.platforms:
                 self.platforms.add(mark.platform or "")
@@ -354,7 +357,7 @@ class _Scan:
 
     def _exception(self, line: str, match: re.Match[str]) -> bool:
         """The exception line that ends a traceback; True when it is recorded as the crash (or as nothing)."""
-        found_in = present(line)
+        found_in = self.found_in
         ended = exit_rule(line, self.where, self.number, self.text, found_in)
         if ended is not None:
             self.found.append(ended)  # a worker's death reported as an exception: the signal or code is the cause
@@ -452,7 +455,7 @@ class _Scan:
         collateral rule, else a bare exception."""
         if self._peer_lost(line):
             return
-        found_in = present(line)
+        found_in = self.found_in
         if found_in and not self.spot and spot_context(line, found_in):
             self.spot = True  # (once per log: it is a fact about the machine, not an event)
             self._add(SPOT_CONTEXT.verdict, SPOT_CONTEXT.strength, SPOT_CONTEXT.why)

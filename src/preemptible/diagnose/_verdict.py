@@ -354,7 +354,7 @@ def _advice(
     if memory:
         confirm = [_MEMORY_CONFIRM, *confirm]
     storage = verdict == "terminated" and any(
-        e.verdict == "terminated" and "ephemeral" in e.text.lower().replace("-", " ") for e in evidence
+        e.verdict == "terminated" and "ephemeral" in e.text.lower() for e in evidence
     )  # (an eviction for the pod's disk)
     todo = remedy(
         verdict, platforms, root, saved_at=saved_at, memory=memory, hangup=hangup, memory_kind=kind, storage=storage
@@ -409,7 +409,8 @@ def _summary(
     ``terminated`` was a SIGHUP)."""
     deciding = [e for e in evidence if e.verdict == verdict and e.strength != "collateral"]
     unnamed = verdict == "oom" and not deciding  # (read from a SIGKILL that names no sender)
-    deciding = deciding or [e for e in evidence if e.verdict == "killed" and e.strength != "collateral"] * unnamed
+    if unnamed:
+        deciding = [e for e in evidence if e.verdict == "killed" and e.strength != "collateral"]
     deciding.sort(key=lambda e: (e.reported, e.why != MEMORY_PRESSURE))  # (stable; the eviction's named cause first)
     strongest = next((e for e in deciding if e.strength == "strong"), deciding[0] if deciding else None)
     summary = strongest.why if strongest is not None else "no recognised evidence"
