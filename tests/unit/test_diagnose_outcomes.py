@@ -677,6 +677,33 @@ def test_a_traceback_whose_frames_lost_their_indentation_is_still_one_traceback(
     assert [(e.verdict, e.strength, e.line) for e in found] == [("crashed", "strong", 4)]
 
 
+def test_a_traceback_flattened_onto_one_line_is_read_as_one() -> None:
+    """A cloud console's entry or a JSON logger's message holds the whole traceback on one line."""
+    head = '2022-11-29 17:00:09.138 PST Traceback (most recent call last): File "main.py", line 66, in <module> '
+
+    def read(line: str) -> list[tuple[str, str]]:
+        return [(e.verdict, e.strength) for e in diagnose([("log", ["step 10", line])]).evidence]
+
+    assert read(head + "app.run(main) ValueError: could not broadcast") == [("crashed", "strong")]
+    assert read(head + "main() KeyboardInterrupt") == [("interrupted", "strong")]
+    assert read(head + "train() torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")[0][0] == "oom"
+    # cut off before its exception: what a cut-off traceback is, a hint; a raise in its source line is no exception
+    assert read(head + 'app.run(main) File "/x/absl/app.py", line 308,') == [("crashed", "hint")]
+    assert read(head + "raise ValueError(msg) File") == [("crashed", "hint")]
+    # in a thread other than the main one, as a traceback's would be, a hint
+    thread = diagnose([("log", ["Exception in thread Thread-1:", head + "run() OSError: closed"])]).evidence
+    assert [(e.verdict, e.strength) for e in thread] == [("crashed", "hint")]
+
+
+def test_a_ci_runner_s_own_job_succeeded_line_is_the_end_whatever_it_fails_to_report_after() -> None:
+    lines = [
+        "Job succeeded                                       duration_s=12.65 job=10815 project=3 runner=Vf4CL5e2",
+        "ERROR: Appending trace to coordinator... error couldn't execute PATCH against https://gitlab.example.com",
+    ]
+    assert _verdict(*lines) == "completed"
+    assert _verdict("Job succeeded with warnings in 3 of 5 steps") != "completed"  # (not the runner's line)
+
+
 def test_a_run_at_its_last_step_or_its_normal_exit_is_done_whatever_crashes_in_teardown() -> None:
     free = ["terminate called after throwing an instance of 'c10::Error'", "  what():  Trying to free a pointer"]
     bar = "Train: 100%|██████████| 742/742 [1:50:01<00:00, 10.37s/it]"

@@ -1335,7 +1335,7 @@ RULES: tuple[Rule, ...] = (
     _r(
         "completed",
         "strong",
-        r"Completed - Training job completed|Job status: JobStatus\.SUCCEEDED\b|^Job succeeded\.$|"
+        r"Completed - Training job completed|Job status: JobStatus\.SUCCEEDED\b|^Job succeeded(\.$|\s+duration_s=)|"
         r"\bphase:\s*Succeeded\b|\bTrainingJobStatus: Completed\b|\bNormal termination \(return value 0\)|"
         r"\bNormal termination of \w+|"
         r"\b(Simulation )?App(lication)? Shutting Down\b|\bEnd of program\b|"

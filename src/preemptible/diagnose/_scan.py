@@ -58,6 +58,9 @@ _CHAINED = re.compile(r"(During handling of the above exception|The above except
 _EXCEPTION_LINE = re.compile(
     r"^(\[[^\]]*\]:?\s*)?([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failure|Warning)\b|[A-Za-z_][\w.]*Error)(:.*)?$"
 )
+_FLAT_FRAME = re.compile(r'File "[^"]*", line \d+(, in [\w<>.]+)?')
+_FLAT_EXCEPTION = re.compile(r"(?<![\w.])[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)(?=: |:?\s*$)")
+"""A flattened traceback's frame, and its exception (its name, then its message or the line's end)."""
 _ASIDE = re.compile(r"^(Exception ignored in\b|Error in atexit\._run_exitfuncs:)|^Exception in thread\b")
 """The line before a traceback that did not end the process: an exception in a ``__del__``, an ``atexit`` callback
 or a weakref callback ("Exception ignored in: ...", "Error in atexit._run_exitfuncs:"), or in a thread other than the
@@ -216,7 +219,7 @@ class _Scan:
             self.found_in = present(line)
         was_indented, self.prev_indented = self.prev_indented, line[:1] in (" ", "\t") and bool(line.strip())
         prev, self.prev_line = self.prev_line, line
-        if self._traceback(line, was_indented, prev):
+        if self._flattened(line, prev) or self._traceback(line, was_indented, prev):
             return
         if self._launcher_report(line):
             return
@@ -289,7 +292,7 @@ class _Scan:
     def _traceback(self, line: str, was_indented: bool, prev: str) -> bool:
         """Follow a Python traceback; True when the line is part of one (and its exception, if any, recorded)."""
         if _TRACEBACK_START.search(line) and line.rstrip().endswith(("last):", "last)")):
-            # (a traceback flattened into one line, "...last):\n  File ...", is read as text)
+            # (a traceback flattened onto one line, "...last): File ...", is `_flattened`'s)
             self.in_traceback, self.traceback_at, self.in_end_hook = True, (self.number, self.text), False
             self.traceback_by = (self.who, self.stamp)
             aside = _ASIDE.match(prev)
@@ -323,6 +326,30 @@ class _Scan:
         ended = self._exception(line, match)
         self.in_collective = self.in_spawn = False
         return ended
+
+    def _flattened(self, line: str, prev: str) -> bool:
+        """A traceback flattened onto one line (a cloud console's or a JSON logger's entry, a copy that lost its line
+        breaks): its exception, after its last frame, is read as a traceback's is; a line that ends before one, as a
+        traceback the log cuts off. True when the line is recorded."""
+        start = None if self.in_traceback else _TRACEBACK_START.search(line)
+        if start is None or line.rstrip().endswith(("last):", "last)")):
+            return False
+        rest = line[start.end() :]
+        frames = list(_FLAT_FRAME.finditer(rest))
+        tail = rest[frames[-1].end() :] if frames else rest
+        exception = _FLAT_EXCEPTION.search(tail)
+        aside = _ASIDE.match(prev)
+        self.aside = "" if aside is None else "ignored" if aside.group(1) else "thread"
+        if exception is None:
+            self.traceback_at = (self.number, self.text)
+            self._cut_traceback()
+            return False  # (the rest is read as text: what it names, a path or a platform, may still count)
+        text = tail[exception.start() :].strip()
+        match = _EXCEPTION_LINE.match(text)
+        if match is None or not self._exception(text, match):
+            self.aside = ""
+            return False  # an exception the rules name (a signal, an OOM, a time limit): read as any other line
+        return True
 
     def _aside(self, name: str) -> bool:
         """An exception Python printed and went on from (`_ASIDE`); True when it is recorded (as at most a hint)."""
