@@ -53,6 +53,7 @@ PARTS = (
     "fresh13",
     "fresh14",
     "fresh15",
+    "fresh16",
 )
 
 

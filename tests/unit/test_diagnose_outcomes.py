@@ -457,6 +457,15 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("08:10:53.571  Rejected by Peter Persiel", "interrupted"),  # Jenkins' input step, answered no
         ('"bug_type": "298",', "oom"),  # macOS's JetsamEvent report
         ('kernel: load code signature error 2 for file "openfang"', "killed"),  # macOS refuses the signature
+        ("Termination Reason: SIGKILL (Code Signature Invalid)", "killed"),  # a macOS crash report's words
+        ("kernel: CODE SIGNING: cs_invalid_page(0x104ccc000): p=23225[example] final status 0x23020200, denying page "
+         "sending SIGKILL", "killed"),
+        # zsh's job lines: "[1]  + PID how-it-ended  command"
+        ("[1]  + 22082 terminated  python train.py", "terminated"),
+        ("[1]    22082 hangup     python train.py", "terminated"),
+        ("[2]  - 311 segmentation fault  ./a.out", "crashed"),
+        ("[1]  + 5 interrupt  python train.py", "interrupted"),
+        ("[1]    22082 killed     python train.py", "oom"),  # a SIGKILL naming no sender: the OOM killer's most often
         ("[1]    57761 illegal hardware instruction  python", "crashed"),  # zsh: SIGILL (an AVX wheel on Rosetta)
         ("Abort trap: 6", "crashed"),  # macOS bash: SIGABRT
         ("OMP: Error #15: Initializing libomp.dylib, but found libiomp5.dylib already initialized.", "crashed"),

@@ -183,6 +183,8 @@ def peer_lost(line: str) -> tuple[list[int], str | None] | None:
 _JOB = r"(^|: |^\[\d+\][+-]? +|\bline \d+: +\d+ +)"
 """Where a shell's report of how a job ended starts: the line, bash's job status (``[1]+  ...``), a script's
 ``line 12: 208585 ...``, or after a program's name (``zsh: ...``)."""
+_ZSH_JOB = r"^\[\d+\] *[+-]? +\d+ +"
+"""zsh's job line, before how the job ended and its command: ``[1]  + 22082 killed     python train.py``."""
 _SACCT_ROW = r"^\s*\d+(_\d+|_\[[\d,-]+\])?(\.\w+|\+)?[\s|].*"  # an sacct row: job id (array, step), then its fields
 RULES: tuple[Rule, ...] = (
     # an OOM the program caught and went on from (fairseq skips the batch): not how the run ended
@@ -1084,7 +1086,7 @@ RULES: tuple[Rule, ...] = (
         r"(^|\s)(已终止|[\u0417\u0437]авершено|Beendet|Terminado|Complété|終了しました)\s*$|"
         r"^\[\d+\][+-]? +(已终止|[\u0417\u0437]авершено|Beendet|Terminado|Terminato|Complété|종료됨)\s+\S|"
         r"\bline \d+: +\d+ (已终止|[\u0417\u0437]авершено|Beendet|Terminado|Terminato|Complété|종료됨)\s|"
-        r"^zsh: (terminated|hangup)\s",
+        r"^zsh: (terminated|hangup)\s|" + _ZSH_JOB + r"(terminated|hangup) +\S",
         "the shell reports the command died of SIGTERM (in the system's language)",
         None,
         flags=0,
@@ -1149,7 +1151,8 @@ RULES: tuple[Rule, ...] = (
         "oom",
         "weak",
         r"\bline \d+: +\d+ Killed\b|^\[\d+\][+-]? +Killed\b|^[*_]*Killed[*_]*$|"
-        r"[\d\]%)]Killed\s*$|^zsh: killed\b|^Killed: 9$|^killed;?$|^[\w@/.-]+(:| +\|) Killed$",
+        r"[\d\]%)]Killed\s*$|^zsh: killed\b|^Killed: 9$|^killed;?$|^[\w@/.-]+(:| +\|) Killed$|"
+        r"" + _ZSH_JOB + r"killed +\S",
         SHELL_KILLED,
         None,
         flags=0,
@@ -1436,7 +1439,8 @@ RULES: tuple[Rule, ...] = (
         "killed",
         "strong",
         r"\bload code signature error \d+ for file\b|\bSecurity policy would not allow process\b|"
-        r"\binvalid signature \(code or signature have been modified\)|\bNamespace CODESIGNING\b",
+        r"\binvalid signature \(code or signature have been modified\)|\bNamespace CODESIGNING\b|"
+        r"\bSIGKILL \(Code Signature Invalid\)|\bCODE SIGNING: cs_invalid_page\b.*\bsending SIGKILL\b",
         "macOS refused the binary's code signature and SIGKILLed it at launch (the shell's 'Killed: 9', exit 137): "
         "not memory; re-sign it (codesign --force --sign -)",
         "macos",
@@ -1444,8 +1448,8 @@ RULES: tuple[Rule, ...] = (
     _r(
         "crashed",
         "strong",
-        r"^\[\d+\][+-]? +\d+ +(abort|segmentation fault|bus error) +\S|"
-        r"(" + _JOB + r"|^\[\d+\][+-]? +\d+ +)(illegal hardware instruction|Abort trap: 6|Illegal instruction: 4|"
+        r"" + _ZSH_JOB + r"(abort|segmentation fault|bus error) +\S|"
+        r"(" + _JOB + r"|" + _ZSH_JOB + r")(illegal hardware instruction|Abort trap: 6|Illegal instruction: 4|"
         r"Segmentation fault: 11|Bus error: 10)\b|"
         r"^zsh: (abort|segmentation fault|bus error|illegal hardware instruction)\b|"
         r"\bOMP: Error #15: Initializing \S+, but found \S+ already initialized\b",
@@ -1891,7 +1895,13 @@ RULES: tuple[Rule, ...] = (
         "the grace period)",
         "k8s",
     ),
-    _r("interrupted", "strong", r"^zsh: interrupt\b", "zsh: the command was interrupted (Ctrl-C)", None),
+    _r(
+        "interrupted",
+        "strong",
+        r"^zsh: interrupt\b|" + _ZSH_JOB + r"interrupt +\S",
+        "zsh: the command was interrupted (Ctrl-C)",
+        None,
+    ),
     _r(
         "oom",
         "strong",
