@@ -142,8 +142,17 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("Warning: pod was evicted due to node pressure", "terminated"),
         ("task 7 was preempted by a higher-priority job", "preempted"),
         ("Spot instance i-0abc was reclaimed", "preempted"),
+        ("worker-3: received preemption notice, saving", "preempted"),
+        ("Got a spot interruption warning", "preempted"),
+        ("pod trainer-0 deleted by priority preemption", "preempted"),
+        ("JOB 123 CANCELLED AT 2024-01-01T00:00:00 DUE TO PREEMPTION", "preempted"),  # (without slurmstepd's stars)
+        ("Shutting down due to SIGTERM", "terminated"),
+        ("Exiting due to signal 15", "terminated"),
         ("The job has exceeded the maximum execution time of 30m0s", "time-limit"),  # a CI runner's job timeout
         ("Error: Max duration exceeded", "time-limit"),  # dstack
+        ("The task was stopped because it exceeded its timeout of 3600 seconds", "time-limit"),
+        ("Kernel was shutdown because it exceeded the maximum session time", "time-limit"),
+        ("subprocess.TimeoutExpired: Command '['python', 'train.py']' timed out after 7200 seconds", "time-limit"),
         ("CRITICAL Keyboard Interrupt. Ending early.", "interrupted"),
         ("2018-11-06 11:32:27.452292: F tensorflow/core/common_runtime/gpu/gpu_event_mgr.cc:274] Unexpected Event "
          "status: 1", "crashed"),  # a glog FATAL line

@@ -384,7 +384,8 @@ RULES: tuple[Rule, ...] = (
         r"\b(job|task|pod|instance|vm|node|worker|machine|allocation|trial|workload|replica|host)s?\b( \S+){0,3} "
         r"(was|were|has been|have been|got|is being|being) (preempted|reclaimed)\b(?! or)|^(job|task|instance|node) "
         r"(preempted|reclaimed)\b|\bpreempted by (a |an )?(higher|high)[- ]priority\b|\b(spot|preemptible) (instance|vm"
-        r"|node|capacity)s? (was |were |has been )?(reclaimed|interrupted|preempted)\b",
+        r"|node|capacity)s? (was |were |has been )?(reclaimed|interrupted|preempted)\b|"
+        r"\b(deleted|evicted|killed|terminated|cancell?ed|stopped)( \S+){0,2} (by|due to|for) (priority )?preemption\b",
         "the platform or scheduler reports the work was preempted (a reclaim, or a higher-priority job)",
         None,
     ),
@@ -627,11 +628,13 @@ RULES: tuple[Rule, ...] = (
         r"\bFunctionTimeoutError\b|\bhit its timeout of \d+|\bMaxRuntimeExceeded\b|\bexceeded MaxRuntime|"
         r"\b(job|task|run|function) (has )?exceeded (the |its )?(configured |maximum )?timeout\b|"
         r"\b(exceeded |reached |hit )(the |its )?max(imum)? "
-        r"(execution |run ?|allowed )?(time|duration)\b|\bmax(imum)?[ _]duration (was )?exceeded\b|"
+        r"(execution |run ?|allowed |session )?(time|duration)\b|\bmax(imum)?[ _]duration (was )?exceeded\b|"
         r"\bexecution time (limit )?(was )?exceeded\b|\b(the )?timeout was exceeded\b|"
         r"\b(Soft)?TimeLimitExceeded\b|\b(Hard|Soft) time limit \(\S+\) exceeded\b|\bjob\.exception type=timeout\b|"
-        r"\breached runtime time limit\b",
-        "the job reached its time limit (submitit, dstack, Modal, CI runners, Celery, Flux, systemd)",
+        r"\breached runtime time limit\b|\bexceeded (its|the) (configured )?timeout of \d+|"
+        r"\bTimeoutExpired: Command .{1,400} timed out after [\d.]+ seconds\b",
+        "the job reached its time limit (submitit, dstack, Modal, CI runners, Celery, Flux, systemd; a script's "
+        "subprocess timeout)",
         None,
     ),
     # out of memory
@@ -1919,7 +1922,8 @@ RULES: tuple[Rule, ...] = (
     _r(
         "preempted",
         "strong",
-        r"\bcapacity (was |has been )?reclaimed\b|\bpreemption notice (was )?(received|detected)\b",
+        r"\bcapacity (was |has been )?reclaimed\b|\bpreemption notice (was )?(received|detected)\b|"
+        r"\b(received|got|detected) (a |the )?(preemption|spot interruption) (notice|signal|warning|event)\b",
         "the platform reclaimed the machine's capacity (a preemption notice)",
         None,
     ),
@@ -2133,7 +2137,8 @@ EXIT_RULES: tuple[ExitRule, ...] = (
     # own handler: "Received SIGTERM, shutting down", "caught signal 2" (the same verdict as dying of it)
     ExitRule(
         re.compile(
-            r"\b(terminated|killed|exited|died|ended|stopped|aborted|interrupted)\b( \w+){0,2} (by|with|on|of|from|due "
+            r"\b(terminated|killed|exited|died|ended|stopped|aborted|interrupted|exiting|shutting down|stopping)\b"
+            r"( \w+){0,2} (by|with|on|of|from|due "
             r"to|after)( the| a)? (signal:? ?(?P<signum>\d+)\b|(signal:? ?)?(?P<signame>SIG[A-Z0-9]+)\b)",
             re.I,
         ),
