@@ -759,6 +759,11 @@ def test_one_task_failing_first_is_the_cause_of_the_step_s_cancellation() -> Non
     killed = ["srun: error: gpu-q-3: tasks 0-1: Killed", "srun: error: gpu-q-4: tasks 4-7: Killed"]
     found = diagnose([("log", [lines[0], lines[1], *killed])])
     assert found.verdict == "crashed" and found.initiating is not None and found.initiating.verdict == "crashed"
+    # the failed task's own traceback before srun's lines (the usual shape): the same cause, the same first task
+    traceback = ["Traceback (most recent call last):", '  File "train.py", line 5, in <module>', "ValueError: rank 2"]
+    found = diagnose([("log", [*traceback, lines[0], lines[1], *killed])])
+    assert found.verdict == "crashed" and found.initiating is not None
+    assert (found.initiating.who, found.initiating.verdict) == ("node gpu-q-3", "crashed")
 
 
 def test_a_stop_from_outside_on_a_spot_machine_reads_as_the_reclaim() -> None:

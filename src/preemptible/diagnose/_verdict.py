@@ -267,7 +267,7 @@ def diagnose(
     if exit_code is not None:
         evidence.append(exit_evidence(exit_code, "exit code", "exit code", None, str(exit_code)))
     verdict, how = _decide(evidence)
-    leads = verdict in _EXPLAINS or how == "failed first"  # it explains what the other ranks or tasks then logged
+    leads = _leads(verdict, how, evidence, one_log=len(set(names)) == 1)
     first, collateral = initiating(evidence, VERDICTS, prefer=verdict if leads else None)
     if first is None and len(set(names)) > 1:
         first, collateral = silent_log(evidence, names)  # (the rank the others lost, when its own log says nothing)
@@ -314,6 +314,19 @@ def diagnose(
         initiating=first, collateral=collateral, fix=todo["fix"], verify=todo["verify"],
         confidence=confidence, competing=competing, deciding=_deciding(verdict, competing, platforms),
     )  # fmt: skip
+
+
+def _leads(verdict: str, how: str, evidence: Sequence[Evidence], *, one_log: bool) -> bool:
+    """Whether the verdict explains what the other ranks or tasks then logged (`initiating` then looks for its
+    event): a verdict of `_EXPLAINS`, or a failure before the signals; in one log, also a task's own traceback that
+    outranked the step's cancellation after it (with several logs, their order is `initiating`'s to find)."""
+    if verdict in _EXPLAINS or how == "failed first":
+        return True
+    return (
+        verdict == "crashed"
+        and one_log
+        and _failed_before_the_signal([e for e in evidence if not e.why.endswith(CONSEQUENCES)])
+    )
 
 
 def _sigkill_only(evidence: Sequence[Evidence]) -> bool:
