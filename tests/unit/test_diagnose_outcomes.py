@@ -65,9 +65,18 @@ def test_an_exception_python_went_on_from_does_not_end_the_process() -> None:
     assert _verdict("Traceback (most recent call last):", '  File "t.py", line 3', "ValueError: bad", *ignored) == (
         "crashed"
     )  # a failure before it decides
+    # another thread's: that thread died and the process went on (most often a teardown's thread at the run's end),
+    # also when the log cuts its traceback off, and for a traceback chained to it
     thread = ["Exception in thread Thread-7:", *ignored[1:]]
-    found = diagnose([("log", thread)]).evidence
-    assert [(e.verdict, e.strength) for e in found] == [("crashed", "hint")]
+    found = diagnose([("log", thread)])
+    assert [(e.verdict, e.strength) for e in found.evidence] == [("completed", "hint")]
+    assert (found.verdict, found.competing) == ("completed", "crashed")
+    assert [(e.verdict, e.strength) for e in diagnose([("log", thread[:3])]).evidence] == [("completed", "hint")]
+    chained = [*thread, "During handling of the above exception, another exception occurred:", *thread[1:3]]
+    assert {e.verdict for e in diagnose([("log", chained)]).evidence} == {"completed"}
+    # but a thread that ran the training itself (Python names its target): its exception ends the run
+    work = ["Exception in thread Thread-4 (__training_thread_function):", *ignored[1:]]
+    assert [(e.verdict, e.strength) for e in diagnose([("log", work)]).evidence] == [("crashed", "strong")]
 
 
 @pytest.mark.parametrize(
@@ -147,6 +156,8 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("pod trainer-0 deleted by priority preemption", "preempted"),
         ("JOB 123 CANCELLED AT 2024-01-01T00:00:00 DUE TO PREEMPTION", "preempted"),  # (without slurmstepd's stars)
         ("Shutting down due to SIGTERM", "terminated"),
+        ("Signal 1 received, Abort", "terminated"),  # a program's own handler, capitalised
+        ("sighup received", "terminated"),
         ("Exiting due to signal 15", "terminated"),
         ("The job has exceeded the maximum execution time of 30m0s", "time-limit"),  # a CI runner's job timeout
         ("Error: Max duration exceeded", "time-limit"),  # dstack
@@ -621,12 +632,12 @@ def test_a_guess_at_an_oom_is_no_evidence_and_a_caught_oom_is_a_hint() -> None:
     assert [(e.verdict, e.strength) for e in caught.evidence] == [("oom", "hint")], caught.render()
 
 
-def test_a_thread_s_timed_out_collective_still_counts_and_its_other_exceptions_stay_hints() -> None:
+def test_a_thread_s_timed_out_collective_still_counts_and_its_other_exceptions_are_hints_it_went_on() -> None:
     head = ["Exception in thread Thread-9:", "Traceback (most recent call last):", '  File "comm.py", line 9, in _recv']
     timeout = "RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:72] Timed out waiting 1800000ms for recv operation"
     assert _verdict(*head, timeout) == "collective-timeout"
     found = diagnose([("log", [*head, "RuntimeError: queue closed"])]).evidence
-    assert [(e.verdict, e.strength) for e in found] == [("crashed", "hint")]
+    assert [(e.verdict, e.strength) for e in found] == [("completed", "hint")]
 
 
 def test_an_exit_handler_s_error_even_cut_off_is_the_interpreter_shutting_down() -> None:
@@ -710,7 +721,7 @@ def test_a_traceback_flattened_onto_one_line_is_read_as_one() -> None:
     assert read(head + "raise ValueError(msg) File") == [("crashed", "hint")]
     # in a thread other than the main one, as a traceback's would be, a hint
     thread = diagnose([("log", ["Exception in thread Thread-1:", head + "run() OSError: closed"])]).evidence
-    assert [(e.verdict, e.strength) for e in thread] == [("crashed", "hint")]
+    assert [(e.verdict, e.strength) for e in thread] == [("completed", "hint")]
 
 
 def test_a_ci_runner_s_own_job_succeeded_line_is_the_end_whatever_it_fails_to_report_after() -> None:

@@ -161,6 +161,7 @@ def exit_rule(line: str, where: str, number: int, text: str, present: frozenset[
         else:
             name = groups.get("signame") or groups.get("signame2") or ""
             name = _SIGNAL_NAMES.get(name.strip()) or _GO_SIGNAL_NAMES.get(name.strip(), name.strip())
+            name = name.upper() if name[:3].lower() == "sig" else name  # ("received sighup": the same signal)
             try:
                 code = -int(signal.Signals[name])
             except KeyError:

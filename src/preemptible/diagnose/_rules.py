@@ -2155,7 +2155,8 @@ EXIT_RULES: tuple[ExitRule, ...] = (
     ExitRule(
         re.compile(
             r"\b(signal (?P<signum>1|2|3|10|12|15)|(?P<signame>SIG(TERM|INT|HUP|QUIT|USR1|USR2))) (was )?"
-            r"(received|caught)\b"
+            r"(received|caught)\b",
+            re.I,
         ),
         "the process received signal",
     ),

@@ -65,6 +65,13 @@ _ASIDE = re.compile(r"^(Exception ignored in\b|Error in atexit\._run_exitfuncs:)
 """The line before a traceback that did not end the process: an exception in a ``__del__``, an ``atexit`` callback
 or a weakref callback ("Exception ignored in: ...", "Error in atexit._run_exitfuncs:"), or in a thread other than the
 main one."""
+_WORK_THREAD = re.compile(r"^Exception in thread .*\(\w*train", re.I)
+"""A thread that ran the work itself (Python names its target: ``Thread-4 (__training_thread_function)``, a GUI's
+training thread): its exception ends the run as the main thread's would."""
+_IN_A_THREAD = (
+    "in a thread other than the main one: that thread died, the process went on (at a run's end, most often its "
+    "teardown's threads: a queue or a logger closing under them)"
+)
 _IGNORED = (
     "in a destructor or an exit handler, which Python ignored: most often printed as the interpreter shuts down at "
     "the program's end"
@@ -175,6 +182,7 @@ class _Scan:
         self.traceback_at: tuple[int, str] | None = None  # where the traceback being read started
         self.traceback_by: tuple[str | None, str | None] = (None, None)  # its writer and time
         self.aside = ""  # "ignored" | "thread": the traceback being read did not end the process (see `_ASIDE`)
+        self.chained_aside = ""  # the aside of the traceback last read, for one chained to it
         self.in_end_hook = False  # the traceback being read runs in an end-of-training hook (see `_rules.END_HOOK`)
         self.in_collective = False  # ... and passes through a torch.distributed collective (`_rules.COLLECTIVE_FRAME`)
         self.in_spawn = False  # ... or through a multiprocessing child's start (`_rules.SPAWN_CHILD_FRAME`)
@@ -249,10 +257,11 @@ class _Scan:
     def _cut_traceback(self) -> None:
         """A traceback the log cuts off before its exception: a hint, at its first line, by that line's writer (the
         lines that ended it are not all read when a long log is streamed)."""
-        if self.aside == "ignored":  # cut off, but Python went on from it: an exit handler's or a destructor's
+        if self.aside:  # cut off, but Python went on from it: an exit handler's, a destructor's or another thread's
+            why = f"a traceback {_IGNORED}" if self.aside == "ignored" else f"a traceback {_IN_A_THREAD}"
             self.aside = ""
             number, text = self.traceback_at if self.traceback_at is not None else (None, "")
-            self.found.append(Evidence("completed", "hint", f"a traceback {_IGNORED}", self.where, number, text))
+            self.found.append(Evidence("completed", "hint", why, self.where, number, text))
             return
         cut = [_cut_traceback(self.traceback_at, self.where)]
         self.kept.tag(cut, 0, *self.traceback_by)
@@ -295,10 +304,12 @@ class _Scan:
             # (a traceback flattened onto one line, "...last): File ...", is `_flattened`'s)
             self.in_traceback, self.traceback_at, self.in_end_hook = True, (self.number, self.text), False
             self.traceback_by = (self.who, self.stamp)
-            aside = _ASIDE.match(prev)
+            aside = _ASIDE.match(prev) if not _WORK_THREAD.search(prev) else None
             if not _CHAINED.match(prev):  # (a chained traceback's aside and collective are its first part's)
                 self.aside = "" if aside is None else "ignored" if aside.group(1) else "thread"
                 self.in_collective = self.in_spawn = False
+            else:
+                self.aside = self.aside or self.chained_aside
             return line.rstrip().endswith(":")  # (IPython's names the exception: a rule may read it, ^C's)
         if COLLECTIVE_FRAME.match(line):
             self.in_collective = True  # (also in a traceback whose start an excerpt cut off)
@@ -354,11 +365,11 @@ class _Scan:
     def _aside(self, name: str) -> bool:
         """An exception Python printed and went on from (`_ASIDE`); True when it is recorded (as at most a hint)."""
         aside, self.aside = self.aside, ""
+        self.chained_aside = aside  # (a traceback chained to this one is printed under the same header)
         if not aside:
             return False
         if aside == "thread":
-            why = f"unhandled {name} in a thread other than the main one (the process may have gone on)"
-            self._add("crashed", "hint", why)
+            self._add("completed", "hint", f"unhandled {name} {_IN_A_THREAD}")
         else:  # "ignored": Python printed it and went on; it changed nothing about how the process ended
             self._add("completed", "hint", f"{name} {_IGNORED}")
         return True
