@@ -403,6 +403,29 @@ def test_a_second_stranger_s_logs_get_the_sender_the_platform_and_the_memory_rig
     assert "signal 9:" in timed.evidence[0].why and "signal -9" not in timed.evidence[0].why
 
 
+def test_a_third_stranger_s_logs_get_their_scheduler_s_and_their_notebook_s_advice() -> None:
+    """A stranger's check (issue 55, eighth round): a PBS walltime kill got SLURM's, GitLab's and Kubernetes' advice
+    and none of PBS's; a Colab notebook out of RAM got eleven platforms' fixes and dmesg, which a notebook cannot
+    run; LSF's and SGE's reports name their own records and settings."""
+    pbs = diagnose([("pbs", ["=>> PBS: job killed: walltime 259217 exceeded limit 259200"])])
+    assert pbs.verdict == "time-limit"
+    assert any(c.startswith("PBS: qstat -xf") for c in pbs.confirm) and any("walltime=" in f for f in pbs.fix)
+    others = ("SLURM:", "Kubernetes:", "GitLab CI:", "GitHub Actions:", "CircleCI:", "Nextflow:", "LSF:", "SGE:")
+    assert not any(f.startswith(others) for f in pbs.fix + pbs.confirm), pbs.render()
+    ram = "Your session crashed after using all available RAM. If you are interested in access to high-RAM runtimes"
+    colab = diagnose([("colab", [ram])])
+    assert colab.verdict == "oom" and any(f.startswith("Colab: a high-RAM runtime") for f in colab.fix)
+    assert not any(f.startswith(("SLURM:", "Kubernetes:", "YARN:", "Dask:", "Docker:", "Windows:")) for f in colab.fix)
+    assert "dmesg" not in colab.deciding and not any("dmesg" in c for c in colab.confirm)
+    report = ["Sender: LSF System <lsfadmin@n-62-20-1>", "Subject: Job 9603712: <train> in cluster <dcc> Exited",
+              "TERM_RUNLIMIT: job killed after reaching LSF run time limit."]  # fmt: skip
+    lsf = diagnose([("lsf", report)])
+    assert lsf.verdict == "time-limit" and any("-wa USR1" in f for f in lsf.fix)
+    assert any(c.startswith("LSF: bjobs -l") for c in lsf.confirm) and not any(f.startswith("PBS:") for f in lsf.fix)
+    sge = diagnose([("sge", ["failed       37  : qmaster enforced h_rt, h_cpu, or h_vmem limit"])])
+    assert sge.verdict == "time-limit" and any(f.startswith("SGE: a longer -l h_rt") for f in sge.fix)
+
+
 def test_a_stranger_s_logs_get_the_advice_of_the_platform_they_ran_on() -> None:
     """A stranger's check on public logs: a line only a platform writes (a CI runner's, a Mac's, a Windows path, a
     Compose service's exit, Jupyter's kernel restarter) names it without being evidence, and the advice is that

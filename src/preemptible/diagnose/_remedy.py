@@ -13,7 +13,7 @@ TAGS = {
     "slurm": "SLURM", "k8s": "Kubernetes", "aws": "AWS", "gcp": "GCP", "azure": "Azure", "docker": "Docker",
     "nextflow": "Nextflow", "dask": "Dask", "yarn": "YARN", "airflow": "Airflow", "gitlab": "GitLab CI",
     "systemd": "systemd", "github-actions": "GitHub Actions", "circleci": "CircleCI", "macos": "macOS",
-    "windows": "Windows", "jupyter": "Jupyter",
+    "windows": "Windows", "jupyter": "Jupyter", "pbs": "PBS", "lsf": "LSF", "sge": "SGE", "colab": "Colab",
 }  # fmt: skip
 RUNS_JOBS = frozenset(TAGS) | {
     "lsf", "sge", "pbs", "htcondor", "ray", "skypilot", "dstack", "colab", "prefect", "nomad", "jenkins",
@@ -50,6 +50,12 @@ FIX: dict[str, list[str]] = {
         "on a GitHub-hosted runner: past it, a self-hosted runner, or save before it and resume in the next job)",
         "CircleCI: no_output_timeout on the step (10 minutes by default) ended a step that printed nothing that long: "
         "most often it hung (py-spy dump --pid in the step); print progress, or raise it",
+        "PBS: a longer #PBS -l walltime=HH:MM:SS; at the limit PBS sends SIGTERM, then SIGKILL after the server's "
+        "kill_delay: Run saves on the SIGTERM if the save fits in it, else stop before the limit yourself",
+        "LSF: a longer bsub -W, and bsub -wa USR1 -wt 5 so LSF sends SIGUSR1 5 minutes before the run limit (Run "
+        "saves on SIGUSR1)",
+        "SGE: a longer -l h_rt, and -l s_rt a few minutes below it: SGE sends SIGUSR1 at s_rt (Run saves on it) "
+        "before h_rt's SIGKILL",
         "or stop on time yourself: Run saves on SIGTERM at the limit if the save fits in the grace period (preemptible "
         "plan ROOT --params N --window S)",
     ],
@@ -76,6 +82,11 @@ FIX: dict[str, list[str]] = {
         "Windows: a larger paging file (System > Advanced system settings > Performance > Virtual memory) for 'The "
         "paging file is too small', or a smaller batch",
         "Jupyter: a runtime with more RAM, or load less at once (a streamed dataset, mmap, a smaller model)",
+        "Colab: a high-RAM runtime (Runtime > Change runtime type), or load less at once (a streamed dataset, mmap, "
+        "a smaller model, low_cpu_mem_usage=True when loading a checkpoint)",
+        "PBS: a larger #PBS -l mem= (or select=...:mem=) above the job's peak",
+        "LSF: a larger bsub -M (and -R 'rusage[mem=...]') above the job's peak",
+        "SGE: a larger -l h_vmem (per slot) above the job's peak",
     ],
     "interrupted": [
         "nothing failed: the run was stopped by hand; Run saves on SIGINT like on SIGTERM (its default signal "

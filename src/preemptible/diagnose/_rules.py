@@ -718,7 +718,7 @@ RULES: tuple[Rule, ...] = (
         "strong",
         r"\bCUDA_ERROR_OUT_OF_MEMORY\b|\bnot enough memory: you tried to allocate\b|\bstd::bad_alloc\b|"
         r"\bResourceExhaustedError\b|\bRESOURCE_EXHAUSTED: Out of memory\b|^(\w+\.)*MemoryError\b|"
-        r"\bsession crashed after using all available RAM\b|tried to allocate more memory than is available|"
+        r"tried to allocate more memory than is available|"
         r"\bUnable to allocate [\d.]+ [KMGT]i?B\b|\b(CUBLAS|CUDNN)_STATUS_ALLOC_FAILED\b|"
         r"\b(HIP|MPS|XPU|NPU)( backend)? out of memory\b|"
         r"\bkilled by (the )?(OOM|out of memory)\b|The paging file is too small for this operation|"
@@ -748,6 +748,13 @@ RULES: tuple[Rule, ...] = (
         "a program or platform says memory ran out (in the system's language)",
         None,
         flags=0,
+    ),
+    _r(
+        "oom",
+        "strong",
+        r"\bsession crashed after using all available RAM\b",
+        "Colab: the notebook's session ran out of RAM",
+        "colab",
     ),
     _r(
         "oom",
@@ -1999,6 +2006,9 @@ PLATFORM_MARKS: tuple[Rule, ...] = (
     _r("unknown", "context", r"[A-Z]:\\Users\\|[A-Z]:\\Program Files|\bKERNELBASE\.dll\b|\bWinError \d+",
        PLATFORM_SEEN, "windows", flags=0),
     _r("unknown", "context", r"\bKernelRestarter\b|/dist-packages/google/colab/", PLATFORM_SEEN, "jupyter", flags=0),
+    _r("unknown", "context", r"^=>> PBS: |^PBS Job Id: |\bPBS: job killed\b|^qsub: ", PLATFORM_SEEN, "pbs", flags=0),
+    _r("unknown", "context", r"^Sender: LSF System\b|^Subject: Job \d+: <|^TERM_[A-Z]+: |^Job <\d+> is submitted\b",
+       PLATFORM_SEEN, "lsf", flags=0),
     _r("unknown", "context", r"^\S+ exited with code \d+$|\bdocker-compose |\bdocker compose ", PLATFORM_SEEN, "docker",
        flags=0),
     _r("unknown", "context", r"\bDocker container exited with non-zero exit code\b", PLATFORM_SEEN, "docker"),

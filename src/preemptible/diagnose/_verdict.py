@@ -50,6 +50,9 @@ CONFIRM: dict[str, list[str]] = {
         "Kubernetes: kubectl describe job (DeadlineExceeded, activeDeadlineSeconds)",
         "GitHub Actions: the job's duration on the run's page against its timeout-minutes (360 by default)",
         "CircleCI: how long the step printed nothing against its no_output_timeout (10 minutes by default)",
+        "PBS: qstat -xf $JOBID (resources_used.walltime against Resource_List.walltime)",
+        "LSF: bjobs -l $JOBID or bhist -l $JOBID (TERM_RUNLIMIT, against the job's RUNLIMIT)",
+        "SGE: qacct -j $JOBID (ru_wallclock against h_rt; failed 37 is the qmaster's limit)",
         "the job's elapsed time against its limit in the scheduler's or platform's accounting",
     ],
     "oom": [
@@ -73,6 +76,10 @@ CONFIRM: dict[str, list[str]] = {
         "Manager's committed memory against its limit",
         "Jupyter: the runtime's RAM gauge during the run (Colab says 'Your session crashed after using all available "
         "RAM')",
+        "Colab: the RAM gauge (top right) during the run, and Runtime > View runtime logs",
+        "PBS: qstat -xf $JOBID (resources_used.mem and vmem against Resource_List.mem)",
+        "LSF: bjobs -l $JOBID (TERM_MEMLIMIT, MAX MEM against the memory limit)",
+        "SGE: qacct -j $JOBID (maxvmem against h_vmem)",
     ],
     "interrupted": [
         "who pressed Ctrl-C or stopped the notebook: the ^C or KeyboardInterrupt in the log, the shell's history",
@@ -108,6 +115,9 @@ CONFIRM: dict[str, list[str]] = {
         "Docker: docker inspect --format '{{.State.OOMKilled}}' $CONTAINER (false: a docker stop, kill or a health "
         "check, not memory)",
         "macOS: a Killed: 9 at launch is most often the code signature: codesign -v --verbose=2 on the binary",
+        "LSF: bjobs -l $JOBID or bhist -l $JOBID (the exit reason names the sender: TERM_OWNER, TERM_ADMIN, "
+        "TERM_MEMLIMIT, TERM_RUNLIMIT)",
+        "PBS: tracejob $JOBID on the server (who deleted or killed the job, and why)",
         "systemd: journalctl -u $UNIT (the stop that timed out: systemctl stop, a shutdown, a restart)",
     ],
     "completed": [
@@ -560,9 +570,9 @@ def _memory_kind(evidence: Sequence[Evidence]) -> str | None:
 _HANGUP = re.compile(r"\bSIGHUP\b|\bhang ?up\b|\bgot sigval:? ?1\b|\bsignal:? 1\b|\bReceived 1 death signal\b", re.I)
 
 
-_NO_KERNEL_RECORD = frozenset({"yarn", "dask", "macos", "windows"})
+_NO_KERNEL_RECORD = frozenset({"yarn", "dask", "macos", "windows", "colab"})
 """Platforms whose memory kills leave no record in the kernel's log (YARN's NodeManager, Dask's nanny), or with no
-``dmesg`` to read (a Mac, a Windows machine)."""
+``dmesg`` to read (a Mac, a Windows machine, a hosted notebook's runtime)."""
 
 
 def _hangup(evidence: Sequence[Evidence]) -> bool:
