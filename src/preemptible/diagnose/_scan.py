@@ -342,7 +342,9 @@ class _Scan:
         """A traceback flattened onto one line (a cloud console's or a JSON logger's entry, a copy that lost its line
         breaks): its exception, after its last frame, is read as a traceback's is; a line that ends before one, as a
         traceback the log cuts off. True when the line is recorded."""
-        start = None if self.in_traceback else _TRACEBACK_START.search(line)
+        if self.in_traceback or "Traceback (most recent call last)" not in line:
+            return False  # (a substring test first: this runs on every line)
+        start = _TRACEBACK_START.search(line)
         if start is None or line.rstrip().endswith(("last):", "last)")):
             return False
         rest = line[start.end() :]
