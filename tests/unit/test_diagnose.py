@@ -15,6 +15,7 @@ import pytest
 from conftest import Trainer, clean_env
 from preemptible.cli import main
 from preemptible.diagnose import CONFIDENCE, VERDICTS, diagnose, read_log, scan_lines
+from preemptible.diagnose._remedy import TAGS
 
 CORPUS = Path(__file__).parent.parent / "corpus" / "diagnose"
 CASES: dict[str, dict[str, Any]] = {
@@ -424,6 +425,13 @@ def test_a_third_stranger_s_logs_get_their_scheduler_s_and_their_notebook_s_advi
     assert any(c.startswith("LSF: bjobs -l") for c in lsf.confirm) and not any(f.startswith("PBS:") for f in lsf.fix)
     sge = diagnose([("sge", ["failed       37  : qmaster enforced h_rt, h_cpu, or h_vmem limit"])])
     assert sge.verdict == "time-limit" and any(f.startswith("SGE: a longer -l h_rt") for f in sge.fix)
+    # a log that names no platform: the generic items and those of the platforms most jobs run on, not eleven
+    # platforms' lists; a SIGKILL read as the OOM killer's also says what to check when it was not
+    bare = diagnose([("time", ["Command terminated by signal 9"])])
+    tags = {item.split(":", 1)[0] for item in bare.fix + bare.confirm if item.split(":", 1)[0] in TAGS.values()}
+    assert tags == {"SLURM", "Kubernetes", "Docker"}, bare.render()
+    assert bare.verdict == "oom" and any("something else sent the SIGKILL" in c for c in bare.confirm)
+    assert not any("something else sent" in c for c in colab.confirm)  # (an OOM the platform names)
 
 
 def test_a_stranger_s_logs_get_the_advice_of_the_platform_they_ran_on() -> None:

@@ -241,9 +241,14 @@ _HOST_MEMORY_TAGS = frozenset(TAGS.values()) - {TAGS["macos"]}
 
 
 def for_platforms(items: list[str], platforms: set[str]) -> list[str]:
-    """Items tagged "SLURM: ..." etc. only for the named platforms (all of them when the evidence names no platform
-    that runs jobs, `RUNS_JOBS`)."""
-    named = {TAGS[p] for p in platforms if p in TAGS}
+    """Items tagged "SLURM: ..." etc. only for the named platforms (when the evidence names no platform that runs
+    jobs, `RUNS_JOBS`, those of the platforms most jobs run on, `UNNAMED`)."""
+    named: frozenset[str] = frozenset(TAGS[p] for p in platforms if p in TAGS)
     if not named and not platforms & RUNS_JOBS:
-        return items
+        named = UNNAMED
     return [i for i in items if i.split(":", 1)[0] not in TAGS.values() or i.split(":", 1)[0] in named]
+
+
+UNNAMED = frozenset({TAGS["slurm"], TAGS["k8s"], TAGS["docker"]})
+"""The platforms whose items a log that names none gets: those most of the corpus's jobs ran on (a line only another
+platform writes names it, and brings its own items; a long list of every platform's buries the few that fit)."""

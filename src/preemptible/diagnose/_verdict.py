@@ -312,8 +312,9 @@ def diagnose(
             exact = facts.exit is not None or facts.done  # a hard kill may have gone further than the journal saw
     platforms = {e.platform for e in [*evidence, *marks] if e.platform}
     confirm, todo = _advice(
-        evidence, verdict, platforms, root, facts.committed_after_notice if facts else None, hangup=hangup
-    )
+        evidence, verdict, platforms, root, facts.committed_after_notice if facts else None, hangup=hangup,
+        sigkill=how == "sigkill",
+    )  # fmt: skip
     confidence, competing = _confidence(evidence, verdict, how)
     competing = _rival(verdict, competing, exit_code, hangup=hangup, kind=_memory_kind(evidence))
     if verdict == "unknown" and not evidence and notes and len(notes) >= len(names):
@@ -366,9 +367,11 @@ def _advice(
     saved_at: int | None,
     *,
     hangup: bool,
+    sigkill: bool = False,
 ) -> tuple[list[str], dict[str, Any]]:
     """How to confirm ``verdict``, and its fix and verify commands, for what the evidence names: the platforms, the
-    memory that ran out, a memory-pressure eviction, a hangup."""
+    memory that ran out, a memory-pressure eviction, a hangup; ``sigkill``: an OOM read from a SIGKILL that names no
+    sender (and no surer: what to check when it was not the OOM killer)."""
     kind = _memory_kind(evidence) if verdict in ("oom", "killed") else None
     confirm = for_memory(for_platforms(CONFIRM[verdict], platforms), kind)
     if kind == "gpu" or platforms & _NO_KERNEL_RECORD:  # (nor has the kernel a word of a GPU's memory)
@@ -388,9 +391,15 @@ def _advice(
         todo["fix"] = [_SIGNAL_FIX, *todo["fix"][1:]]
     if verdict in ("crashed", "oom") and any(_SHM.search(e.text) for e in evidence if e.strength != "collateral"):
         todo["fix"] = [_SHM_FIX, *todo["fix"]]
+    if sigkill:
+        confirm = [*confirm, _OTHER_SENDER]
     return confirm, todo
 
 
+_OTHER_SENDER = (
+    "if no OOM kill is on record, something else sent the SIGKILL: a grace period that ran out after a SIGTERM (the "
+    "logs' earlier signal), the scheduler or an admin (the job's accounting names its exit reason), or a kill -9"
+)
 _SHM = re.compile(r"\bshared memory\b|/dev/shm\b|\(shm\)", re.I)
 _SHM_FIX = (
     "the log names shared memory (/dev/shm), where DataLoader workers hand over their batches: a larger one "
