@@ -54,6 +54,7 @@ PARTS = (
     "fresh14",
     "fresh15",
     "fresh16",
+    "fresh17",
 )
 
 

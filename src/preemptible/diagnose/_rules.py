@@ -2180,7 +2180,9 @@ EXIT_RULES: tuple[ExitRule, ...] = (
     ),
     # the same facts in a tool's own words: "error code -9", "exit status 137", "exitCode: 137", "returncode=-9"
     ExitRule(
-        re.compile(r"\b(exit|return)[ _]?(code|status)s?\b\W{0,4}(?<!-)(?P<code>\d+|-[2-9]|-[1-6]\d)\b", re.I),
+        re.compile(
+            r"\b(exit|return)[ _]?(code|status)s?( (is|was))?\b\W{0,4}(?<!-)(?P<code>\d+|-[2-9]|-[1-6]\d)\b", re.I
+        ),
         "a tool reports the exit code",
     ),
     ExitRule(
