@@ -78,7 +78,9 @@ def leftovers(marker: str) -> list[str]:
 
 class Audit(threading.Thread):
     """While the drill runs: the network namespace and TCP sockets of every process naming ``marker`` (its agents
-    and ranks), the drill itself aside (it runs here, and reaches the nodes only through their processes)."""
+    and ranks), the drill itself aside (it runs here, and reaches the nodes only through their processes), and an
+    ``nsenter`` not yet inside its node (until it has entered the node's namespace and exec'd the agent, it runs in
+    this one: seen there under a CPU-heavy neighbour, which is no agent in the wrong namespace)."""
 
     def __init__(self, marker: str) -> None:
         super().__init__(name="drill-socket-audit", daemon=True)
@@ -90,7 +92,7 @@ class Audit(threading.Thread):
     def run(self) -> None:
         while not self.stop.wait(0.1):
             for pid, argv in naming(self.marker).items():
-                if " -m preemptible drill " in argv:
+                if " -m preemptible drill " in argv or argv.startswith("nsenter "):
                     continue
                 with contextlib.suppress(OSError):
                     self.netns.add(netns_of(pid))
