@@ -161,6 +161,8 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("Exiting due to signal 15", "terminated"),
         ("### Job 220900805.cbqs01 - Exit status is 0", "completed"),  # a PBS epilogue's words
         ("Exit status is 1", "crashed"),
+        ("SIGTERM", "terminated"),  # a runner that prints only the signal's name when the process dies of it
+        ("  SIGSEGV ", "crashed"),
         ("The job has exceeded the maximum execution time of 30m0s", "time-limit"),  # a CI runner's job timeout
         ("Error: Max duration exceeded", "time-limit"),  # dstack
         ("The task was stopped because it exceeded its timeout of 3600 seconds", "time-limit"),

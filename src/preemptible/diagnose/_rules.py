@@ -2112,6 +2112,12 @@ EXIT_RULES: tuple[ExitRule, ...] = (
         "billiard: the pool's worker died of signal",
     ),
     ExitRule(re.compile(r"\b[Cc]ause: (?P<signame>SIG(INT|TERM|HUP|KILL))\b"), "the session was aborted by"),
+    # a runner that prints only the signal's name on a line of its own when the process dies of it (the four
+    # whose names give the scan's gate a needle of 4 bytes)
+    ExitRule(
+        re.compile(r"^\W{0,3}(?P<signame>SIGKILL|SIGTERM|SIGSEGV|SIGABRT)\W{0,3}$"),
+        "the process died of",
+    ),
     ExitRule(
         re.compile(r"Process `[^`]*` terminated with an error exit status \((?P<code>-?\d+)\)"),
         "Nextflow: the task's process exited with",
