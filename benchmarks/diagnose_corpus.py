@@ -55,6 +55,7 @@ PARTS = (
     "fresh15",
     "fresh16",
     "fresh17",
+    "fresh18",
 )
 
 

@@ -162,6 +162,7 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("### Job 220900805.cbqs01 - Exit status is 0", "completed"),  # a PBS epilogue's words
         ("Exit status is 1", "crashed"),
         ("SIGTERM", "terminated"),  # a runner that prints only the signal's name when the process dies of it
+        ("message: Experiment has succeeded because max trial count has reached", "completed"),  # Katib
         ("  SIGSEGV ", "crashed"),
         ("The job has exceeded the maximum execution time of 30m0s", "time-limit"),  # a CI runner's job timeout
         ("Error: Max duration exceeded", "time-limit"),  # dstack
@@ -726,6 +727,18 @@ def test_a_traceback_flattened_onto_one_line_is_read_as_one() -> None:
     # in a thread other than the main one, as a traceback's would be, a hint
     thread = diagnose([("log", ["Exception in thread Thread-1:", head + "run() OSError: closed"])]).evidence
     assert [(e.verdict, e.strength) for e in thread] == [("completed", "hint")]
+
+
+def test_lsf_s_record_of_a_bkill_explains_the_keyboardinterrupt_it_sent_first() -> None:
+    """bkill sends SIGINT, then SIGTERM, then SIGKILL: the Python job's KeyboardInterrupt is the kill's, which LSF's
+    report names (TERM_ADMIN, TERM_OWNER); without that record a KeyboardInterrupt is still a user's interrupt."""
+    interrupt = ['  File "agent.py", line 60, in remember', "KeyboardInterrupt"]
+    report = ["Subject: Job 8578471: <train> in cluster <dcc> Exited", "TERM_ADMIN: job killed by root or an "
+              "administrator.", "Exited with exit code 130."]  # fmt: skip
+    found = diagnose([("lsf", [*interrupt, *report])])
+    assert found.verdict == "terminated" and found.competing == "interrupted", found.render()
+    assert not any(f.startswith(("SLURM:", "Kubernetes:")) for f in found.fix + found.confirm)  # (LSF is named)
+    assert _verdict(*interrupt, report[0], "Exited with exit code 130.") == "interrupted"
 
 
 def test_a_ci_runner_s_own_job_succeeded_line_is_the_end_whatever_it_fails_to_report_after() -> None:

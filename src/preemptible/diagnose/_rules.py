@@ -96,6 +96,11 @@ MACHINE_GONE = (
     "the machine stopped answering without notice: most often reclaimed without one (a spot or preemptible machine); "
     "else a crash of the machine or a network partition"
 )
+BKILL = (
+    "LSF: a user or an admin killed the job (bkill sends SIGINT, then SIGTERM, then SIGKILL: a KeyboardInterrupt "
+    "before this record is the kill's, not a user's Ctrl-C)"
+)
+"""Why LSF's record of a bkill is evidence: it explains the interrupt the kill delivered first."""
 MEMORY_PRESSURE = (
     "Kubernetes evicted the pod because its node ran low on memory (the kubelet's node-pressure eviction, not the "
     "kernel's OOM killer: it picks the pods furthest above their memory requests)"
@@ -1013,10 +1018,23 @@ RULES: tuple[Rule, ...] = (
     _r(
         "terminated",
         "strong",
-        r"\b(STOPPED|TERMINATED|ABORTED)_BY_USER\b|\breason: user requested (pause|kill|cancel|stop)\b|"
-        r"\bTERM_(OWNER|ADMIN|FORCE_OWNER|FORCE_ADMIN|REQUEUE_OWNER|REQUEUE_ADMIN)\b",
-        "a user or an admin stopped the job (dstack, Determined, LSF)",
+        r"\b(STOPPED|TERMINATED|ABORTED)_BY_USER\b|\breason: user requested (pause|kill|cancel|stop)\b",
+        "a user or an admin stopped the job (dstack, Determined)",
         None,
+    ),
+    _r(
+        "terminated",
+        "strong",
+        r"\bTERM_(OWNER|ADMIN|FORCE_OWNER|FORCE_ADMIN|REQUEUE_OWNER|REQUEUE_ADMIN)\b",
+        BKILL,
+        "lsf",
+    ),
+    _r(
+        "completed",
+        "strong",
+        r"\bExperiment has succeeded because\b|\breason: ExperimentMaxTrialsReached\b|\bExperimentGoalReached\b",
+        "Katib: the experiment succeeded (its trial budget or its goal reached)",
+        "k8s",
     ),
     _r(
         "terminated",

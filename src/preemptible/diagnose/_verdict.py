@@ -23,6 +23,7 @@ from preemptible.diagnose._incident import Incident, initiating, silent_log
 from preemptible.diagnose._input import LogInput
 from preemptible.diagnose._remedy import TAGS, for_memory, for_platforms, remedy
 from preemptible.diagnose._rules import (
+    BKILL,
     CONSEQUENCES,
     MACHINE_GONE,
     MEMORY_PRESSURE,
@@ -477,6 +478,8 @@ def _decide(evidence: Sequence[Evidence]) -> tuple[str, str]:
     verdict = verdict if verdict != "unknown" else _decide_among(evidence)
     if verdict == "terminated" and _failed_before_the_signal(causal):
         return "crashed", "failed first"
+    if verdict == "interrupted" and any(e.why == BKILL and e.strength == "strong" for e in causal):
+        return "terminated", "rule"  # (LSF's bkill interrupts first: its record names the kill)
     if _reclaimed(evidence, verdict):
         return "preempted", "spot"
     if verdict == "preempted" and _requeued_for_the_limit(causal):
