@@ -56,6 +56,7 @@ PARTS = (
     "fresh16",
     "fresh17",
     "fresh18",
+    "fresh19",
 )
 
 

@@ -112,11 +112,12 @@ def _benchmark_cases() -> list[dict[str, Any]]:
 def test_the_harness_logs_never_count_toward_the_real_corpus() -> None:
     """The real corpus's parts and the benchmark read exactly the cases of real/{dev,test,holdout,fresh,test2,
     fresh2,test3,fresh3,test4,fresh4,fresh5,test5,fresh6,fresh7,test6,fresh8,fresh9,fresh10,fresh11,fresh12,
-    fresh13,fresh14,fresh15,fresh16,fresh17,fresh18}.json, none of which is a harness scenario or holds a line of one;
-    the top-level corpus's cases are files, not this folder."""
+    fresh13,fresh14,fresh15,fresh16,fresh17,fresh18,fresh19}.json, none of which is a harness scenario or holds a line
+    of one; the top-level corpus's cases are files, not this folder."""
     names = ("dev", "test", "holdout", "fresh", "test2", "fresh2", "test3", "fresh3", "test4", "fresh4", "fresh5",
              "test5", "fresh6", "fresh7", "test6", "fresh8", "fresh9", "fresh10", "fresh11",
-             "fresh12", "fresh13", "fresh14", "fresh15", "fresh16", "fresh17", "fresh18")  # fmt: skip
+             "fresh12", "fresh13", "fresh14", "fresh15", "fresh16", "fresh17", "fresh18",
+             "fresh19")  # fmt: skip
     parts = [c for part in names for c in json.loads((CORPUS / "real" / f"{part}.json").read_text())["cases"]]
     scored = _benchmark_cases()
     assert [c["id"] for c in scored] == [c["id"] for c in parts] and len(parts) >= 150

@@ -163,6 +163,15 @@ def test_the_same_facts_in_other_tools_words_and_other_languages(line: str, verd
         ("Exit status is 1", "crashed"),
         ("SIGTERM", "terminated"),  # a runner that prints only the signal's name when the process dies of it
         ("message: Experiment has succeeded because max trial count has reached", "completed"),  # Katib
+        ("[ pid ]   uid  tgid total_vm      rss cpu oom_adj oom_score_adj name", "oom"),  # the kernel's OOM table
+        ('pod "spark-static-test-exec-1" deleted', "terminated"),  # kubectl delete
+        ("distributed.worker - INFO - Stopping worker at tcp://10.0.1.2:43319. Reason: scheduler-close", "completed"),
+        ("error: creating server: Internal - failed to load all models", "crashed"),  # Triton
+        ("Signal (15) received.", "terminated"),
+        ("INFO: Job 2021-01-11_14_31_10-949 finished with status DONE.", "completed"),  # Dataflow
+        ("09:56:53.171 | INFO    | Flow run 'cerise-rottweiler' - Finished in state Completed('All states completed.')",
+         "completed"),  # Prefect
+        ("PASSED[RemoteOpenAIServer] Sent SIGTERM to process 148299", "terminated"),
         ("  SIGSEGV ", "crashed"),
         ("The job has exceeded the maximum execution time of 30m0s", "time-limit"),  # a CI runner's job timeout
         ("Error: Max duration exceeded", "time-limit"),  # dstack
@@ -727,6 +736,17 @@ def test_a_traceback_flattened_onto_one_line_is_read_as_one() -> None:
     # in a thread other than the main one, as a traceback's would be, a hint
     thread = diagnose([("log", ["Exception in thread Thread-1:", head + "run() OSError: closed"])]).evidence
     assert [(e.verdict, e.strength) for e in thread] == [("completed", "hint")]
+
+
+def test_a_dask_client_s_closed_stream_is_the_lost_peer_s_consequence() -> None:
+    """dask-gateway's scheduler pod was OOM-killed (exit 137); the client then raised StreamClosedError and
+    CommClosedError: a peer gone, which says nothing of why, so the exit code decides."""
+    lines = ["[W 2019-10-07 09:54:22.473 DaskGateway] Cluster b51b stopped unexpectedly: Container stopped with exit "
+             "code 137", "StreamClosedError                         Traceback (most recent call last)",
+             "StreamClosedError: Stream is closed", "CommClosedError: in <TCP (closed)>: Stream is closed"]  # fmt: skip
+    found = diagnose([("client", lines)])
+    assert (found.verdict, found.competing) == ("oom", "killed"), found.render()
+    assert _verdict(*lines[1:]) == "crashed"  # (with nothing else, the lost peer is what there is)
 
 
 def test_lsf_s_record_of_a_bkill_explains_the_keyboardinterrupt_it_sent_first() -> None:

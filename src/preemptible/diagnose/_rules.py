@@ -763,6 +763,13 @@ RULES: tuple[Rule, ...] = (
     ),
     _r(
         "oom",
+        "strong",
+        r"^.{0,60}\[ pid \]\s+uid\s+tgid\s+total_vm\s+rss\b.*\boom_score_adj\s+name\b",
+        "the kernel's OOM-killer report (its table of the tasks it chose among)",
+        None,
+    ),
+    _r(
+        "oom",
         "weak",
         r"\bYour session crashed\b",
         "Colab restarted a session that crashed (most often it ran out of RAM)",
@@ -1028,6 +1035,35 @@ RULES: tuple[Rule, ...] = (
         r"\bTERM_(OWNER|ADMIN|FORCE_OWNER|FORCE_ADMIN|REQUEUE_OWNER|REQUEUE_ADMIN)\b",
         BKILL,
         "lsf",
+    ),
+    _r("terminated", "strong", r"^pod \"[^\"]+\" deleted$", "kubectl delete: the pod was deleted", "k8s", flags=0),
+    _r(
+        "completed",
+        "strong",
+        r"\bJob \S+ finished with status DONE\b|\bJOB_STATE_DONE\b|\bFlow run '[^']*' - Finished in state Completed\(",
+        "the pipeline's runner reports the job done (Dataflow's DONE, Prefect's flow run Completed)",
+        None,
+    ),
+    _r(
+        "terminated",
+        "weak",
+        r"\b(Sent|Sending) SIG(TERM|INT) to (process|pid) \d+",
+        "a supervisor (a test harness, a wrapper) reports it sent the process SIGTERM or SIGINT",
+        None,
+    ),
+    _r(
+        "completed",
+        "weak",
+        r"\bStopping worker at \S+\. Reason: scheduler-close\b",
+        "Dask: the scheduler closed the cluster (the client's close at the end of its work)",
+        "dask",
+    ),
+    _r(
+        "crashed",
+        "strong",
+        r"^error: creating server: ",
+        "Triton could not start (a model failed to load): what it logged while shutting down is its teardown",
+        None,
     ),
     _r(
         "completed",
@@ -2072,7 +2108,8 @@ COLLATERAL_RULES: tuple[Rule, ...] = (
         r"\bConnection refused\b|\bBroken pipe\b|"
         r"\bSocket Timeout\b|\bDistNetworkError\b|Horovod has been shut down|"
         r"\bActorDiedError: The actor died unexpectedly before finishing this task\b|"
-        r"\bORTE has lost communication with a remote daemon\b)",
+        r"\bORTE has lost communication with a remote daemon\b|\b(StreamClosedError|CommClosedError)\b|"
+        r"\bRemote end closed connection without response\b)",
         PEER_LOST,
         "torchrun",
     ),
@@ -2188,7 +2225,7 @@ EXIT_RULES: tuple[ExitRule, ...] = (
     ),
     ExitRule(
         re.compile(
-            r"\b(signal (?P<signum>1|2|3|10|12|15)|(?P<signame>SIG(TERM|INT|HUP|QUIT|USR1|USR2))) (was )?"
+            r"\b(signal \(?(?P<signum>1|2|3|10|12|15)\)?|(?P<signame>SIG(TERM|INT|HUP|QUIT|USR1|USR2))) (was )?"
             r"(received|caught)\b",
             re.I,
         ),
