@@ -736,6 +736,8 @@ def test_a_traceback_flattened_onto_one_line_is_read_as_one() -> None:
     # in a thread other than the main one, as a traceback's would be, a hint
     thread = diagnose([("log", ["Exception in thread Thread-1:", head + "run() OSError: closed"])]).evidence
     assert [(e.verdict, e.strength) for e in thread] == [("completed", "hint")]
+    work = ["Exception in thread Thread-4 (__training_thread_function):", head + "train() OSError: closed"]
+    assert [(e.verdict, e.strength) for e in diagnose([("log", work)]).evidence] == [("crashed", "strong")]
 
 
 def test_a_dask_client_s_closed_stream_is_the_lost_peer_s_consequence() -> None:

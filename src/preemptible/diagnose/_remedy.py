@@ -15,9 +15,7 @@ TAGS = {
     "systemd": "systemd", "github-actions": "GitHub Actions", "circleci": "CircleCI", "macos": "macOS",
     "windows": "Windows", "jupyter": "Jupyter", "pbs": "PBS", "lsf": "LSF", "sge": "SGE", "colab": "Colab",
 }  # fmt: skip
-RUNS_JOBS = frozenset(TAGS) | {
-    "lsf", "sge", "pbs", "htcondor", "ray", "skypilot", "dstack", "colab", "prefect", "nomad", "jenkins",
-}  # fmt: skip
+RUNS_JOBS = frozenset(TAGS) | {"htcondor", "ray", "skypilot", "dstack", "prefect", "nomad", "jenkins"}
 """Platforms that run the job: where the evidence names one, items tagged for the others are left out (a desktop's
 operating system and a CI service count: a run on a Mac, a Windows machine or a CI runner has no scheduler's settings
 to change). (Not the launchers and libraries that run anywhere: torchrun, mpirun, Lightning.)"""

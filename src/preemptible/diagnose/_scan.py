@@ -304,9 +304,8 @@ class _Scan:
             # (a traceback flattened onto one line, "...last): File ...", is `_flattened`'s)
             self.in_traceback, self.traceback_at, self.in_end_hook = True, (self.number, self.text), False
             self.traceback_by = (self.who, self.stamp)
-            aside = _ASIDE.match(prev) if not _WORK_THREAD.search(prev) else None
             if not _CHAINED.match(prev):  # (a chained traceback's aside and collective are its first part's)
-                self.aside = "" if aside is None else "ignored" if aside.group(1) else "thread"
+                self.aside = _aside_of(prev)
                 self.in_collective = self.in_spawn = False
             else:
                 self.aside = self.aside or self.chained_aside
@@ -351,8 +350,7 @@ class _Scan:
         frames = list(_FLAT_FRAME.finditer(rest))
         tail = rest[frames[-1].end() :] if frames else rest
         exception = _FLAT_EXCEPTION.search(tail)
-        aside = _ASIDE.match(prev)
-        self.aside = "" if aside is None else "ignored" if aside.group(1) else "thread"
+        self.aside = _aside_of(prev)
         if exception is None:
             self.traceback_at = (self.number, self.text)
             self._cut_traceback()
@@ -551,6 +549,15 @@ class _Kept:
                 found.append(e)
             else:
                 self.beyond[kind] = e
+
+
+def _aside_of(prev: str) -> str:
+    """What the line before a traceback says of it (`_ASIDE`): "ignored" (an exit handler's, a destructor's), "thread"
+    (another thread's, unless the thread ran the work itself, `_WORK_THREAD`), else ""."""
+    aside = _ASIDE.match(prev)
+    if aside is None or (not aside.group(1) and _WORK_THREAD.search(prev)):
+        return ""
+    return "ignored" if aside.group(1) else "thread"
 
 
 def _cut_traceback(at: tuple[int, str] | None, where: str) -> Evidence:
